@@ -1,0 +1,77 @@
+// Read-only, memory-mapped safetensors file with zero-copy tensor views.
+//
+// Open() validates the whole header before anything is exposed: header length within the file
+// and below a size limit, JSON nesting depth bounded (checked before parsing), every entry an
+// object with a known dtype, a shape of non-negative integers and [begin, end) offsets, offsets
+// in order, contiguous, non-overlapping and inside the data section, shape * dtype size equal to
+// the byte range, no duplicate names. Every error names the file and, where there is one, the
+// tensor.
+#ifndef QUANTD_SERVER_CHECKPOINT_SAFETENSORS_READER_H_
+#define QUANTD_SERVER_CHECKPOINT_SAFETENSORS_READER_H_
+
+#include <stdint.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/checkpoint/dtype.h"
+
+namespace quantd::checkpoint {
+
+// One tensor of an open file. `data` points into the mapping and lives as long as the file.
+struct TensorView {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;    // bytes
+  uint64_t offset = 0;  // byte offset of data within the file
+
+  int64_t numel() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Header limit: 100 MB, as the reference implementation uses.
+  static constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+  // JSON nesting deeper than this is rejected before parsing.
+  static constexpr int kMaxJsonDepth = 16;
+
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // Validates an in-memory file image (header + data); `name` is used in errors. Does not copy:
+  // `bytes` must outlive the result. Used by the fuzz target and tests.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,
+                                                                    const uint8_t* bytes,
+                                                                    uint64_t size);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Tensors in file order (ascending offset).
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  // nullptr when absent.
+  const TensorView* Find(std::string_view name) const;
+  // The "__metadata__" string map (empty when absent).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  uint64_t file_size() const { return size_; }
+
+ private:
+  SafetensorsFile() = default;
+
+  std::string path_;                              // file path, for error messages
+  const uint8_t* base_ = nullptr;                 // start of the mapping (or caller's bytes)
+  uint64_t size_ = 0;                             // file size in bytes
+  bool mapped_ = false;                           // base_ is an mmap this object must unmap
+  std::vector<TensorView> tensors_;               // sorted by offset
+  std::map<std::string, size_t, std::less<>> by_name_;  // name -> index into tensors_
+  std::map<std::string, std::string> metadata_;   // "__metadata__"
+};
+
+}  // namespace quantd::checkpoint
+
+#endif  // QUANTD_SERVER_CHECKPOINT_SAFETENSORS_READER_H_

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test tier: unit (ctest), bounded fuzz (libFuzzer), interop (pytest with real peers).
+# Expects scripts/setup.sh to have run.
+#   QUANTD_FUZZ_SECONDS=N   fuzz time (default 60)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD_DIR=${QUANTD_BUILD_DIR:-$ROOT/build}
+VENV=${QUANTD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/quantd/venv}
+
+echo "== unit tests (ctest)"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+
+echo "== fuzz (safetensors header parser, ${QUANTD_FUZZ_SECONDS:-60} s)"
+tests/fuzz/run_fuzz.sh "$ROOT/build-fuzz" "${QUANTD_FUZZ_SECONDS:-60}"
+
+echo "== interop tests (pytest)"
+QUANTD_BUILD_DIR=$BUILD_DIR "$VENV/bin/python" -m pytest -q tests/interop

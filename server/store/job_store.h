@@ -1,0 +1,195 @@
+// JobStore: the durable record of jobs, their stages and tasks, events, calibration amax rows and
+// per-tensor statistics, in one SQLite file.
+//
+// Tasks are handed out as leases with an expiry (TaskLease), never as "this thread owns that
+// shard": a worker completes a task by presenting its lease, a completion from a lease that was
+// lost (expired and re-leased) is refused, and a second completion of the same attempt is a no-op.
+// Remote workers (DESIGN.md "Beyond one node") can use the same calls through the coordinator.
+//
+// Not thread-safe: one thread owns the store (the daemon's store thread or quantd run's main
+// thread); times are Unix milliseconds passed in by the caller, which keeps tests deterministic.
+#ifndef QUANTD_SERVER_STORE_JOB_STORE_H_
+#define QUANTD_SERVER_STORE_JOB_STORE_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/store/sqlite_db.h"
+
+namespace quantd::store {
+
+enum class JobState { kPending, kRunning, kPaused, kSucceeded, kFailed, kCancelled };
+enum class StageState { kPending, kRunning, kSucceeded, kFailed };
+enum class TaskState { kPending, kLeased, kDone, kFailed };
+
+// "PENDING", "RUNNING", ... as stored and as the API spells them.
+const char* JobStateName(JobState s);
+std::optional<JobState> ParseJobState(const std::string& name);
+const char* StageStateName(StageState s);
+const char* TaskStateName(TaskState s);
+bool IsTerminal(JobState s);
+
+struct JobRow {
+  int64_t id = 0;
+  std::string request_id;  // "" when the client gave none
+  std::string spec_json;
+  JobState state = JobState::kPending;
+  std::string reason;
+  std::string error;
+  int64_t created_ms = 0;
+  int64_t updated_ms = 0;
+  std::optional<int64_t> started_ms;
+  std::optional<int64_t> finished_ms;
+};
+
+// One unit of work as the planner describes it.
+struct TaskPlan {
+  std::string name;          // e.g. output shard file name
+  std::string payload_json;  // what the stage needs
+  int64_t bytes_total = 0;   // bytes it will process
+};
+
+struct StagePlan {
+  std::string kind;  // inspect | dequant | calibrate | quantize | export | verify
+  std::vector<TaskPlan> tasks;
+};
+
+struct TaskRow {
+  int64_t id = 0;
+  int64_t job_id = 0;
+  int64_t stage_id = 0;
+  std::string stage_kind;
+  int64_t ordinal = 0;
+  std::string name;
+  std::string payload_json;
+  int64_t bytes_total = 0;
+  TaskState state = TaskState::kPending;
+  int attempt = 0;
+  std::string lease_owner;
+  std::optional<int64_t> lease_expires_ms;
+  std::string output_path;
+  std::optional<int64_t> output_bytes;
+  std::string output_sha256;
+  std::string error;
+};
+
+// Proof that a worker holds a task: the task, the attempt it started, and who holds it.
+struct TaskLease {
+  int64_t task_id = 0;
+  int attempt = 0;
+  std::string owner;
+  int64_t expires_ms = 0;
+};
+
+struct StageProgress {
+  int64_t stage_id = 0;
+  std::string kind;
+  StageState state = StageState::kPending;
+  int64_t tasks_total = 0;
+  int64_t tasks_done = 0;
+  int64_t bytes_total = 0;
+  int64_t bytes_done = 0;  // bytes_total of the done tasks
+  std::optional<int64_t> started_ms;
+  std::optional<int64_t> finished_ms;
+};
+
+struct EventRow {
+  int64_t id = 0;
+  int64_t at_ms = 0;
+  std::string kind;
+  std::string message;
+};
+
+struct AmaxRow {
+  std::string module;
+  std::string kind;  // "input" | "kv"
+  double value = 0;
+  int64_t samples = 0;
+};
+
+struct TensorStatsRow {
+  std::string tensor;
+  double rel_rmse = 0;
+  double sqnr_db = 0;
+  double max_abs_err = 0;
+};
+
+class JobStore {
+ public:
+  // Opens or creates the database at `path` and applies the built-in migrations.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+
+  // Creates a PENDING job. With a non-empty request_id that already names a job, returns that
+  // job's id and sets *created = false (idempotent submission).
+  absl::StatusOr<int64_t> CreateJob(const std::string& request_id, const std::string& spec_json,
+                                    int64_t now_ms, bool* created = nullptr);
+  absl::StatusOr<JobRow> GetJob(int64_t job_id);
+  // Jobs with id > after_id (paging), optionally in one state, ascending id, at most `limit`.
+  absl::StatusOr<std::vector<JobRow>> ListJobs(std::optional<JobState> state, int64_t after_id,
+                                               int limit);
+  // Deletes a job and everything it owns. Refuses a RUNNING job.
+  absl::Status DeleteJob(int64_t job_id);
+
+  // Moves the job to `state`, enforcing the job model's transitions (FailedPrecondition
+  // otherwise), and records an event. Entering RUNNING sets started_ms the first time; entering a
+  // terminal state sets finished_ms.
+  absl::Status SetJobState(int64_t job_id, JobState state, const std::string& reason,
+                           const std::string& error, int64_t now_ms);
+
+  // Stores the job's stages and tasks. Only once per job; every stage needs >= 1 task.
+  absl::Status SetPlan(int64_t job_id, const std::vector<StagePlan>& stages);
+  bool HasPlan(int64_t job_id);
+
+  // Leases the next runnable task: the lowest-ordinal PENDING task (not_before_ms <= now) of the
+  // first stage that has not succeeded. Stages run in order; tasks of one stage may run at once.
+  // nullopt when nothing is runnable now.
+  absl::StatusOr<std::optional<TaskRow>> LeaseNextTask(int64_t job_id, const std::string& owner,
+                                                       int64_t now_ms, int64_t lease_ms,
+                                                       TaskLease* lease);
+  absl::Status RenewLease(TaskLease& lease, int64_t now_ms, int64_t lease_ms);
+  // Marks the leased task DONE with its output; finishes the stage when it was the last task.
+  // A repeated completion of the same attempt is OK; a lost lease is FailedPrecondition.
+  absl::Status CompleteTask(const TaskLease& lease, const std::string& output_path,
+                            int64_t output_bytes, const std::string& output_sha256,
+                            int64_t now_ms);
+  // Records a failed attempt. permanent: the task and its stage become FAILED. Otherwise the task
+  // returns to PENDING and is not leased again before retry_at_ms.
+  absl::Status FailTask(const TaskLease& lease, const std::string& error, bool permanent,
+                        int64_t retry_at_ms, int64_t now_ms);
+  // Returns LEASED tasks whose lease expired before now to PENDING. Returns how many.
+  absl::StatusOr<int> RequeueExpiredLeases(int64_t now_ms);
+  // Returns every LEASED task of the job to PENDING (a restarted process held them). Returns how many.
+  absl::StatusOr<int> RequeueJobLeases(int64_t job_id, int64_t now_ms);
+  // Returns FAILED tasks and stages of the job to PENDING (resume after the input was fixed).
+  absl::StatusOr<int> ResetFailedTasks(int64_t job_id, int64_t now_ms);
+
+  absl::StatusOr<std::vector<StageProgress>> Progress(int64_t job_id);
+  absl::StatusOr<std::vector<TaskRow>> ListTasks(int64_t job_id);
+
+  absl::Status AddEvent(int64_t job_id, const std::string& kind, const std::string& message,
+                        int64_t now_ms);
+  absl::StatusOr<std::vector<EventRow>> ListEvents(int64_t job_id, int64_t after_id);
+
+  // Max-merges amax rows (value = max, samples = sum) for the job.
+  absl::Status MergeAmax(int64_t job_id, const std::vector<AmaxRow>& rows);
+  absl::StatusOr<std::vector<AmaxRow>> ListAmax(int64_t job_id);
+  absl::Status PutTensorStats(int64_t job_id, const std::vector<TensorStatsRow>& rows);
+  absl::StatusOr<std::vector<TensorStatsRow>> ListTensorStats(int64_t job_id);
+
+  SqliteDb& db() { return *db_; }
+
+ private:
+  explicit JobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
+
+  std::unique_ptr<SqliteDb> db_;  // the one connection; all access goes through this thread
+};
+
+}  // namespace quantd::store
+
+#endif  // QUANTD_SERVER_STORE_JOB_STORE_H_

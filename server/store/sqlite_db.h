@@ -1,0 +1,91 @@
+// A SQLite connection with quantd's settings, prepared statements and IMMEDIATE transactions.
+//
+// Settings applied on open: WAL journal, synchronous=FULL (every commit is durable before it
+// returns), foreign keys enforced, a busy timeout. quantd uses one writer connection owned by one
+// thread (see ../shared/reference/service_ecosystem.md §2.3 on the WAL-reset bug in 3.40).
+#ifndef QUANTD_SERVER_STORE_SQLITE_DB_H_
+#define QUANTD_SERVER_STORE_SQLITE_DB_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace quantd::store {
+
+// One prepared statement. Parameters are 1-based as in SQLite; columns are 0-based.
+class Statement {
+ public:
+  Statement(Statement&& other) noexcept;
+  Statement& operator=(Statement&& other) noexcept;
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+  ~Statement();
+
+  Statement& Bind(int index, int64_t value);
+  Statement& Bind(int index, double value);
+  Statement& Bind(int index, const std::string& value);
+  Statement& Bind(int index, const char* value);
+  Statement& BindNull(int index);
+  // Binds value or NULL.
+  Statement& Bind(int index, const std::optional<int64_t>& value);
+
+  // Advances: true when a row is available, false when done. Reports bind errors too.
+  absl::StatusOr<bool> Step();
+  // Runs a statement that returns no rows.
+  absl::Status Run();
+  // Clears the result and the bindings so the statement can run again.
+  void Reset();
+
+  int64_t ColumnInt(int col) const;
+  double ColumnDouble(int col) const;
+  std::string ColumnText(int col) const;
+  bool ColumnIsNull(int col) const;
+  std::optional<int64_t> ColumnOptionalInt(int col) const;
+
+ private:
+  friend class SqliteDb;
+  Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+
+  sqlite3* db_ = nullptr;        // owning connection, for error messages
+  sqlite3_stmt* stmt_ = nullptr;  // the statement; finalized on destruction
+  int bind_error_ = 0;           // first failing sqlite3_bind_* result, reported by Step()
+};
+
+class SqliteDb {
+ public:
+  // Opens (creating if needed) the database file at `path` and applies the settings above.
+  static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path);
+  ~SqliteDb();
+  SqliteDb(const SqliteDb&) = delete;
+  SqliteDb& operator=(const SqliteDb&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Runs one or more statements that return no rows.
+  absl::Status Exec(const std::string& sql);
+  absl::StatusOr<Statement> Prepare(const std::string& sql);
+  // BEGIN IMMEDIATE; body; COMMIT. Rolls back when body fails and returns its status. Not
+  // reentrant.
+  absl::Status Transaction(absl::FunctionRef<absl::Status()> body);
+  int64_t LastInsertRowId() const;
+  // Rows changed by the last INSERT/UPDATE/DELETE.
+  int Changes() const;
+
+ private:
+  SqliteDb() = default;
+
+  std::string path_;     // database file, for error messages
+  sqlite3* db_ = nullptr;  // the connection
+};
+
+}  // namespace quantd::store
+
+#endif  // QUANTD_SERVER_STORE_SQLITE_DB_H_

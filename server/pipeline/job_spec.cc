@@ -1,0 +1,222 @@
+#include "server/pipeline/job_spec.h"
+
+#include <nlohmann/json.hpp>
+
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace quantd::pipeline {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kRecipeNames[] = {"experts", "full", "custom"};
+constexpr const char* kWeightFormatNames[] = {"nvfp4", "w4a16_nvfp4"};
+constexpr const char* kExpertCastNames[] = {"lossless", "requantize"};
+constexpr const char* kExportFormatNames[] = {"modelopt", "compressed-tensors"};
+constexpr const char* kKvCacheNames[] = {"none", "fp8_cast", "fp8"};
+
+// Reads the fields of one JSON object, naming the field in every error, and rejects keys that
+// nobody read.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string prefix, std::string origin)
+      : object_(object), prefix_(std::move(prefix)), origin_(std::move(origin)) {}
+
+  absl::Status Error(const std::string& field, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(origin_, ": field '", prefix_, field, "' ", what));
+  }
+
+  const json* Get(const std::string& field) {
+    seen_.push_back(field);
+    auto it = object_.find(field);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  absl::Status String(const std::string& field, bool required, std::string* out) {
+    const json* v = Get(field);
+    if (v == nullptr) return required ? Error(field, "is required") : absl::OkStatus();
+    if (!v->is_string()) return Error(field, "must be a string");
+    *out = v->get<std::string>();
+    if (required && out->empty()) return Error(field, "must not be empty");
+    return absl::OkStatus();
+  }
+
+  template <typename Enum, size_t N>
+  absl::Status Enumerated(const std::string& field, const char* const (&names)[N], size_t count,
+                          Enum* out, bool* present = nullptr) {
+    const json* v = Get(field);
+    if (present != nullptr) *present = v != nullptr;
+    if (v == nullptr) return absl::OkStatus();
+    if (v->is_string()) {
+      const std::string s = v->get<std::string>();
+      for (size_t i = 0; i < count; ++i) {
+        if (s == names[i]) {
+          *out = static_cast<Enum>(i);
+          return absl::OkStatus();
+        }
+      }
+    }
+    std::vector<std::string> allowed(names, names + count);
+    return Error(field, absl::StrCat("must be one of \"", absl::StrJoin(allowed, "\", \""), "\""));
+  }
+
+  absl::Status StringList(const std::string& field, std::vector<std::string>* out) {
+    const json* v = Get(field);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_array()) return Error(field, "must be an array of strings");
+    for (const json& item : *v) {
+      if (!item.is_string() || item.get<std::string>().empty()) {
+        return Error(field, "must be an array of non-empty strings");
+      }
+      out->push_back(item.get<std::string>());
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status NonNegativeInt(const std::string& field, int64_t* out) {
+    const json* v = Get(field);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_number_integer() || v->get<int64_t>() < 0) {
+      return Error(field, "must be a non-negative integer");
+    }
+    *out = v->get<int64_t>();
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const std::string& field, bool* out) {
+    const json* v = Get(field);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_boolean()) return Error(field, "must be true or false");
+    *out = v->get<bool>();
+    return absl::OkStatus();
+  }
+
+  // Any key that no reader asked for is an error.
+  absl::Status RejectUnknown() const {
+    for (auto it = object_.begin(); it != object_.end(); ++it) {
+      if (std::find(seen_.begin(), seen_.end(), it.key()) == seen_.end()) {
+        return Error(it.key(), "is not a known field");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const json& object_;             // the object being read
+  std::string prefix_;             // "calibration." for nested fields
+  std::string origin_;             // file name or "request", for errors
+  std::vector<std::string> seen_;  // fields asked for so far
+};
+
+#define QUANTD_RETURN_IF_ERROR(expr)       \
+  do {                                     \
+    if (absl::Status _s = (expr); !_s.ok()) \
+      return _s;                           \
+  } while (0)
+
+absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
+  const json* v = r.Get("devices");
+  if (v == nullptr) return absl::OkStatus();
+  if (v->is_string() && v->get<std::string>() == "auto") return absl::OkStatus();
+  if (!v->is_array() || v->empty()) {
+    return r.Error("devices", "must be \"auto\" or a non-empty array like [\"cpu\", \"cuda:0\"]");
+  }
+  static const std::regex kDevice("cpu|cuda:[0-9]{1,2}");
+  for (const json& d : *v) {
+    if (!d.is_string() || !std::regex_match(d.get<std::string>(), kDevice)) {
+      return r.Error("devices", absl::StrCat("has ", d.dump(), "; expected \"cpu\" or \"cuda:N\""));
+    }
+    if (std::find(devices->begin(), devices->end(), d.get<std::string>()) != devices->end()) {
+      return r.Error("devices", absl::StrCat("lists ", d.dump(), " twice"));
+    }
+    devices->push_back(d.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* RecipeKindName(RecipeKind k) { return kRecipeNames[static_cast<int>(k)]; }
+const char* WeightFormatName(WeightFormat f) { return kWeightFormatNames[static_cast<int>(f)]; }
+const char* ExpertCastName(ExpertCast c) { return kExpertCastNames[static_cast<int>(c)]; }
+const char* ExportFormatName(ExportFormat f) { return kExportFormatNames[static_cast<int>(f)]; }
+const char* KvCacheName(KvCache k) { return kKvCacheNames[static_cast<int>(k)]; }
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin) {
+  json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": a job spec must be a JSON object"));
+  }
+  JobSpec spec;
+  FieldReader r(doc, "", origin);
+  QUANTD_RETURN_IF_ERROR(r.String("source", true, &spec.source));
+  QUANTD_RETURN_IF_ERROR(r.String("output", true, &spec.output));
+  bool recipe_given = false;
+  // "custom" is implied by include and is not accepted as a value.
+  QUANTD_RETURN_IF_ERROR(r.Enumerated("recipe", kRecipeNames, 2, &spec.recipe, &recipe_given));
+  QUANTD_RETURN_IF_ERROR(r.StringList("include", &spec.include));
+  QUANTD_RETURN_IF_ERROR(r.StringList("exclude", &spec.exclude));
+  if (!spec.include.empty()) {
+    if (recipe_given) return r.Error("include", "cannot be combined with 'recipe'");
+    spec.recipe = RecipeKind::kCustom;
+  }
+  QUANTD_RETURN_IF_ERROR(r.Enumerated("weight_format", kWeightFormatNames, 2, &spec.weight_format));
+  QUANTD_RETURN_IF_ERROR(r.Enumerated("expert_cast", kExpertCastNames, 2, &spec.expert_cast));
+  QUANTD_RETURN_IF_ERROR(r.Enumerated("export_format", kExportFormatNames, 2, &spec.export_format));
+  QUANTD_RETURN_IF_ERROR(r.Enumerated("kv_cache", kKvCacheNames, 3, &spec.kv_cache));
+  QUANTD_RETURN_IF_ERROR(r.String("materialize_bf16", false, &spec.materialize_bf16));
+  if (const json* cal = r.Get("calibration"); cal != nullptr) {
+    if (!cal->is_object()) return r.Error("calibration", "must be an object");
+    FieldReader c(*cal, "calibration.", origin);
+    QUANTD_RETURN_IF_ERROR(c.String("amax_file", false, &spec.calibration.amax_file));
+    QUANTD_RETURN_IF_ERROR(c.String("dataset", false, &spec.calibration.dataset));
+    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("num_samples", &spec.calibration.num_samples));
+    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("seq_len", &spec.calibration.seq_len));
+    QUANTD_RETURN_IF_ERROR(c.Bool("calibrate_all_experts", &spec.calibration.calibrate_all_experts));
+    QUANTD_RETURN_IF_ERROR(c.RejectUnknown());
+  }
+  QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
+  QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
+  QUANTD_RETURN_IF_ERROR(r.RejectUnknown());
+  if (spec.source == spec.output) return r.Error("output", "must differ from 'source'");
+  if (!spec.materialize_bf16.empty() &&
+      (spec.materialize_bf16 == spec.source || spec.materialize_bf16 == spec.output)) {
+    return r.Error("materialize_bf16", "must differ from 'source' and 'output'");
+  }
+  return spec;
+}
+
+std::string JobSpecToJson(const JobSpec& spec) {
+  json j = json::object();
+  j["source"] = spec.source;
+  j["output"] = spec.output;
+  if (spec.recipe == RecipeKind::kCustom) {
+    j["include"] = spec.include;
+  } else {
+    j["recipe"] = RecipeKindName(spec.recipe);
+  }
+  j["exclude"] = spec.exclude;
+  j["weight_format"] = WeightFormatName(spec.weight_format);
+  j["expert_cast"] = ExpertCastName(spec.expert_cast);
+  j["export_format"] = ExportFormatName(spec.export_format);
+  j["kv_cache"] = KvCacheName(spec.kv_cache);
+  if (!spec.materialize_bf16.empty()) j["materialize_bf16"] = spec.materialize_bf16;
+  j["calibration"] = {{"amax_file", spec.calibration.amax_file},
+                      {"dataset", spec.calibration.dataset},
+                      {"num_samples", spec.calibration.num_samples},
+                      {"seq_len", spec.calibration.seq_len},
+                      {"calibrate_all_experts", spec.calibration.calibrate_all_experts}};
+  if (spec.devices.empty()) {
+    j["devices"] = "auto";
+  } else {
+    j["devices"] = spec.devices;
+  }
+  j["host_memory_bytes"] = spec.host_memory_bytes;
+  return j.dump();
+}
+
+}  // namespace quantd::pipeline

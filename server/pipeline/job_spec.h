@@ -1,0 +1,73 @@
+// JobSpec: what a conversion job does. Parsed from JSON (`quantd run SPEC.json`; the gRPC JobSpec
+// carries the same fields) with every field validated: unknown keys, wrong types and bad enum
+// values are rejected with the field named.
+//
+//   {"source": DIR, "output": DIR,                       required
+//    "recipe": "experts"|"full",                          default "experts" unless include is set
+//    "include": [GLOB...], "exclude": [GLOB...],          explicit selection / extra exclusions
+//    "weight_format": "nvfp4"|"w4a16_nvfp4",              default "nvfp4"
+//    "expert_cast": "lossless"|"requantize",              default "lossless"
+//    "export_format": "modelopt"|"compressed-tensors",    default "modelopt"
+//    "kv_cache": "none"|"fp8_cast"|"fp8",                 default "none"
+//    "materialize_bf16": DIR,                              optional BF16 copy of the source
+//    "calibration": {"amax_file": PATH, "dataset": PATH, "num_samples": N, "seq_len": N,
+//                    "calibrate_all_experts": BOOL},
+//    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
+//    "host_memory_bytes": N}                              default: no budget beyond the plan's
+#ifndef QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
+#define QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
+
+#include <stdint.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace quantd::pipeline {
+
+enum class RecipeKind { kExperts, kFull, kCustom };
+enum class WeightFormat { kNvfp4, kW4A16Nvfp4 };
+enum class ExpertCast { kLossless, kRequantize };
+enum class ExportFormat { kModelOpt, kCompressedTensors };
+enum class KvCache { kNone, kFp8Cast, kFp8 };
+
+struct CalibrationSpec {
+  std::string amax_file;           // JSON {module: input_amax} from an earlier calibration
+  std::string dataset;             // calibration text (read by the calibrate stage)
+  int64_t num_samples = 0;         // 0 = the stage's default
+  int64_t seq_len = 0;             // 0 = the stage's default
+  bool calibrate_all_experts = false;
+};
+
+struct JobSpec {
+  std::string source;
+  std::string output;
+  RecipeKind recipe = RecipeKind::kExperts;
+  std::vector<std::string> include;  // only with RecipeKind::kCustom
+  std::vector<std::string> exclude;  // applied after the recipe
+  WeightFormat weight_format = WeightFormat::kNvfp4;
+  ExpertCast expert_cast = ExpertCast::kLossless;
+  ExportFormat export_format = ExportFormat::kModelOpt;
+  KvCache kv_cache = KvCache::kNone;
+  std::string materialize_bf16;      // "" = no BF16 copy
+  CalibrationSpec calibration;
+  std::vector<std::string> devices;  // empty = auto
+  int64_t host_memory_bytes = 0;     // 0 = unset
+};
+
+// Parses and validates `json_text`; `origin` (a file name, "request") prefixes errors.
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin);
+// Canonical JSON (all fields, defaults spelled out); ParseJobSpec(ToJson(s)) == s.
+std::string JobSpecToJson(const JobSpec& spec);
+
+const char* RecipeKindName(RecipeKind k);
+const char* WeightFormatName(WeightFormat f);
+const char* ExpertCastName(ExpertCast c);
+const char* ExportFormatName(ExportFormat f);
+const char* KvCacheName(KvCache k);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_JOB_SPEC_H_

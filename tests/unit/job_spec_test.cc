@@ -1,0 +1,102 @@
+// Job spec parsing: defaults, every enum, and a named error for each kind of bad input.
+#include "server/pipeline/job_spec.h"
+
+#include <gtest/gtest.h>
+
+namespace quantd::pipeline {
+namespace {
+
+std::string ErrorOf(const std::string& json) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(json, "spec.json");
+  EXPECT_FALSE(spec.ok()) << json;
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+TEST(JobSpecTest, MinimalSpecGetsDefaults) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out"})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->recipe, RecipeKind::kExperts);
+  EXPECT_EQ(spec->weight_format, WeightFormat::kNvfp4);
+  EXPECT_EQ(spec->expert_cast, ExpertCast::kLossless);
+  EXPECT_EQ(spec->export_format, ExportFormat::kModelOpt);
+  EXPECT_EQ(spec->kv_cache, KvCache::kNone);
+  EXPECT_TRUE(spec->devices.empty());
+  EXPECT_EQ(spec->host_memory_bytes, 0);
+}
+
+TEST(JobSpecTest, EveryFieldParsesAndRoundTrips) {
+  const std::string text = R"({"source": "/in", "output": "/out", "recipe": "full",
+    "exclude": ["*.wo_b"], "weight_format": "w4a16_nvfp4", "expert_cast": "requantize",
+    "export_format": "compressed-tensors", "kv_cache": "fp8_cast", "materialize_bf16": "/bf16",
+    "calibration": {"amax_file": "a.json", "num_samples": 1024, "seq_len": 2048,
+                    "calibrate_all_experts": true, "dataset": "d.jsonl"},
+    "devices": ["cuda:0", "cuda:1"], "host_memory_bytes": 1073741824})";
+  auto spec = ParseJobSpec(text, "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->recipe, RecipeKind::kFull);
+  EXPECT_EQ(spec->exclude, std::vector<std::string>{"*.wo_b"});
+  EXPECT_EQ(spec->weight_format, WeightFormat::kW4A16Nvfp4);
+  EXPECT_EQ(spec->expert_cast, ExpertCast::kRequantize);
+  EXPECT_EQ(spec->export_format, ExportFormat::kCompressedTensors);
+  EXPECT_EQ(spec->kv_cache, KvCache::kFp8Cast);
+  EXPECT_EQ(spec->materialize_bf16, "/bf16");
+  EXPECT_EQ(spec->calibration.num_samples, 1024);
+  EXPECT_TRUE(spec->calibration.calibrate_all_experts);
+  EXPECT_EQ(spec->devices, (std::vector<std::string>{"cuda:0", "cuda:1"}));
+  EXPECT_EQ(spec->host_memory_bytes, 1073741824);
+
+  auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
+}
+
+TEST(JobSpecTest, IncludeMeansCustomRecipe) {
+  auto spec = ParseJobSpec(R"({"source": "a", "output": "b", "include": ["layers.*.ffn.experts.*"]})",
+                           "spec.json");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->recipe, RecipeKind::kCustom);
+  auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->include, spec->include);
+}
+
+TEST(JobSpecTest, BadInputNamesTheField) {
+  EXPECT_EQ(ErrorOf("[1]"), "spec.json: a job spec must be a JSON object");
+  EXPECT_EQ(ErrorOf("{"), "spec.json: not valid JSON");
+  EXPECT_EQ(ErrorOf(R"({"output": "b"})"), "spec.json: field 'source' is required");
+  EXPECT_EQ(ErrorOf(R"({"source": 3, "output": "b"})"), "spec.json: field 'source' must be a string");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "recipe": "most"})"),
+            "spec.json: field 'recipe' must be one of \"experts\", \"full\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "recipe": "custom"})"),
+            "spec.json: field 'recipe' must be one of \"experts\", \"full\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "kv_cache": "fp4"})"),
+            "spec.json: field 'kv_cache' must be one of \"none\", \"fp8_cast\", \"fp8\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "export_format": "gguf"})"),
+            "spec.json: field 'export_format' must be one of \"modelopt\", \"compressed-tensors\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "weight_format": 4})"),
+            "spec.json: field 'weight_format' must be one of \"nvfp4\", \"w4a16_nvfp4\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "expert_cast": "exact"})"),
+            "spec.json: field 'expert_cast' must be one of \"lossless\", \"requantize\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "colour": "red"})"),
+            "spec.json: field 'colour' is not a known field");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"samples": 3}})"),
+            "spec.json: field 'calibration.samples' is not a known field");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"num_samples": -3}})"),
+            "spec.json: field 'calibration.num_samples' must be a non-negative integer");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "include": ["x"], "recipe": "full"})"),
+            "spec.json: field 'include' cannot be combined with 'recipe'");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "exclude": "x"})"),
+            "spec.json: field 'exclude' must be an array of strings");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "devices": ["gpu0"]})"),
+            "spec.json: field 'devices' has \"gpu0\"; expected \"cpu\" or \"cuda:N\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "devices": ["cpu", "cpu"]})"),
+            "spec.json: field 'devices' lists \"cpu\" twice");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "host_memory_bytes": 1.5})"),
+            "spec.json: field 'host_memory_bytes' must be a non-negative integer");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "a"})"),
+            "spec.json: field 'output' must differ from 'source'");
+}
+
+}  // namespace
+}  // namespace quantd::pipeline

@@ -179,11 +179,13 @@ QUANTD_HD float Nvfp4Decode(uint8_t code, uint8_t scale_byte, float scale_2) {
 
 // ---- DeepSeek's own power-of-two scales (used to encode fixtures as DeepSeek does) ------------
 
-// ceil(log2(r)) for finite r > 0, exact (no log2f rounding).
+// ceil(log2(r)) for finite r >= 0, exact (no log2f rounding). r == 0 gives -150, below every
+// float's exponent.
 QUANTD_HD int CeilLog2(float r) {
-  const uint32_t bits = FloatBits(r);
+  const uint32_t bits = FloatBits(r) & 0x7FFFFFFFu;
   int exp = static_cast<int>((bits >> 23) & 0xFF);
   uint32_t mant = bits & 0x7FFFFFu;
+  if (bits == 0) return -150;
   if (exp == 0) {  // subnormal: normalize
     int e = -126;
     while ((mant & 0x800000u) == 0) {

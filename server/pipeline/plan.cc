@@ -1,0 +1,249 @@
+#include "server/pipeline/plan.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace quantd::pipeline {
+namespace {
+
+using nlohmann::json;
+
+absl::Status BadPayload(const std::string& what, const std::string& text) {
+  return absl::InvalidArgumentError(absl::StrCat("corrupt ", what, " task payload: ", text));
+}
+
+bool IsStringArray(const json& j) {
+  if (!j.is_array()) return false;
+  for (const json& v : j) {
+    if (!v.is_string()) return false;
+  }
+  return true;
+}
+
+// Bytes of one NVFP4 module as written: values, block scales, scalar scales.
+uint64_t Nvfp4Bytes(const JobSpec& spec, const LinearModule& m) {
+  uint64_t bytes = 0;
+  for (const OutputTensor& t : Nvfp4ModuleTensors(spec, m.name, m.out_features, m.in_features)) {
+    uint64_t n = checkpoint::DtypeSize(t.dtype);
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    bytes += n;
+  }
+  return bytes;
+}
+
+bool Quantizable(TensorFormat f) {
+  return f == TensorFormat::kFp8BlockE8m0 || f == TensorFormat::kFp8BlockF32 ||
+         f == TensorFormat::kMxfp4 || f == TensorFormat::kBf16 || f == TensorFormat::kF32;
+}
+
+}  // namespace
+
+std::string ToJson(const DequantTask& t) { return json{{"shard", t.shard}}.dump(); }
+
+std::string ToJson(const ShardTask& t) {
+  return json{{"shard", t.shard},
+              {"copy_tensors", t.copy_tensors},
+              {"modules", t.modules},
+              {"fusion_groups", t.fusion_groups}}
+      .dump();
+}
+
+absl::StatusOr<DequantTask> ParseDequantTask(const std::string& json_text) {
+  json j = json::parse(json_text, nullptr, false);
+  if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string()) {
+    return BadPayload("dequant", json_text);
+  }
+  return DequantTask{j["shard"].get<std::string>()};
+}
+
+absl::StatusOr<ShardTask> ParseShardTask(const std::string& json_text) {
+  json j = json::parse(json_text, nullptr, false);
+  if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string() ||
+      !IsStringArray(j.value("copy_tensors", json())) || !IsStringArray(j.value("modules", json())) ||
+      !j.value("fusion_groups", json()).is_array()) {
+    return BadPayload("shard", json_text);
+  }
+  ShardTask t;
+  t.shard = j["shard"].get<std::string>();
+  t.copy_tensors = j["copy_tensors"].get<std::vector<std::string>>();
+  t.modules = j["modules"].get<std::vector<std::string>>();
+  for (const json& g : j["fusion_groups"]) {
+    if (!IsStringArray(g)) return BadPayload("shard", json_text);
+    t.fusion_groups.push_back(g.get<std::vector<std::string>>());
+  }
+  return t;
+}
+
+std::vector<OutputTensor> Nvfp4ModuleTensors(const JobSpec& spec, const std::string& module,
+                                             int64_t out_features, int64_t in_features) {
+  using checkpoint::Dtype;
+  const bool with_input = spec.weight_format == WeightFormat::kNvfp4;
+  std::vector<OutputTensor> out;
+  if (spec.export_format == ExportFormat::kModelOpt) {
+    out.push_back({module + ".weight", Dtype::kU8, {out_features, in_features / 2}});
+    out.push_back({module + ".weight_scale", Dtype::kF8E4M3, {out_features, in_features / 16}});
+    out.push_back({module + ".weight_scale_2", Dtype::kF32, {}});
+    if (with_input) out.push_back({module + ".input_scale", Dtype::kF32, {}});
+  } else {
+    out.push_back({module + ".weight_packed", Dtype::kU8, {out_features, in_features / 2}});
+    out.push_back({module + ".weight_scale", Dtype::kF8E4M3, {out_features, in_features / 16}});
+    out.push_back({module + ".weight_global_scale", Dtype::kF32, {1}});
+    if (with_input) out.push_back({module + ".input_global_scale", Dtype::kF32, {1}});
+  }
+  return out;
+}
+
+absl::StatusOr<Recipe> RecipeForSpec(const JobSpec& spec, const TensorInventory& inventory) {
+  if (spec.recipe == RecipeKind::kCustom) return GlobRecipe(spec.include, spec.exclude);
+  absl::StatusOr<Recipe> recipe = BuiltinRecipe(RecipeKindName(spec.recipe), inventory);
+  if (!recipe.ok()) return recipe.status();
+  // The spec's exclusions come first: the first matching rule decides.
+  std::vector<RecipeRule> rules;
+  for (const std::string& glob : spec.exclude) {
+    rules.push_back(RecipeRule{glob, false, absl::StrCat("exclude ", glob)});
+  }
+  rules.insert(rules.end(), recipe->rules.begin(), recipe->rules.end());
+  recipe->rules = std::move(rules);
+  return recipe;
+}
+
+absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
+                               const TensorInventory& inventory) {
+  absl::StatusOr<Recipe> recipe = RecipeForSpec(spec, inventory);
+  if (!recipe.ok()) return recipe.status();
+  absl::StatusOr<RecipePlan> selected = PlanRecipe(inventory, *recipe);
+  if (!selected.ok()) return selected.status();
+  if (selected->modules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("recipe '", recipe->name,
+                                                   "' selects no module of ", source.dir()));
+  }
+  std::map<std::string, const LinearModule*> linears;
+  for (const LinearModule& m : inventory.linears) linears[m.name] = &m;
+  std::map<std::string, const TensorInfo*> tensors;
+  for (const TensorInfo& t : inventory.tensors) tensors[t.name] = &t;
+
+  // Every selected module goes to the shard of its weight; a fusion group to its first member's.
+  std::map<std::string, std::string> module_shard;
+  std::set<std::string> quantized_tensors;
+  for (const std::string& name : selected->modules) {
+    const LinearModule* m = linears.at(name);
+    if (!Quantizable(m->format)) {
+      return absl::InvalidArgumentError(absl::StrCat("module ", name, " is stored as ",
+                                                     FormatName(m->format),
+                                                     ", which quantd cannot quantize to NVFP4"));
+    }
+    if (m->in_features % 16 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("module ", name, " has ", m->in_features,
+                                                     " input features, not a multiple of 16"));
+    }
+    module_shard[name] = tensors.at(m->tensors.front())->shard;
+    quantized_tensors.insert(m->tensors.begin(), m->tensors.end());
+  }
+  std::map<std::string, std::vector<std::vector<std::string>>> shard_groups;
+  for (const std::vector<std::string>& group : selected->fusion_groups) {
+    const std::string shard = module_shard.at(group.front());
+    for (const std::string& member : group) module_shard[member] = shard;
+    shard_groups[shard].push_back(group);
+  }
+
+  Plan plan;
+  plan.recipe = *selected;
+  std::map<std::string, ShardTask> shards;  // by file name
+  std::map<std::string, uint64_t> shard_source_bytes;
+  for (const TensorInfo& t : inventory.tensors) {
+    plan.source_bytes += t.bytes;
+    if (quantized_tensors.count(t.name) != 0) continue;
+    ShardTask& task = shards[t.shard];
+    task.shard = t.shard;
+    task.copy_tensors.push_back(t.name);
+    shard_source_bytes[t.shard] += t.bytes;
+    plan.output_bytes += t.bytes;
+  }
+  for (const std::string& name : selected->modules) {
+    const LinearModule* m = linears.at(name);
+    const std::string& shard = module_shard.at(name);
+    ShardTask& task = shards[shard];
+    task.shard = shard;
+    task.modules.push_back(name);
+    shard_source_bytes[shard] += m->bytes;
+    plan.output_bytes += Nvfp4Bytes(spec, *m);
+  }
+  for (auto& [shard, groups] : shard_groups) shards[shard].fusion_groups = groups;
+
+  store::StagePlan inspect{"inspect", {{"inspect", "{}", 0}}};
+  plan.stages.push_back(inspect);
+  if (!spec.materialize_bf16.empty()) {
+    store::StagePlan dequant{"dequant", {}};
+    std::map<std::string, uint64_t> shard_bytes;
+    for (const TensorInfo& t : inventory.tensors) {
+      shard_bytes[t.shard] += t.bytes;
+      if (t.format == TensorFormat::kScale) continue;
+      if (t.format == TensorFormat::kFp8BlockE8m0 || t.format == TensorFormat::kFp8BlockF32 ||
+          t.format == TensorFormat::kMxfp4) {
+        const LinearModule* m = linears.at(t.module);
+        plan.bf16_bytes += static_cast<uint64_t>(m->out_features * m->in_features) * 2;
+      } else {
+        plan.bf16_bytes += t.bytes;
+      }
+    }
+    for (const auto& [shard, bytes] : shard_bytes) {
+      dequant.tasks.push_back({shard, ToJson(DequantTask{shard}), static_cast<int64_t>(bytes)});
+    }
+    plan.stages.push_back(std::move(dequant));
+  }
+  store::StagePlan quantize{"quantize", {}};
+  store::StagePlan verify{"verify", {}};
+  for (const auto& [shard, task] : shards) {
+    const int64_t bytes = static_cast<int64_t>(shard_source_bytes[shard]);
+    quantize.tasks.push_back({shard, ToJson(task), bytes});
+    verify.tasks.push_back({shard, ToJson(task), bytes});
+  }
+  plan.stages.push_back(std::move(quantize));
+  plan.stages.push_back({"export", {{"export", "{}", 0}}});
+  plan.stages.push_back(std::move(verify));
+  return plan;
+}
+
+absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  while (!p.empty() && !std::filesystem::exists(p, ec)) p = p.parent_path();
+  struct statvfs st;
+  if (p.empty() || statvfs(p.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot read free space for ", dir));
+  }
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan) {
+  absl::StatusOr<uint64_t> out_free = FreeDiskBytes(spec.output);
+  if (!out_free.ok()) return out_free.status();
+  uint64_t needed_on_output = plan.output_bytes;
+  if (!spec.materialize_bf16.empty()) {
+    absl::StatusOr<uint64_t> bf16_free = FreeDiskBytes(spec.materialize_bf16);
+    if (!bf16_free.ok()) return bf16_free.status();
+    if (*bf16_free == *out_free) {
+      needed_on_output += plan.bf16_bytes;  // most likely the same file system
+    } else if (*bf16_free < plan.bf16_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the BF16 copy needs about ", plan.bf16_bytes, " bytes but ", spec.materialize_bf16,
+          " has ", *bf16_free, " free"));
+    }
+  }
+  if (*out_free < needed_on_output) {
+    return absl::ResourceExhaustedError(absl::StrCat("the output needs about ", needed_on_output,
+                                                     " bytes but ", spec.output, " has ",
+                                                     *out_free, " free"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace quantd::pipeline

@@ -1,0 +1,84 @@
+// The plan of a conversion job: its stages and, for each, the tasks (units of work) with the
+// payload a stage needs to run one. Built once when a job starts, from the job spec and the
+// source checkpoint's headers, and stored in the JobStore; tasks are then leased one by one.
+//
+//   inspect   1 task      re-reads the source headers and checks disk space before any write
+//   dequant   1 / shard   (materialize_bf16 only) source shard -> BF16 shard of the same name
+//   quantize  1 / shard   output shard: tensors copied unchanged + modules written as NVFP4
+//   export    1 task      index.json, config.json, hf_quant_config.json, tokenizer files
+//   verify    1 / shard   re-reads an output shard: export rules and error statistics
+//
+// Output shards mirror the source shards, except that a fusion group (modules that must share
+// weight_scale_2 and input_scale) is always written whole into the shard of its first member.
+#ifndef QUANTD_SERVER_PIPELINE_PLAN_H_
+#define QUANTD_SERVER_PIPELINE_PLAN_H_
+
+#include <stdint.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/pipeline/job_spec.h"
+#include "server/pipeline/recipe.h"
+#include "server/pipeline/tensor_inventory.h"
+#include "server/store/job_store.h"
+
+namespace quantd::pipeline {
+
+// Payload of a dequant task.
+struct DequantTask {
+  std::string shard;  // source shard file name = output file name
+};
+
+// Payload of a quantize task (and of the verify task of the same output shard).
+struct ShardTask {
+  std::string shard;                                   // output shard file name
+  std::vector<std::string> copy_tensors;               // source tensors written unchanged
+  std::vector<std::string> modules;                    // linear modules written as NVFP4
+  std::vector<std::vector<std::string>> fusion_groups; // subsets of `modules` sharing scales
+};
+
+std::string ToJson(const DequantTask& t);
+std::string ToJson(const ShardTask& t);
+absl::StatusOr<DequantTask> ParseDequantTask(const std::string& json_text);
+absl::StatusOr<ShardTask> ParseShardTask(const std::string& json_text);
+
+// Output tensor names and shapes of one NVFP4 module in the spec's export format: ModelOpt
+// (weight U8 [o, i/2], weight_scale F8_E4M3 [o, i/16], weight_scale_2 F32 [], input_scale F32 []
+// unless weights-only) or compressed-tensors (weight_packed, weight_scale, weight_global_scale
+// [1], input_global_scale [1]).
+struct OutputTensor {
+  std::string name;
+  checkpoint::Dtype dtype;
+  std::vector<int64_t> shape;
+};
+std::vector<OutputTensor> Nvfp4ModuleTensors(const JobSpec& spec, const std::string& module,
+                                             int64_t out_features, int64_t in_features);
+
+struct Plan {
+  std::vector<store::StagePlan> stages;
+  uint64_t source_bytes = 0;  // bytes of all source shards' tensors
+  uint64_t output_bytes = 0;  // estimated bytes of the NVFP4 checkpoint
+  uint64_t bf16_bytes = 0;    // estimated bytes of the BF16 copy (0 without materialize_bf16)
+  RecipePlan recipe;          // what the recipe selected
+};
+
+// The recipe the spec names (built-in or include/exclude globs), plus the spec's exclusions.
+absl::StatusOr<Recipe> RecipeForSpec(const JobSpec& spec, const TensorInventory& inventory);
+
+// Builds the plan. Fails with a clear message when the recipe selects nothing, or a selected
+// module's format cannot be quantized (only FP8-block, MXFP4, BF16 and F32 weights can).
+absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
+                               const TensorInventory& inventory);
+
+// Free bytes on the file system holding `dir` (its nearest existing ancestor).
+absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& dir);
+// Refuses, with the numbers, when the output (and BF16 copy) would not fit.
+absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_PLAN_H_

@@ -1,0 +1,184 @@
+// Planning on the tiny V4 and V3 fixtures: stage order, every source tensor accounted for exactly
+// once, fusion groups kept in one task, recipe selections, payload round trips, disk check.
+#include "server/pipeline/plan.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "server/fixture/fixture.h"
+#include "server/pipeline/tensor_inventory.h"
+
+namespace quantd::pipeline {
+namespace {
+
+class PlanTest : public testing::TestWithParam<fixture::Arch> {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("quantd_plan_test_" + std::to_string(getpid()) + "_" +
+            std::to_string(static_cast<int>(GetParam())));
+    std::filesystem::remove_all(dir_);
+    auto summary = fixture::WriteFixture(fixture::MakeConfig(GetParam(), fixture::Preset::kTiny),
+                                         7, dir_.string(), {});
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    auto source = checkpoint::CheckpointDir::Open(dir_.string());
+    ASSERT_TRUE(source.ok()) << source.status();
+    source_ = std::move(*source);
+    auto inventory = BuildInventory(*source_);
+    ASSERT_TRUE(inventory.ok()) << inventory.status();
+    inventory_ = std::move(*inventory);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  JobSpec Spec(const std::string& extra = "") {
+    auto spec = ParseJobSpec("{\"source\": \"" + dir_.string() + "\", \"output\": \"" +
+                                 dir_.string() + "-out\"" + extra + "}",
+                             "test");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<checkpoint::CheckpointDir> source_;
+  TensorInventory inventory_;
+};
+
+std::vector<std::string> Kinds(const Plan& plan) {
+  std::vector<std::string> kinds;
+  for (const auto& s : plan.stages) kinds.push_back(s.kind);
+  return kinds;
+}
+
+TEST_P(PlanTest, QuantizeTasksCoverEveryTensorOnceAndKeepGroupsTogether) {
+  for (const char* recipe : {"experts", "full"}) {
+    SCOPED_TRACE(recipe);
+    auto plan = BuildPlan(Spec(std::string(", \"recipe\": \"") + recipe + "\""), *source_,
+                          inventory_);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(Kinds(*plan),
+              (std::vector<std::string>{"inspect", "quantize", "export", "verify"}));
+    const store::StagePlan& quantize = plan->stages[1];
+    ASSERT_EQ(quantize.tasks.size(), plan->stages[3].tasks.size());
+
+    std::map<std::string, const LinearModule*> linears;
+    for (const LinearModule& m : inventory_.linears) linears[m.name] = &m;
+    std::map<std::string, uint64_t> tensor_bytes;
+    for (const TensorInfo& t : inventory_.tensors) tensor_bytes[t.name] = t.bytes;
+    std::multiset<std::string> seen;
+    std::set<std::string> modules;
+    uint64_t bytes = 0;
+    uint64_t expected_output = 0;
+    for (const store::TaskPlan& t : quantize.tasks) {
+      auto task = ParseShardTask(t.payload_json);
+      ASSERT_TRUE(task.ok()) << task.status();
+      EXPECT_EQ(task->shard, t.name);
+      bytes += static_cast<uint64_t>(t.bytes_total);
+      for (const std::string& name : task->copy_tensors) {
+        seen.insert(name);
+        expected_output += tensor_bytes.at(name);
+      }
+      for (const std::string& m : task->modules) {
+        modules.insert(m);
+        // ModelOpt W4A4: values o*i/2, E4M3 scales o*i/16, two F32 scalars.
+        const LinearModule* lm = linears.at(m);
+        expected_output += static_cast<uint64_t>(lm->out_features * lm->in_features / 2 +
+                                                 lm->out_features * lm->in_features / 16 + 8);
+        for (const std::string& name : linears.at(m)->tensors) seen.insert(name);
+      }
+      std::set<std::string> here(task->modules.begin(), task->modules.end());
+      for (const auto& group : task->fusion_groups) {
+        for (const std::string& member : group) EXPECT_EQ(here.count(member), 1u) << member;
+      }
+    }
+    EXPECT_EQ(bytes, plan->source_bytes);
+    ASSERT_EQ(seen.size(), inventory_.tensors.size());
+    for (const TensorInfo& t : inventory_.tensors) EXPECT_EQ(seen.count(t.name), 1u) << t.name;
+    EXPECT_EQ(modules, std::set<std::string>(plan->recipe.modules.begin(),
+                                             plan->recipe.modules.end()));
+    EXPECT_FALSE(plan->recipe.fusion_groups.empty());
+    EXPECT_EQ(plan->output_bytes, expected_output);
+  }
+}
+
+TEST_P(PlanTest, MaterializeAddsADequantTaskPerSourceShard) {
+  auto plan = BuildPlan(Spec(", \"materialize_bf16\": \"" + dir_.string() + "-bf16\""),
+                        *source_, inventory_);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(Kinds(*plan),
+            (std::vector<std::string>{"inspect", "dequant", "quantize", "export", "verify"}));
+  ASSERT_EQ(plan->stages[1].tasks.size(), source_->shards().size());
+  auto task = ParseDequantTask(plan->stages[1].tasks[0].payload_json);
+  ASSERT_TRUE(task.ok());
+  EXPECT_EQ(task->shard, plan->stages[1].tasks[0].name);
+  EXPECT_GT(plan->bf16_bytes, plan->source_bytes);  // FP8 and FP4 weights double or quadruple
+}
+
+TEST_P(PlanTest, RecipeSelectingNothingIsAnError) {
+  auto plan = BuildPlan(Spec(", \"include\": [\"no.such.module\"]"), *source_, inventory_);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("selects no module"), std::string::npos);
+}
+
+TEST_P(PlanTest, SpecExclusionsApplyOnTopOfTheRecipe) {
+  auto all = BuildPlan(Spec(", \"recipe\": \"full\""), *source_, inventory_);
+  auto fewer = BuildPlan(Spec(", \"recipe\": \"full\", \"exclude\": [\"*.layers.0.*\", \"layers.0.*\"]"),
+                         *source_, inventory_);
+  ASSERT_TRUE(all.ok() && fewer.ok());
+  EXPECT_LT(fewer->recipe.modules.size(), all->recipe.modules.size());
+  for (const std::string& m : fewer->recipe.modules) {
+    EXPECT_EQ(m.find("layers.0."), std::string::npos) << m;
+  }
+}
+
+TEST_P(PlanTest, DiskCheckRefusesWithTheNumbers) {
+  auto plan = BuildPlan(Spec(), *source_, inventory_);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(CheckDiskSpace(Spec(), *plan).ok());
+  Plan huge = *plan;
+  huge.output_bytes = uint64_t{1} << 62;
+  absl::Status s = CheckDiskSpace(Spec(), huge);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find(std::to_string(uint64_t{1} << 62)), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arches, PlanTest,
+                         testing::Values(fixture::Arch::kDeepseekV4, fixture::Arch::kDeepseekV3));
+
+TEST(PlanPayloadTest, ShardTaskRoundTripsAndRejectsCorruption) {
+  ShardTask t{"model-00001-of-00002.safetensors", {"embed.weight"}, {"a.w1", "a.w3"}, {{"a.w1", "a.w3"}}};
+  auto back = ParseShardTask(ToJson(t));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->shard, t.shard);
+  EXPECT_EQ(back->copy_tensors, t.copy_tensors);
+  EXPECT_EQ(back->modules, t.modules);
+  EXPECT_EQ(back->fusion_groups, t.fusion_groups);
+  EXPECT_FALSE(ParseShardTask("{\"shard\": 3}").ok());
+  EXPECT_FALSE(ParseShardTask("not json").ok());
+  EXPECT_FALSE(ParseDequantTask("{}").ok());
+}
+
+TEST(Nvfp4ModuleTensorsTest, NamesShapesAndDtypesPerExportFormat) {
+  JobSpec spec;
+  auto mo = Nvfp4ModuleTensors(spec, "m", 64, 256);
+  ASSERT_EQ(mo.size(), 4u);
+  EXPECT_EQ(mo[0].name, "m.weight");
+  EXPECT_EQ(mo[0].shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(mo[1].name, "m.weight_scale");
+  EXPECT_EQ(mo[1].dtype, checkpoint::Dtype::kF8E4M3);
+  EXPECT_EQ(mo[1].shape, (std::vector<int64_t>{64, 16}));
+  EXPECT_TRUE(mo[2].shape.empty());
+  EXPECT_EQ(mo[3].name, "m.input_scale");
+  spec.weight_format = WeightFormat::kW4A16Nvfp4;
+  spec.export_format = ExportFormat::kCompressedTensors;
+  auto ct = Nvfp4ModuleTensors(spec, "m", 64, 256);
+  ASSERT_EQ(ct.size(), 3u);
+  EXPECT_EQ(ct[0].name, "m.weight_packed");
+  EXPECT_EQ(ct[2].name, "m.weight_global_scale");
+  EXPECT_EQ(ct[2].shape, (std::vector<int64_t>{1}));
+}
+
+}  // namespace
+}  // namespace quantd::pipeline

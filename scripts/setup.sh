@@ -13,7 +13,7 @@ BUILD_DIR=${QUANTD_BUILD_DIR:-$ROOT/build}
 # --- Debian packages --------------------------------------------------------------------------
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libabsl-dev nlohmann-json3-dev libcli11-dev
+  libabsl-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev          # libFuzzer for the bounded fuzz run
   python3 python3-venv python3-dev

@@ -1,1 +1,101 @@
-// placeholder, being written
+#include "server/checkpoint/atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace quantd::checkpoint {
+namespace {
+
+absl::Status ErrnoError(int err, const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(path, ": ", what));
+}
+
+// The directory holding `path` ("." for a bare file name).
+std::string DirOf(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::StatusOr<int> CreateForWrite(const std::string& path) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, "cannot create", path);
+  return fd;
+}
+
+absl::Status WriteFully(int fd, const void* data, uint64_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "write failed", path);
+    }
+    p += n;
+    size -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncAndClose(int fd, const std::string& path) {
+  int sync_err = fsync(fd) == 0 ? 0 : errno;
+  int close_err = close(fd) == 0 ? 0 : errno;
+  if (sync_err != 0) return ErrnoError(sync_err, "fsync failed", path);
+  if (close_err != 0) return ErrnoError(close_err, "close failed", path);
+  return absl::OkStatus();
+}
+
+absl::Status CommitTmpFile(const std::string& tmp_path, const std::string& path) {
+  if (rename(tmp_path.c_str(), path.c_str()) != 0) {
+    return ErrnoError(errno, absl::StrCat("cannot rename ", tmp_path, " to"), path);
+  }
+  // The rename is durable only once the directory entry is on disk.
+  std::string dir = DirOf(path);
+  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoError(errno, "cannot open directory", dir);
+  return SyncAndClose(dir_fd, dir);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view contents) {
+  std::string tmp_path = absl::StrCat(path, ".tmp");
+  absl::StatusOr<int> fd = CreateForWrite(tmp_path);
+  if (!fd.ok()) return fd.status();
+  absl::Status status = WriteFully(*fd, contents.data(), contents.size(), tmp_path);
+  if (status.ok()) {
+    status = SyncAndClose(*fd, tmp_path);
+  } else {
+    close(*fd);
+  }
+  if (status.ok()) status = CommitTmpFile(tmp_path, path);
+  if (!status.ok()) unlink(tmp_path.c_str());
+  return status;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open", path);
+  std::string contents;
+  char buffer[1 << 16];
+  while (true) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      close(fd);
+      return ErrnoError(err, "read failed", path);
+    }
+    if (n == 0) break;
+    contents.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return contents;
+}
+
+}  // namespace quantd::checkpoint

@@ -1,1 +1,184 @@
-// placeholder, being written
+#include "server/checkpoint/checkpoint_dir.h"
+
+#include <sys/stat.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/checkpoint/atomic_file.h"
+
+namespace quantd::checkpoint {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kSingleFileName[] = "model.safetensors";
+constexpr char kConfigFileName[] = "config.json";
+
+absl::Status Invalid(const std::string& path, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", message));
+}
+
+// A shard must be a file in the checkpoint directory itself.
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+}
+
+absl::StatusOr<json> ParseJsonFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  try {
+    return json::parse(*text);
+  } catch (const json::exception& e) {
+    return Invalid(path, absl::StrCat("not valid JSON: ", e.what()));
+  }
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path) {
+  absl::StatusOr<json> root = ParseJsonFile(path);
+  if (!root.ok()) return root.status();
+  if (!root->is_object()) return Invalid(path, "not a JSON object");
+
+  ShardIndex index;
+  auto metadata = root->find("metadata");
+  if (metadata != root->end() && !metadata->is_null()) {
+    if (!metadata->is_object()) return Invalid(path, "\"metadata\" is not an object");
+    auto total = metadata->find("total_size");
+    if (total != metadata->end()) {
+      if (!total->is_number_unsigned()) {
+        return Invalid(path, "metadata.total_size is not a non-negative integer");
+      }
+      index.total_size = total->get<uint64_t>();
+    }
+  }
+
+  auto weight_map = root->find("weight_map");
+  if (weight_map == root->end() || !weight_map->is_object()) {
+    return Invalid(path, "\"weight_map\" is missing or not an object");
+  }
+  for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
+    if (!it->is_string()) {
+      return Invalid(path, absl::StrCat("weight_map entry for \"", it.key(), "\" is not a string"));
+    }
+    const std::string& shard = it->get_ref<const std::string&>();
+    if (!IsPlainFileName(shard)) {
+      return Invalid(path, absl::StrCat("tensor \"", it.key(), "\" maps to shard \"", shard,
+                                        "\", which is not a plain file name"));
+    }
+    index.weight_map[it.key()] = shard;
+  }
+  return index;
+}
+
+absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index) {
+  for (const auto& [tensor, shard] : index.weight_map) {
+    if (!IsPlainFileName(shard)) {
+      return Invalid(path, absl::StrCat("tensor \"", tensor, "\" maps to shard \"", shard,
+                                        "\", which is not a plain file name"));
+    }
+  }
+  json root = {{"metadata", {{"total_size", index.total_size}}},
+               {"weight_map", index.weight_map}};
+  std::string text;
+  try {
+    text = root.dump(2) + "\n";
+  } catch (const json::exception& e) {
+    return Invalid(path, absl::StrCat("cannot serialize index: ", e.what()));
+  }
+  return WriteFileAtomically(path, text);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::string& dir) {
+  std::unique_ptr<CheckpointDir> checkpoint(new CheckpointDir());
+  checkpoint->dir_ = dir;
+
+  std::string config_path = absl::StrCat(dir, "/", kConfigFileName);
+  if (FileExists(config_path)) {
+    absl::StatusOr<json> config = ParseJsonFile(config_path);
+    if (!config.ok()) return config.status();
+    if (!config->is_object()) return Invalid(config_path, "not a JSON object");
+    checkpoint->config_ = std::make_unique<json>(std::move(*config));
+  } else {
+    checkpoint->config_ = std::make_unique<json>(json::object());
+  }
+
+  std::string index_path = absl::StrCat(dir, "/", kIndexFileName);
+  const bool indexed = FileExists(index_path);
+  std::map<std::string, std::string> weight_map;  // empty for a single-file checkpoint
+  std::set<std::string> shard_names;
+  if (indexed) {
+    absl::StatusOr<ShardIndex> index = ParseShardIndex(index_path);
+    if (!index.ok()) return index.status();
+    weight_map = std::move(index->weight_map);
+    for (const auto& [tensor, shard] : weight_map) shard_names.insert(shard);
+  } else if (FileExists(absl::StrCat(dir, "/", kSingleFileName))) {
+    shard_names.insert(kSingleFileName);
+  } else {
+    return absl::NotFoundError(absl::StrCat(dir, ": not a checkpoint directory: neither ",
+                                            kIndexFileName, " nor ", kSingleFileName, " found"));
+  }
+
+  for (const std::string& shard : shard_names) {
+    std::string shard_path = absl::StrCat(dir, "/", shard);
+    if (indexed && !FileExists(shard_path)) {
+      return absl::NotFoundError(absl::StrCat(index_path, ": shard \"", shard,
+                                              "\" is missing (", shard_path, ")"));
+    }
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
+    if (!file.ok()) return file.status();
+    size_t shard_index = checkpoint->shards_.size();
+    for (const TensorView& view : (*file)->tensors()) {
+      auto [it, inserted] =
+          checkpoint->tensors_.emplace(view.name, std::make_pair(shard_index, &view));
+      if (!inserted) {
+        return Invalid(shard_path, absl::StrCat("tensor \"", view.name, "\" is also in ",
+                                                checkpoint->shards_[it->second.first]->path()));
+      }
+      if (indexed) {
+        auto listed = weight_map.find(view.name);
+        if (listed == weight_map.end() || listed->second != shard) {
+          return Invalid(index_path,
+                         absl::StrCat("tensor \"", view.name, "\" is in shard \"", shard,
+                                      "\" but the index ",
+                                      listed == weight_map.end()
+                                          ? std::string("does not list it")
+                                          : absl::StrCat("maps it to \"", listed->second, "\"")));
+        }
+      }
+    }
+    checkpoint->shards_.push_back(std::move(*file));
+  }
+
+  for (const auto& [tensor, shard] : weight_map) {
+    if (!checkpoint->tensors_.count(tensor)) {
+      return Invalid(index_path, absl::StrCat("tensor \"", tensor, "\" is listed in shard \"",
+                                              shard, "\" but absent from it"));
+    }
+  }
+  return checkpoint;
+}
+
+CheckpointDir::~CheckpointDir() = default;
+
+const nlohmann::json& CheckpointDir::config() const { return *config_; }
+
+const TensorView* CheckpointDir::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second.second;
+}
+
+const SafetensorsFile* CheckpointDir::ShardOf(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : shards_[it->second.first].get();
+}
+
+}  // namespace quantd::checkpoint

@@ -23,6 +23,12 @@ enum class Dtype {
   kF64,
 };
 
+// Every Dtype, in enum order (for tests and tables).
+inline constexpr Dtype kAllDtypes[] = {
+    Dtype::kBool, Dtype::kU8,   Dtype::kI8,  Dtype::kI32, Dtype::kI64, Dtype::kF8E4M3,
+    Dtype::kF8E8M0, Dtype::kBF16, Dtype::kF16, Dtype::kF32, Dtype::kF64,
+};
+
 // The safetensors spelling ("BF16", "F8_E4M3", ...).
 std::string_view DtypeName(Dtype d);
 // Inverse of DtypeName; nullopt for a name quantd does not handle.

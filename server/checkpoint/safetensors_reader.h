@@ -62,6 +62,8 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  // Validates the image at base_/size_ and fills tensors_, by_name_ and metadata_.
+  absl::Status Parse();
 
   std::string path_;                              // file path, for error messages
   const uint8_t* base_ = nullptr;                 // start of the mapping (or caller's bytes)

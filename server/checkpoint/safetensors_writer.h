@@ -32,33 +32,48 @@ struct TensorSpec {
 
 class SafetensorsWriter {
  public:
-  // Fails on duplicate names, "__metadata__" as a name, or an unwritable path.
+  // Fails on an empty or duplicate name, "__metadata__" as a name, a negative or overflowing
+  // shape, a name or metadata string that is not UTF-8, an unwritable path, or too little disk
+  // space for the whole file (reserved up front where the file system supports it).
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       std::string path, std::vector<TensorSpec> tensors,
       std::map<std::string, std::string> metadata = {});
   ~SafetensorsWriter();
 
-  // Appends bytes of the current tensor; a chunk may not run past the current tensor's end.
+  // Appends bytes of the current tensor; a chunk may not run past the current tensor's end
+  // (such a chunk is refused whole and the writer stays usable). An I/O error is final: the
+  // .tmp file is removed and every later call fails.
   absl::Status Append(const void* data, uint64_t size);
-  // Convenience: the whole tensor `name`, which must be the next one due.
+  // Convenience: the whole tensor `name`, which must be the next one due (a zero-byte tensor
+  // is accepted at any time: it adds no bytes).
   absl::Status WriteTensor(const std::string& name, const void* data, uint64_t size);
   // The tensor whose bytes are due next ("" when all are complete).
   std::string NextTensor() const;
   // Bytes of the final file (header included).
   uint64_t total_bytes() const;
+  // Fails, removing the .tmp file, when a declared byte is missing.
   absl::Status Finish();
 
  private:
   SafetensorsWriter() = default;
+  // Moves past tensors whose bytes are complete (zero-byte tensors are complete at once).
+  void SkipCompleteTensors();
+  // Writes out buffer_.
+  absl::Status Flush();
+  // Closes and removes the tmp file after an I/O error or a failed Finish(); returns `status`.
+  absl::Status Abandon(absl::Status status);
+  // The error for a call after Finish() or after a failure.
+  absl::Status Closed() const;
 
   std::string path_;                // final path
   std::string tmp_path_;            // path + ".tmp", where bytes go until Finish()
-  int fd_ = -1;                     // open descriptor of tmp_path_
+  int fd_ = -1;                     // open descriptor of tmp_path_; -1 once finished or abandoned
   std::vector<TensorSpec> tensors_; // declaration (= file) order
   size_t current_ = 0;              // index of the tensor being appended
   uint64_t written_in_current_ = 0; // bytes of tensors_[current_] already written
   uint64_t header_bytes_ = 0;       // 8-byte length prefix + padded JSON
   uint64_t data_bytes_ = 0;         // sum of tensor sizes
+  std::vector<uint8_t> buffer_;     // small appends gathered into large write() calls
   bool finished_ = false;           // Finish() succeeded
 };
 

@@ -1,1 +1,110 @@
-int main() { return 1; }  // placeholder, being written
+// quantd: the command-line entry point. Each subcommand registers its options and a callback that
+// sets the exit code: 0 on success, 1 when the operation fails, 2 for usage errors.
+#include <stdint.h>
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "server/fixture/fixture.h"
+#include "server/fixture/fixture_spec.h"
+#include "server/pipeline/inspect.h"
+
+namespace {
+
+constexpr int kFailure = 1;
+constexpr int kUsage = 2;
+
+int Fail(const std::string& command, const absl::Status& status, int code) {
+  std::cerr << "quantd " << command << ": " << status.message() << "\n";
+  return code;
+}
+
+struct MkfixtureArgs {
+  std::string arch = "deepseek-v4";
+  std::string preset = "tiny";
+  uint64_t seed = 1;
+  bool force = false;
+  std::string out_dir;
+};
+
+int RunMkfixture(const MkfixtureArgs& a) {
+  absl::StatusOr<quantd::fixture::Arch> arch = quantd::fixture::ParseArch(a.arch);
+  if (!arch.ok()) return Fail("mkfixture", arch.status(), kUsage);
+  absl::StatusOr<quantd::fixture::Preset> preset = quantd::fixture::ParsePreset(a.preset);
+  if (!preset.ok()) return Fail("mkfixture", preset.status(), kUsage);
+  quantd::fixture::WriteOptions options;
+  options.force = a.force;
+  if (*preset == quantd::fixture::Preset::kBench) options.progress = &std::cerr;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<quantd::fixture::FixtureSummary> s = quantd::fixture::WriteFixture(
+      quantd::fixture::MakeConfig(*arch, *preset), a.seed, a.out_dir, options);
+  if (!s.ok()) return Fail("mkfixture", s.status(), kFailure);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << absl::StrFormat("wrote %s %s (seed %d) to %s: %d shards, %d tensors, %d bytes, %.2f s\n",
+                               a.arch, a.preset, a.seed, a.out_dir, s->shards.size(), s->tensors,
+                               s->file_bytes, secs);
+  return 0;
+}
+
+void AddMkfixture(CLI::App& app, int& rc) {
+  auto args = std::make_shared<MkfixtureArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "mkfixture", "Write a synthetic DeepSeek-V4/V3 format checkpoint from a seed");
+  cmd->add_option("--arch", args->arch, "deepseek-v4 or deepseek-v3")->capture_default_str();
+  cmd->add_option("--preset", args->preset, "tiny, small or bench")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  cmd->add_flag("--force", args->force, "write into a non-empty OUT_DIR");
+  cmd->add_option("OUT_DIR", args->out_dir, "output directory")->required();
+  cmd->callback([args, &rc] { rc = RunMkfixture(*args); });
+}
+
+struct InspectArgs {
+  bool json = false;
+  std::string dir;
+};
+
+int RunInspect(const InspectArgs& a) {
+  absl::StatusOr<nlohmann::json> report = quantd::pipeline::InspectCheckpoint(a.dir);
+  if (!report.ok()) return Fail("inspect", report.status(), kFailure);
+  if (a.json) {
+    std::cout << report->dump(2) << "\n";
+  } else {
+    std::cout << quantd::pipeline::FormatInspectReport(*report);
+  }
+  return 0;
+}
+
+void AddInspect(CLI::App& app, int& rc) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "Summarize a checkpoint: shards, dtypes, formats, what each recipe quantizes");
+  cmd->add_flag("--json", args->json, "machine-readable output (keys: server/pipeline/inspect.h)");
+  cmd->add_option("DIR", args->dir, "checkpoint directory")->required();
+  cmd->callback([args, &rc] { rc = RunInspect(*args); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"quantd: converts FP8/MXFP4 checkpoints to NVFP4"};
+  app.set_version_flag("--version", "quantd " QUANTD_VERSION);
+  app.require_subcommand(1);
+  int rc = 0;
+  AddMkfixture(app, rc);
+  AddInspect(app, rc);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kUsage;
+  }
+  return rc;
+}

@@ -1,0 +1,66 @@
+// Recipes: which linear modules of a checkpoint a job quantizes, and which of them must share
+// scales because readers fuse them into one GEMM (DESIGN.md "Export rules").
+//
+// A recipe is an ordered list of rules over module names; the first rule whose glob matches a
+// module decides, and a module no rule matches is left alone ("not selected"). Built-in recipes:
+//   experts  NVIDIA's DeepSeek-V4 recipe: routed experts of the main layers only. V4 excludes
+//            `*.attn.*`, `*.ffn.shared_experts.*`, `head`, `mtp.*` (the published exclude_modules)
+//            and includes `layers.*.ffn.experts.*`; V3 likewise excludes `*.self_attn.*`,
+//            `*.mlp.shared_experts.*`, `lm_head` and the MTP layer `model.layers.<L>.*`
+//            (L = num_hidden_layers) and includes `model.layers.*.mlp.experts.*`.
+//   full     every linear of attention, shared and routed experts (V3: and the dense MLPs);
+//            excluded: MTP, embeddings, head, router gate, compressor and indexer projections.
+//            (Norms and hc_* parameters are not linear modules and are never candidates.)
+//   globs    explicit lists: quantized iff a module matches an include glob and no exclude glob.
+// Globs are fnmatch-style over whole module names: '*' matches any run of characters, dots
+// included; '?' matches one character.
+#ifndef QUANTD_SERVER_PIPELINE_RECIPE_H_
+#define QUANTD_SERVER_PIPELINE_RECIPE_H_
+
+#include <stdint.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/pipeline/tensor_inventory.h"
+
+namespace quantd::pipeline {
+
+struct RecipeRule {
+  std::string glob;    // over module names
+  bool include;        // quantize (true) or keep in the source format (false)
+  std::string reason;  // exclude rules: why, as inspect reports it
+};
+
+struct Recipe {
+  std::string name;               // "experts", "full" or "globs"
+  std::vector<RecipeRule> rules;  // first match decides
+};
+
+bool GlobMatch(absl::string_view pattern, absl::string_view name);
+
+// "experts" or "full" for the inventory's architecture (deepseek_v4 or deepseek_v3; other
+// architectures have no built-in recipe).
+absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInventory& inventory);
+// Exclude globs win over include globs; the reason of an exclusion is "exclude <glob>".
+Recipe GlobRecipe(const std::vector<std::string>& include, const std::vector<std::string>& exclude);
+
+struct RecipePlan {
+  std::vector<std::string> modules;                     // quantized modules, natural order
+  std::vector<std::vector<std::string>> fusion_groups;  // modules that share scales
+  uint64_t bytes = 0;                                   // source bytes of `modules` (with scales)
+  std::map<std::string, int64_t> excluded;              // reason -> linear modules left alone
+};
+
+// Applies `recipe` to every linear module. Fusion groups are the quantized siblings {w1, w3},
+// {gate_proj, up_proj}, {wq_a, wkv}, {q_a_proj, kv_a_proj_with_mqa} and {q_proj, k_proj, v_proj}
+// under one parent, members in that order, groups in natural order. Fails when a recipe
+// quantizes one member of such a set but not another that exists.
+absl::StatusOr<RecipePlan> PlanRecipe(const TensorInventory& inventory, const Recipe& recipe);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_RECIPE_H_

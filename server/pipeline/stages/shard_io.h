@@ -1,0 +1,91 @@
+// What the stages that write one safetensors shard from the source checkpoint (quantize,
+// dequant) share: finding a module's source tensors, moving bytes between host memory (the
+// mmapped source, the writer) and the backend's memory, decoding a source weight, streaming into
+// the writer, progress, cancellation, and errors that name the shard and the tensor.
+#ifndef QUANTD_SERVER_PIPELINE_STAGES_SHARD_IO_H_
+#define QUANTD_SERVER_PIPELINE_STAGES_SHARD_IO_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "server/checkpoint/safetensors_reader.h"
+#include "server/checkpoint/safetensors_writer.h"
+#include "server/pipeline/stage.h"
+#include "server/pipeline/tensor_inventory.h"
+
+namespace quantd::pipeline {
+
+// nullptr when the inventory has no such tensor / module.
+const TensorInfo* FindTensorInfo(const TensorInventory& inventory, const std::string& name);
+const LinearModule* FindLinear(const TensorInventory& inventory, const std::string& name);
+
+// File name of the source shard holding `tensor` ("" when absent).
+std::string SourceShardOf(const StageContext& ctx, const std::string& tensor);
+// `status` with "<shard>: tensor <tensor>: " in front of its message, code unchanged.
+absl::Status TensorError(const std::string& shard, const std::string& tensor,
+                         const absl::Status& status);
+
+// The source tensors of a linear module, their sizes checked against its format and shape.
+struct SourceWeight {
+  const LinearModule* module = nullptr;
+  std::string shard;                            // source shard of the weight, for errors
+  const checkpoint::TensorView* weight = nullptr;
+  const checkpoint::TensorView* scale = nullptr;  // nullptr for BF16 / F32 weights
+};
+absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std::string& module);
+// TensorError for the weight of `w`.
+absl::Status WeightError(const SourceWeight& w, const absl::Status& status);
+
+// Whether the backend's kernels work on host memory (the CPU backends, named "cpu-*" in
+// backend.h): host pointers can then be handed to them and their buffers read in place.
+bool ComputesOnHost(const kernels::Backend& backend);
+// Host bytes as the backend's kernels can read them: `host` itself on a host backend when it is
+// aligned for `align`-byte elements, else a copy owned by *holder.
+absl::StatusOr<const void*> ToBackend(kernels::Backend& backend, const void* host, size_t bytes,
+                                      size_t align, kernels::Buffer* holder);
+// Backend bytes as host memory: `data` itself on a host backend, else a copy in *staging.
+absl::StatusOr<const void*> ToHost(kernels::Backend& backend, const void* data, size_t bytes,
+                                   std::vector<uint8_t>* staging);
+
+// An MXFP4 source weight in the backend's memory. Errors name the weight.
+struct BackendMxfp4 {
+  kernels::Buffer data_holder;    // copies, when the kernels cannot read the source in place
+  kernels::Buffer scales_holder;
+  kernels::Mxfp4Tensor tensor;
+};
+absl::StatusOr<BackendMxfp4> StageMxfp4(kernels::Backend& backend, const SourceWeight& w);
+
+// A source weight as a dense tensor in the backend's memory: FP8-block and MXFP4 weights decoded
+// to BF16 (the official formulas, RNE), BF16 and F32 weights as they are. Errors (a NaN scale
+// byte, ...) name the weight and the element.
+struct DenseWeight {
+  kernels::Buffer holder;  // the decoded or copied values (empty when read in place)
+  kernels::DenseTensor tensor;
+  size_t bytes = 0;        // of tensor.data
+};
+absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w);
+
+// Creates the directory of `path` (and its parents) and a writer for `path` declaring `tensors`
+// in the given order, with __metadata__ {"format": "pt"}.
+absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
+    const std::string& path, std::vector<checkpoint::TensorSpec> tensors);
+// Streams `size` bytes of host memory into the writer in large chunks.
+absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size);
+// Finishes the writer (fsync, rename) and describes the file: path, size, SHA-256.
+absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
+                                       const std::string& path);
+
+// Cancelled, naming the shard, once ctx.cancelled is set.
+absl::Status CheckCancelled(const StageContext& ctx, const std::string& shard);
+void AddProgress(const StageContext& ctx, uint64_t source_bytes);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_STAGES_SHARD_IO_H_

@@ -11,27 +11,14 @@
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "tests/unit/test_dirs.h"
 
 namespace quantd::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Gives each test a fresh directory, removed afterwards.
-class TempDirTest : public testing::Test {
- protected:
-  void SetUp() override {
-    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = (fs::path(testing::TempDir()) / (std::string("checkpoint_dir_test_") + info->name() +
-                                            "_" + std::to_string(getpid())))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string dir_;  // this test's directory
-};
+using testing_util::TempDirTest;
 using ShardIndexTest = TempDirTest;
 using CheckpointDirTest = TempDirTest;
 using AtomicFileTest = TempDirTest;

@@ -22,6 +22,7 @@
 #include "server/fixture/fixture_spec.h"
 #include "server/fixture/random.h"
 #include "server/fixture/weights.h"
+#include "tests/unit/test_dirs.h"
 
 namespace quantd::fixture {
 namespace {
@@ -31,30 +32,7 @@ using checkpoint::CheckpointDir;
 using checkpoint::Dtype;
 using checkpoint::TensorView;
 
-// Directories the tests created, removed after the last test.
-std::vector<std::string>& CreatedDirs() {
-  static std::vector<std::string> dirs;
-  return dirs;
-}
-
-class RemoveDirs : public testing::Environment {
- public:
-  void TearDown() override {
-    for (const std::string& d : CreatedDirs()) fs::remove_all(d);
-  }
-};
-testing::Environment* const kRemoveDirs = testing::AddGlobalTestEnvironment(new RemoveDirs);
-
-// A fresh directory per test (and per `tag`).
-std::string TestDir(const std::string& tag) {
-  const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(testing::TempDir()) /
-                 absl::StrCat("fixture_test_", absl::StrReplaceAll(info->name(), {{"/", "_"}}), "_",
-                              tag, "_", getpid());
-  fs::remove_all(dir);
-  CreatedDirs().push_back(dir.string());
-  return dir.string();
-}
+using testing_util::TestDir;
 
 std::string WriteTiny(Arch arch, uint64_t seed, const std::string& tag) {
   const std::string dir = TestDir(tag);

@@ -20,6 +20,7 @@
 #include "server/fixture/fixture_spec.h"
 #include "server/pipeline/inspect.h"
 #include "server/pipeline/tensor_inventory.h"
+#include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -29,29 +30,7 @@ using checkpoint::Dtype;
 using checkpoint::TensorSpec;
 using nlohmann::json;
 
-// Directories the tests created, removed after the last test.
-std::vector<std::string>& CreatedDirs() {
-  static std::vector<std::string> dirs;
-  return dirs;
-}
-
-class RemoveDirs : public testing::Environment {
- public:
-  void TearDown() override {
-    for (const std::string& d : CreatedDirs()) fs::remove_all(d);
-  }
-};
-testing::Environment* const kRemoveDirs = testing::AddGlobalTestEnvironment(new RemoveDirs);
-
-std::string TestDir(const std::string& tag) {
-  const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(testing::TempDir()) /
-                 absl::StrCat("inspect_test_", absl::StrReplaceAll(info->name(), {{"/", "_"}}),
-                              "_", tag, "_", getpid());
-  fs::remove_all(dir);
-  CreatedDirs().push_back(dir.string());
-  return dir.string();
-}
+using testing_util::TestDir;
 
 struct RunResult {
   int exit_code = -1;

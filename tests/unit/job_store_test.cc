@@ -11,26 +11,23 @@
 
 #include "server/store/migrations.h"
 #include "server/store/sqlite_db.h"
+#include "tests/unit/test_dirs.h"
 
 namespace quantd::store {
 namespace {
 
-class JobStoreTest : public testing::Test {
+class JobStoreTest : public testing_util::TempDirTest {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("quantd_job_store_test_" + std::to_string(getpid()) + "_" +
-            testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    path_ = (dir_ / "state.db").string();
+    TempDirTest::SetUp();
+    path_ = dir_ + "/state.db";
     auto store = JobStore::Open(path_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
   }
   void TearDown() override {
     store_.reset();
-    std::filesystem::remove_all(dir_);
+    TempDirTest::TearDown();
   }
 
   // A job with stages [quantize: 2 tasks, export: 1 task].
@@ -45,7 +42,6 @@ class JobStoreTest : public testing::Test {
     return *id;
   }
 
-  std::filesystem::path dir_;
   std::string path_;
   std::unique_ptr<JobStore> store_;
 };
@@ -88,7 +84,7 @@ TEST_F(JobStoreTest, RefusesDatabaseNewerThanCode) {
 }
 
 TEST_F(JobStoreTest, FailedMigrationAppliesNothing) {
-  auto db = SqliteDb::Open((dir_ / "other.db").string());
+  auto db = SqliteDb::Open(dir_ + "/other.db");
   ASSERT_TRUE(db.ok());
   std::vector<Migration> migrations = {{1, "0001_a.sql", "CREATE TABLE a (x INTEGER) STRICT;"},
                                        {2, "0002_b.sql", "CREATE TABLE b (x BOGUS_TYPE) STRICT;"}};
@@ -105,7 +101,7 @@ TEST_F(JobStoreTest, FailedMigrationAppliesNothing) {
 }
 
 TEST_F(JobStoreTest, NotADatabaseIsAClearError) {
-  const std::string bogus = (dir_ / "bogus.db").string();
+  const std::string bogus = dir_ + "/bogus.db";
   FILE* f = fopen(bogus.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   fputs("this is not a sqlite database, just some text that is long enough..............", f);

@@ -10,6 +10,7 @@
 
 #include "server/fixture/fixture.h"
 #include "server/pipeline/tensor_inventory.h"
+#include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -17,10 +18,7 @@ namespace {
 class PlanTest : public testing::TestWithParam<fixture::Arch> {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("quantd_plan_test_" + std::to_string(getpid()) + "_" +
-            std::to_string(static_cast<int>(GetParam())));
-    std::filesystem::remove_all(dir_);
+    dir_ = testing_util::TestDir();
     auto summary = fixture::WriteFixture(fixture::MakeConfig(GetParam(), fixture::Preset::kTiny),
                                          7, dir_.string(), {});
     ASSERT_TRUE(summary.ok()) << summary.status();
@@ -31,7 +29,10 @@ class PlanTest : public testing::TestWithParam<fixture::Arch> {
     ASSERT_TRUE(inventory.ok()) << inventory.status();
     inventory_ = std::move(*inventory);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    source_.reset();
+    std::filesystem::remove_all(dir_.string() + "-out");
+  }
 
   JobSpec Spec(const std::string& extra = "") {
     auto spec = ParseJobSpec("{\"source\": \"" + dir_.string() + "\", \"output\": \"" +

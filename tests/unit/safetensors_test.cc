@@ -12,6 +12,7 @@
 
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "tests/unit/test_dirs.h"
 
 namespace quantd::checkpoint {
 namespace {
@@ -47,21 +48,7 @@ std::string OneTensor(const std::string& entry, const std::string& data = std::s
   return Image(R"({"w":)" + entry + "}", data);
 }
 
-// Gives each test a fresh directory, removed afterwards.
-class TempDirTest : public testing::Test {
- protected:
-  void SetUp() override {
-    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = (fs::path(testing::TempDir()) / (std::string("safetensors_test_") + info->name() +
-                                            "_" + std::to_string(getpid())))
-               .string();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string dir_;  // this test's directory
-};
+using testing_util::TempDirTest;
 using SafetensorsReaderFile = TempDirTest;
 using SafetensorsWriterTest = TempDirTest;
 

@@ -34,10 +34,10 @@ absl::Status TensorError(const std::string& shard, const std::string& tensor,
 
 // The source tensors of a linear module, their sizes checked against its format and shape.
 struct SourceWeight {
-  const LinearModule* module = nullptr;
-  std::string shard;                            // source shard of the weight, for errors
-  const checkpoint::TensorView* weight = nullptr;
-  const checkpoint::TensorView* scale = nullptr;  // nullptr for BF16 / F32 weights
+  const LinearModule* module = nullptr;            // format and logical shape
+  std::string shard;                               // source shard of the weight, for errors
+  const checkpoint::TensorView* weight = nullptr;  // the stored weight
+  const checkpoint::TensorView* scale = nullptr;   // its scales; nullptr for BF16 / F32 weights
 };
 absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std::string& module);
 // TensorError for the weight of `w`.
@@ -56,9 +56,9 @@ absl::StatusOr<const void*> ToHost(kernels::Backend& backend, const void* data, 
 
 // An MXFP4 source weight in the backend's memory. Errors name the weight.
 struct BackendMxfp4 {
-  kernels::Buffer data_holder;    // copies, when the kernels cannot read the source in place
-  kernels::Buffer scales_holder;
-  kernels::Mxfp4Tensor tensor;
+  kernels::Buffer data_holder;    // copy of the codes, when kernels cannot read the source
+  kernels::Buffer scales_holder;  // copy of the scales, likewise
+  kernels::Mxfp4Tensor tensor;    // the view kernels take
 };
 absl::StatusOr<BackendMxfp4> StageMxfp4(kernels::Backend& backend, const SourceWeight& w);
 
@@ -66,9 +66,9 @@ absl::StatusOr<BackendMxfp4> StageMxfp4(kernels::Backend& backend, const SourceW
 // to BF16 (the official formulas, RNE), BF16 and F32 weights as they are. Errors (a NaN scale
 // byte, ...) name the weight and the element.
 struct DenseWeight {
-  kernels::Buffer holder;  // the decoded or copied values (empty when read in place)
-  kernels::DenseTensor tensor;
-  size_t bytes = 0;        // of tensor.data
+  kernels::Buffer holder;       // the decoded or copied values (empty when read in place)
+  kernels::DenseTensor tensor;  // the view kernels take
+  size_t bytes = 0;             // of tensor.data
 };
 absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w);
 

@@ -82,13 +82,9 @@ std::vector<Nvfp4ModuleViews> FindNvfp4Modules(
 void CheckNvfp4Modules(const std::vector<Nvfp4ModuleViews>& modules, bool require_input_scales,
                        std::vector<Violation>* violations);
 
-// Whether the module's tensors passed tensor-layout, so that its bytes can be decoded.
-bool Nvfp4LayoutOk(const Nvfp4ModuleViews& m);
-// The per-tensor scales as readers apply them: weight_scale_2 and input_scale (ModelOpt values,
-// or 1 / the compressed-tensors global scales). Requires Nvfp4LayoutOk; input_scale is 0 when
-// the module has none.
+// weight_scale_2 as readers apply it: the ModelOpt value, or 1 / weight_global_scale. The module
+// must have passed tensor-layout.
 float Nvfp4WeightScale2(const Nvfp4ModuleViews& m);
-float Nvfp4InputScale(const Nvfp4ModuleViews& m);
 
 // Does an exclude_modules entry of a ModelOpt config exclude `module`, as vLLM reads it
 // (ModelOptQuantConfigBase.is_layer_excluded: fnmatch, or the entry as a substring)?

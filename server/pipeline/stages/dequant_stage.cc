@@ -1,0 +1,105 @@
+#include "server/pipeline/stages/dequant_stage.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/checkpoint/safetensors_writer.h"
+#include "server/pipeline/stages/shard_io.h"
+
+namespace quantd::pipeline {
+namespace {
+
+bool Dequantized(TensorFormat f) {
+  return f == TensorFormat::kFp8BlockE8m0 || f == TensorFormat::kFp8BlockF32 ||
+         f == TensorFormat::kMxfp4;
+}
+
+// One tensor of the BF16 shard.
+struct OutputEntry {
+  checkpoint::TensorSpec spec;
+  const checkpoint::TensorView* source = nullptr;  // copied unchanged, or the weight decoded
+  std::string module;                              // decoded weights: their module ("" for copies)
+};
+
+}  // namespace
+
+absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const DequantTask& task) {
+  const checkpoint::SafetensorsFile* file = nullptr;
+  for (const auto& shard : ctx.source->shards()) {
+    if (std::filesystem::path(shard->path()).filename() == task.shard) file = shard.get();
+  }
+  if (file == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", task.shard, " is not part of ", ctx.source->dir()));
+  }
+
+  std::vector<OutputEntry> entries;
+  uint64_t dropped_bytes = 0;  // scale tensors left out, counted as processed at the end
+  for (const checkpoint::TensorView& t : file->tensors()) {
+    const TensorInfo* info = FindTensorInfo(*ctx.inventory, t.name);
+    if (info == nullptr) {
+      return TensorError(task.shard, t.name,
+                         absl::InvalidArgumentError("not in the source's tensor inventory"));
+    }
+    if (info->format == TensorFormat::kScale && !info->owner.empty()) {
+      const TensorInfo* owner = FindTensorInfo(*ctx.inventory, info->owner);
+      if (owner != nullptr && Dequantized(owner->format)) {
+        dropped_bytes += t.size;
+        continue;
+      }
+    }
+    OutputEntry e;
+    e.source = &t;
+    if (Dequantized(info->format)) {
+      const LinearModule* m = FindLinear(*ctx.inventory, info->module);
+      if (m == nullptr) {
+        return TensorError(task.shard, t.name,
+                           absl::InvalidArgumentError("weight of no linear module"));
+      }
+      e.spec = {t.name, checkpoint::Dtype::kBF16, {m->out_features, m->in_features}};
+      e.module = m->name;
+    } else {
+      e.spec = {t.name, t.dtype, t.shape};
+    }
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const OutputEntry& a, const OutputEntry& b) {
+    return NaturalLess(a.spec.name, b.spec.name);
+  });
+
+  std::vector<checkpoint::TensorSpec> specs;
+  for (const OutputEntry& e : entries) specs.push_back(e.spec);
+  const std::string path =
+      (std::filesystem::path(ctx.spec->materialize_bf16) / task.shard).string();
+  absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> writer =
+      CreateShardWriter(path, std::move(specs));
+  if (!writer.ok()) return writer.status();
+  std::vector<uint8_t> staging;  // host copy of decoded values (backends on device memory)
+  for (const OutputEntry& e : entries) {
+    if (absl::Status s = CheckCancelled(ctx, task.shard); !s.ok()) return s;
+    absl::Status status;
+    if (e.module.empty()) {
+      status = AppendChunked(**writer, e.source->data, e.source->size);
+    } else {
+      absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, e.module);
+      if (!w.ok()) return w.status();
+      absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *w);
+      if (!dense.ok()) return dense.status();
+      absl::StatusOr<const void*> host =
+          ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
+      status = host.ok() ? AppendChunked(**writer, *host, dense->bytes) : host.status();
+    }
+    if (!status.ok()) return status;
+    AddProgress(ctx, e.source->size);
+  }
+  absl::StatusOr<TaskOutput> out = FinishShard(**writer, path);
+  if (out.ok()) AddProgress(ctx, dropped_bytes);
+  return out;
+}
+
+}  // namespace quantd::pipeline

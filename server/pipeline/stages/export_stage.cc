@@ -1,0 +1,438 @@
+// Export: the checkpoint-level files, after every output shard is written.
+//
+// Layouts (the choice and its sources are in reference/nvfp4_modelopt.md §3.2, §3.3, §5.2 and
+// reference/deepseek_v4_format.md §8a):
+//   modelopt        hf_quant_config.json {producer, quantization: {quant_algo, kv_cache_quant_algo,
+//                   group_size, exclude_modules}}; config.json quantization_config as ModelOpt's
+//                   convert_hf_quant_config_format writes it (config_groups, ignore, quant_algo,
+//                   kv_cache_scheme, producer, quant_method "modelopt"). quant_algo is "NVFP4"
+//                   (W4A4) or "W4A16_NVFP4" (weights only), the names ModelOpt and vLLM use.
+//   modelopt-mixed  NVIDIA's published DeepSeek-V4 layout, used when a V4 source keeps its FP8
+//                   quantization_config and only routed experts become NVFP4 (the `experts`
+//                   recipe): quant_algo "MIXED_PRECISION" with quantized_layers
+//                   {"layers.N.ffn.experts": {quant_algo, group_size}}, exclude_modules = the
+//                   recipe's exclusion globs; config.json keeps quant_method "fp8" and adds
+//                   moe_quant_algo and the same fields (quantize_to_nvfp4.py
+//                   _rewrite_config_json).
+//   compressed-tensors  no hf_quant_config.json; config.json quantization_config with
+//                   quant_method "compressed-tensors", format "nvfp4-pack-quantized" and one
+//                   config group (input_activations omitted for weights only).
+// KV cache: none -> kv_cache_quant_algo null and no kv_cache_scheme; fp8_cast and fp8 -> "FP8"
+// and kv_cache_scheme (fp8_cast writes no k/v scales: readers then use 1.0).
+//
+// exclude_modules (ModelOpt) / ignore (compressed-tensors) list the linear modules left in their
+// source format: the recipe's exclusion globs that cover some of them, then (except in the mixed
+// layout, where quantized_layers alone says what is NVFP4) each remaining module as a pattern
+// with its numeric components replaced by '*', or by its exact name. No entry matches a
+// quantized module the way vLLM matches them (fnmatch or substring); compressed-tensors gets the
+// same entries, globs written as anchored "re:" regexes.
+#include "server/pipeline/stages/export_stage.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "server/checkpoint/atomic_file.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/safetensors_reader.h"
+#include "server/checkpoint/sha256.h"
+#include "server/pipeline/recipe.h"
+#include "server/pipeline/stages/verify_rules.h"
+
+namespace quantd::pipeline {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+constexpr char kConfigName[] = "config.json";
+constexpr char kHfQuantConfigName[] = "hf_quant_config.json";
+constexpr char kExpertsInfix[] = ".ffn.experts.";
+constexpr size_t kCopyChunk = 1 << 20;
+
+enum class Layout { kModelOpt, kModelOptMixed, kCompressedTensors };
+
+// One file the task wrote: its path relative to the output and its digest, for the task's
+// checksum.
+struct Written {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+std::string Sha256Of(const std::string& text) {
+  checkpoint::Sha256 h;
+  h.Update(text.data(), text.size());
+  return h.HexDigest();
+}
+
+absl::Status WriteText(const std::string& dir, const std::string& name, const std::string& text,
+                       std::vector<Written>* written) {
+  absl::Status s = checkpoint::WriteFileAtomically(absl::StrCat(dir, "/", name), text);
+  if (!s.ok()) return s;
+  written->push_back({name, text.size(), Sha256Of(text)});
+  return absl::OkStatus();
+}
+
+// Copies src to dst byte for byte through dst.tmp (fsync + rename).
+absl::Status CopyFile(const std::string& src, const std::string& dst, const std::string& name,
+                      std::vector<Written>* written) {
+  const int in = open(src.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return absl::UnavailableError(absl::StrCat("cannot open ", src, ": ", strerror(errno)));
+  const std::string tmp = dst + ".tmp";
+  absl::StatusOr<int> out = checkpoint::CreateForWrite(tmp);
+  if (!out.ok()) {
+    close(in);
+    return out.status();
+  }
+  checkpoint::Sha256 hash;
+  std::vector<char> buffer(kCopyChunk);
+  uint64_t total = 0;
+  absl::Status status;
+  while (status.ok()) {
+    const ssize_t n = read(in, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      status = absl::UnavailableError(absl::StrCat("cannot read ", src, ": ", strerror(errno)));
+    } else if (n == 0) {
+      break;
+    } else {
+      hash.Update(buffer.data(), static_cast<size_t>(n));
+      total += static_cast<uint64_t>(n);
+      status = checkpoint::WriteFully(*out, buffer.data(), static_cast<uint64_t>(n), tmp);
+    }
+  }
+  close(in);
+  absl::Status closed = checkpoint::SyncAndClose(*out, tmp);
+  if (status.ok()) status = closed;
+  if (status.ok()) status = checkpoint::CommitTmpFile(tmp, dst);
+  if (!status.ok()) {
+    unlink(tmp.c_str());
+    return status;
+  }
+  written->push_back({name, total, hash.HexDigest()});
+  return absl::OkStatus();
+}
+
+// Files of the source that the export does not copy: weights, the index, and what it rewrites.
+bool SkippedSourceFile(const std::string& name, bool top_level) {
+  if (absl::StartsWith(name, ".") || name == "__pycache__") return true;
+  if (absl::EndsWith(name, ".safetensors") || name == checkpoint::kIndexFileName) return true;
+  return top_level && (name == kConfigName || name == kHfQuantConfigName);
+}
+
+// Copies every other file of the source tree (tokenizer, generation config, code, docs),
+// following symlinks (Hugging Face cache snapshots are symlinks to blobs).
+absl::Status CopySourceFiles(const StageContext& ctx, const std::string& src_dir,
+                             const std::string& dst_dir, const std::string& rel, int depth,
+                             std::vector<Written>* written) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(src_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    entries.push_back(it->path());
+  }
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", src_dir, ": ", ec.message()));
+  std::sort(entries.begin(), entries.end());
+  for (const fs::path& p : entries) {
+    if (ctx.cancelled != nullptr && ctx.cancelled->load()) {
+      return absl::CancelledError("export cancelled");
+    }
+    const std::string name = p.filename().string();
+    if (SkippedSourceFile(name, depth == 0)) continue;
+    const std::string rel_name = rel.empty() ? name : absl::StrCat(rel, "/", name);
+    const std::string dst = absl::StrCat(dst_dir, "/", name);
+    if (fs::is_directory(p, ec)) {
+      if (depth >= 8) continue;  // a symlink loop, or nothing a model repository holds
+      fs::create_directories(dst, ec);
+      if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dst, ": ", ec.message()));
+      absl::Status s = CopySourceFiles(ctx, p.string(), dst, rel_name, depth + 1, written);
+      if (!s.ok()) return s;
+    } else if (fs::is_regular_file(p, ec)) {
+      absl::Status s = CopyFile(p.string(), dst, rel_name, written);
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// model.safetensors.index.json from the output shards' headers.
+absl::StatusOr<checkpoint::ShardIndex> OutputIndex(const std::string& dir,
+                                                   const std::vector<std::string>& shards) {
+  checkpoint::ShardIndex index;
+  for (const std::string& shard : shards) {
+    absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsFile>> f =
+        checkpoint::SafetensorsFile::Open(absl::StrCat(dir, "/", shard));
+    if (!f.ok()) return f.status();
+    for (const checkpoint::TensorView& v : (*f)->tensors()) {
+      auto [it, inserted] = index.weight_map.emplace(v.name, shard);
+      if (!inserted) {
+        return absl::DataLossError(absl::StrCat("tensor ", v.name, " is in both output shards ",
+                                                it->second, " and ", shard));
+      }
+      index.total_size += v.size;
+    }
+  }
+  return index;
+}
+
+// "layers.3.attn.wq_a" -> "layers.*.attn.wq_a": every all-digit name component becomes '*'.
+std::string DigitsToStar(const std::string& name) {
+  std::vector<std::string> parts = absl::StrSplit(name, '.');
+  for (std::string& p : parts) {
+    if (!p.empty() && std::all_of(p.begin(), p.end(), absl::ascii_isdigit)) p = "*";
+  }
+  return absl::StrJoin(parts, ".");
+}
+
+// The exclude entries for the modules left in source format (see the file comment).
+absl::StatusOr<std::vector<std::string>> ExcludeEntries(const Recipe& recipe,
+                                                        const TensorInventory& inventory,
+                                                        const std::set<std::string>& quantized,
+                                                        bool cover_every_module) {
+  std::vector<std::string> left;
+  for (const LinearModule& m : inventory.linears) {
+    if (quantized.count(m.name) == 0) left.push_back(m.name);
+  }
+  const auto hits_quantized = [&](const std::string& entry) {
+    for (const std::string& q : quantized) {
+      if (ModelOptExcludeMatches(entry, q)) return true;
+    }
+    return false;
+  };
+  const auto covered = [](const std::vector<std::string>& entries, const std::string& m) {
+    for (const std::string& e : entries) {
+      if (ModelOptExcludeMatches(e, m)) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> entries;
+  for (const RecipeRule& rule : recipe.rules) {
+    if (rule.include || std::find(entries.begin(), entries.end(), rule.glob) != entries.end()) {
+      continue;
+    }
+    if (hits_quantized(rule.glob)) continue;
+    bool used = false;
+    for (const std::string& m : left) used = used || ModelOptExcludeMatches(rule.glob, m);
+    if (used) entries.push_back(rule.glob);
+  }
+  if (!cover_every_module) return entries;
+  for (const std::string& m : left) {
+    if (covered(entries, m)) continue;
+    const std::string pattern = DigitsToStar(m);
+    if (pattern != m && !hits_quantized(pattern)) {
+      entries.push_back(pattern);
+    } else if (!hits_quantized(m)) {
+      entries.push_back(m);
+    } else {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "module ", m, " stays in its source format, but every exclude_modules entry that "
+          "names it also matches a quantized module (readers match entries as substrings)"));
+    }
+  }
+  return entries;
+}
+
+// A glob as a compressed-tensors ignore entry: exact names stay, globs become "re:" regexes
+// anchored at both ends (compressed-tensors applies re.match, which anchors only the start).
+std::string CompressedTensorsIgnoreEntry(const std::string& glob) {
+  if (glob.find_first_of("*?") == std::string::npos) return glob;
+  std::string re = "re:";
+  for (char c : glob) {
+    if (c == '*') {
+      re += ".*";
+    } else if (c == '?') {
+      re += '.';
+    } else {
+      if (std::string("\\^$.|+()[]{}").find(c) != std::string::npos) re += '\\';
+      re += c;
+    }
+  }
+  return re + "$";
+}
+
+// "layers.3.ffn.experts.7.w1" -> "layers.3.ffn.experts" (NVIDIA's quantized_layers key).
+std::string ExpertsPrefix(const std::string& module) {
+  const size_t at = module.find(kExpertsInfix);
+  return module.substr(0, at + strlen(kExpertsInfix) - 1);
+}
+
+// ModelOpt's config group for NVFP4 weights (and activations unless weights only).
+json ModelOptConfigGroups(bool w4a4) {
+  json group = {{"weights", {{"dynamic", false}, {"num_bits", 4}, {"type", "float"},
+                             {"group_size", 16}}},
+                {"targets", {"Linear"}}};
+  if (w4a4) {
+    group["input_activations"] = {{"dynamic", false}, {"num_bits", 4}, {"type", "float"},
+                                  {"group_size", 16}};
+  }
+  return {{"group_0", group}};
+}
+
+const json& Fp8KvCacheScheme() {
+  static const json kScheme = {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}};
+  return kScheme;
+}
+
+json CompressedTensorsConfig(bool w4a4, bool fp8_kv, const std::vector<std::string>& excludes) {
+  const json args = {{"num_bits", 4},        {"type", "float"},   {"strategy", "tensor_group"},
+                     {"group_size", 16},     {"symmetric", true}, {"dynamic", false},
+                     {"observer", "static_minmax"}};
+  json group = {{"format", "nvfp4-pack-quantized"}, {"targets", {"Linear"}}, {"weights", args}};
+  if (w4a4) {
+    json input = args;
+    input["dynamic"] = "local";
+    group["input_activations"] = input;
+  }
+  json ignore = json::array();
+  for (const std::string& e : excludes) ignore.push_back(CompressedTensorsIgnoreEntry(e));
+  json kv = nullptr;
+  if (fp8_kv) {
+    kv = {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false},
+          {"symmetric", true}};
+  }
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "nvfp4-pack-quantized"},
+          {"quantization_status", "compressed"},
+          {"config_groups", {{"group_0", group}}},
+          {"ignore", ignore},
+          {"kv_cache_scheme", kv}};
+}
+
+}  // namespace
+
+absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& plan) {
+  const JobSpec& spec = *ctx.spec;
+  const TensorInventory& inventory = *ctx.inventory;
+  const std::string& out_dir = spec.output;
+  std::vector<Written> written;
+
+  // The index, from the shards the quantize stage wrote.
+  std::vector<std::string> shards;
+  for (const store::StagePlan& stage : plan.stages) {
+    if (stage.kind != "quantize") continue;
+    for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
+  }
+  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(out_dir, shards);
+  if (!index.ok()) return index.status();
+  absl::Status s =
+      checkpoint::WriteShardIndex(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName), *index);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::string> index_text =
+      checkpoint::ReadFile(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName));
+  if (!index_text.ok()) return index_text.status();
+  written.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
+
+  // What the configs describe.
+  const std::set<std::string> quantized(plan.recipe.modules.begin(), plan.recipe.modules.end());
+  const bool w4a4 = spec.weight_format == WeightFormat::kNvfp4;
+  const std::string algo = w4a4 ? "NVFP4" : "W4A16_NVFP4";
+  const bool fp8_kv = spec.kv_cache != KvCache::kNone;
+  const json& source_config = ctx.source->config();
+  const json* source_qc = nullptr;
+  if (auto it = source_config.find("quantization_config");
+      it != source_config.end() && it->is_object()) {
+    source_qc = &*it;
+  }
+  bool experts_only = !quantized.empty();
+  for (const std::string& m : quantized) {
+    experts_only = experts_only && absl::StrContains(m, kExpertsInfix);
+  }
+  Layout layout = Layout::kModelOpt;
+  if (spec.export_format == ExportFormat::kCompressedTensors) {
+    layout = Layout::kCompressedTensors;
+  } else if (inventory.arch == ModelArch::kDeepseekV4 && experts_only && source_qc != nullptr &&
+             source_qc->contains("quant_method") && (*source_qc)["quant_method"] == "fp8") {
+    layout = Layout::kModelOptMixed;
+  }
+
+  absl::StatusOr<Recipe> recipe = RecipeForSpec(spec, inventory);
+  if (!recipe.ok()) return recipe.status();
+  absl::StatusOr<std::vector<std::string>> excludes =
+      ExcludeEntries(*recipe, inventory, quantized, layout != Layout::kModelOptMixed);
+  if (!excludes.ok()) return excludes.status();
+
+  const ordered_json producer = {{"name", "quantd"}};
+  json config = source_config;
+  if (layout == Layout::kCompressedTensors) {
+    config["quantization_config"] = CompressedTensorsConfig(w4a4, fp8_kv, *excludes);
+    // A ModelOpt description left by an earlier export of this directory would mislead readers.
+    const std::string stale = absl::StrCat(out_dir, "/", kHfQuantConfigName);
+    if (unlink(stale.c_str()) != 0 && errno != ENOENT) {
+      return absl::UnavailableError(absl::StrCat("cannot remove ", stale, ": ", strerror(errno)));
+    }
+  } else {
+    ordered_json quantization = {{"quant_algo", layout == Layout::kModelOptMixed
+                                                    ? std::string("MIXED_PRECISION")
+                                                    : algo},
+                                 {"kv_cache_quant_algo", fp8_kv ? ordered_json("FP8") : nullptr},
+                                 {"group_size", 16}};
+    // Keys sorted, entries {quant_algo, group_size}, as NVIDIA's quantize_to_nvfp4.py writes them.
+    ordered_json quantized_layers = ordered_json::object();
+    if (layout == Layout::kModelOptMixed) {
+      std::set<std::string> prefixes;
+      for (const std::string& m : quantized) prefixes.insert(ExpertsPrefix(m));
+      for (const std::string& p : prefixes) {
+        quantized_layers[p] = {{"quant_algo", algo}, {"group_size", 16}};
+      }
+      quantization["quantized_layers"] = quantized_layers;
+    }
+    quantization["exclude_modules"] = *excludes;
+    const ordered_json hf = {{"producer", producer}, {"quantization", quantization}};
+    s = WriteText(out_dir, kHfQuantConfigName, hf.dump(2) + "\n", &written);
+    if (!s.ok()) return s;
+
+    json qc;
+    if (layout == Layout::kModelOptMixed) {
+      qc = *source_qc;
+      if (!qc.contains("activation_scheme")) qc["activation_scheme"] = "dynamic";
+      if (!qc.contains("weight_block_size")) qc["weight_block_size"] = {128, 128};
+      qc["quant_method"] = "fp8";
+      qc["moe_quant_algo"] = algo;
+      qc["quant_algo"] = "MIXED_PRECISION";
+      qc["kv_cache_quant_algo"] = fp8_kv ? json("FP8") : json(nullptr);
+      qc["group_size"] = 16;
+      qc["quantized_layers"] = json(quantized_layers);
+      qc["exclude_modules"] = *excludes;
+    } else {
+      qc["quant_algo"] = algo;
+      qc["quant_method"] = "modelopt";
+    }
+    qc["config_groups"] = ModelOptConfigGroups(w4a4);
+    qc["ignore"] = *excludes;
+    qc["producer"] = json(producer);
+    if (fp8_kv) qc["kv_cache_scheme"] = Fp8KvCacheScheme();
+    config["quantization_config"] = qc;
+  }
+  s = WriteText(out_dir, kConfigName, config.dump(2) + "\n", &written);
+  if (!s.ok()) return s;
+
+  s = CopySourceFiles(ctx, ctx.source->dir(), out_dir, "", 0, &written);
+  if (!s.ok()) return s;
+
+  // The task's checksum covers every file it wrote: SHA-256 over "name\tbytes\tsha256\n" lines.
+  std::sort(written.begin(), written.end(),
+            [](const Written& a, const Written& b) { return a.name < b.name; });
+  TaskOutput output;
+  output.path = out_dir;
+  std::string manifest;
+  for (const Written& w : written) {
+    output.bytes += w.bytes;
+    absl::StrAppend(&manifest, w.name, "\t", w.bytes, "\t", w.sha256, "\n");
+  }
+  output.sha256 = Sha256Of(manifest);
+  return output;
+}
+
+}  // namespace quantd::pipeline

@@ -1,0 +1,263 @@
+#include "server/pipeline/stages/quantize_stage.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "server/checkpoint/safetensors_writer.h"
+#include "server/pipeline/stages/input_scales.h"
+#include "server/pipeline/stages/shard_io.h"
+
+namespace quantd::pipeline {
+namespace {
+
+// Which tensor of an NVFP4 module an output tensor is: Nvfp4ModuleTensors' order, in both
+// export formats (values, block scales, global scale, input scale).
+enum class Part { kValues = 0, kBlockScales = 1, kGlobalScale = 2, kInputScale = 3 };
+
+// One tensor of the output shard and where its bytes come from.
+struct OutputEntry {
+  checkpoint::TensorSpec spec;
+  const checkpoint::TensorView* source = nullptr;  // a copied tensor: its source bytes
+  std::string module;                              // an NVFP4 tensor: its module...
+  Part part = Part::kValues;                       // ...and which of its tensors
+};
+
+// A quantized module whose tensors are not all written yet.
+struct QuantizedModule {
+  kernels::Buffer values;     // packed E2M1 [out, in/2], backend memory
+  kernels::Buffer scales;     // E4M3 block scales [out, in/16], backend memory
+  float scale_2 = 0.0f;       // weight_scale_2
+  int unwritten = 0;          // its output tensors still to write
+  uint64_t source_bytes = 0;  // of its source tensors, reported once it is written
+};
+
+// One run of a quantize task: the output shard written tensor by tensor in header order,
+// quantizing each fusion group (or lone module) when its first tensor is due.
+class QuantizeRun {
+ public:
+  QuantizeRun(const StageContext& ctx, const ShardTask& task)
+      : ctx_(ctx), task_(task), backend_(*ctx.backend) {}
+
+  absl::StatusOr<TaskOutput> Run();
+
+ private:
+  // Finds every source tensor, resolves input scales and lays out the header (entries_).
+  absl::Status Prepare();
+  // Appends one output tensor, quantizing its module's group first when it is not pending.
+  absl::Status WriteEntry(checkpoint::SafetensorsWriter& writer, const OutputEntry& entry);
+  // Quantizes every member of `group` into pending_, sharing weight_scale_2.
+  absl::Status QuantizeGroup(const std::vector<std::string>& group);
+  // MXFP4 members cast losslessly with the group's largest E8M0 exponent.
+  absl::Status CastLossless(const std::vector<const SourceWeight*>& members);
+  // Members decoded to BF16 (or read as BF16/F32) and quantized against the group's amax.
+  absl::Status QuantizeDecoded(const std::vector<const SourceWeight*>& members);
+  // Output buffers for `w`, registered in pending_.
+  absl::StatusOr<kernels::Nvfp4Out> NewOutput(const SourceWeight& w);
+
+  const StageContext& ctx_;                                        // spec, source, amax, hooks
+  const ShardTask& task_;                                          // the shard to write
+  kernels::Backend& backend_;                                      // where kernels run
+  std::map<std::string, SourceWeight> weights_;                    // module -> source tensors
+  std::map<std::string, const std::vector<std::string>*> groups_;  // member -> its fusion group
+  InputScales input_scales_;                                       // empty for W4A16
+  std::vector<OutputEntry> entries_;                               // header order
+  std::map<std::string, QuantizedModule> pending_;                 // quantized, not yet written
+  std::vector<uint8_t> staging_;  // host copy of backend output (backends on device memory)
+};
+
+absl::Status QuantizeRun::Prepare() {
+  const JobSpec& spec = *ctx_.spec;
+  for (const std::string& name : task_.copy_tensors) {
+    const checkpoint::TensorView* t = ctx_.source->Find(name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(task_.shard, ": tensor ", name, " is missing from ", ctx_.source->dir()));
+    }
+    OutputEntry e;
+    e.spec = {name, t->dtype, t->shape};
+    e.source = t;
+    entries_.push_back(std::move(e));
+  }
+  for (const std::string& module : task_.modules) {
+    absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx_, module);
+    if (!w.ok()) return w.status();
+    const std::vector<OutputTensor> tensors =
+        Nvfp4ModuleTensors(spec, module, w->module->out_features, w->module->in_features);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      OutputEntry e;
+      e.spec = {tensors[i].name, tensors[i].dtype, tensors[i].shape};
+      e.module = module;
+      e.part = static_cast<Part>(i);
+      entries_.push_back(std::move(e));
+    }
+    weights_[module] = std::move(*w);
+  }
+  for (const std::vector<std::string>& group : task_.fusion_groups) {
+    for (const std::string& member : group) {
+      if (weights_.count(member) == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(task_.shard, ": fusion group member ",
+                                                       member, " is not a module of the task"));
+      }
+      groups_[member] = &group;
+    }
+  }
+  if (spec.weight_format == WeightFormat::kNvfp4) {
+    absl::StatusOr<InputScales> scales = ResolveInputScales(task_, ctx_.input_amax);
+    if (!scales.ok()) {
+      return absl::Status(scales.status().code(),
+                          absl::StrCat(task_.shard, ": ", scales.status().message()));
+    }
+    input_scales_ = std::move(*scales);
+  }
+  std::sort(entries_.begin(), entries_.end(), [](const OutputEntry& a, const OutputEntry& b) {
+    return NaturalLess(a.spec.name, b.spec.name);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::Nvfp4Out> QuantizeRun::NewOutput(const SourceWeight& w) {
+  const size_t n = static_cast<size_t>(w.module->out_features * w.module->in_features);
+  QuantizedModule q;
+  absl::StatusOr<kernels::Buffer> values = backend_.Allocate(n / 2);
+  if (!values.ok()) return WeightError(w, values.status());
+  absl::StatusOr<kernels::Buffer> scales = backend_.Allocate(n / kernels::kNvfp4BlockSize);
+  if (!scales.ok()) return WeightError(w, scales.status());
+  q.values = std::move(*values);
+  q.scales = std::move(*scales);
+  q.unwritten = static_cast<int>(
+      Nvfp4ModuleTensors(*ctx_.spec, w.module->name, w.module->out_features, w.module->in_features)
+          .size());
+  q.source_bytes = w.module->bytes;
+  QuantizedModule& slot = pending_[w.module->name] = std::move(q);
+  return kernels::Nvfp4Out{slot.values.as<uint8_t>(), slot.scales.as<uint8_t>(), &slot.scale_2};
+}
+
+absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& members) {
+  std::vector<BackendMxfp4> sources;
+  int kmax = -127;
+  for (const SourceWeight* w : members) {
+    absl::StatusOr<BackendMxfp4> src = StageMxfp4(backend_, *w);
+    if (!src.ok()) return src.status();
+    absl::StatusOr<int> k = backend_.Mxfp4MaxExponent(src->tensor);
+    if (!k.ok()) return WeightError(*w, k.status());
+    kmax = std::max(kmax, *k);
+    sources.push_back(std::move(*src));
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    absl::StatusOr<kernels::Nvfp4Out> out = NewOutput(*members[i]);
+    if (!out.ok()) return out.status();
+    // The count of requantized 16-blocks has no field in TaskOutput yet.
+    absl::StatusOr<int64_t> requantized = backend_.Mxfp4ToNvfp4(sources[i].tensor, kmax, *out);
+    if (!requantized.ok()) return WeightError(*members[i], requantized.status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>& members) {
+  std::vector<DenseWeight> dense;
+  float amax = 0.0f;
+  for (const SourceWeight* w : members) {
+    absl::StatusOr<DenseWeight> d = DecodeWeight(backend_, *w);
+    if (!d.ok()) return d.status();
+    absl::StatusOr<float> a = backend_.AbsMax(d->tensor);
+    if (!a.ok()) return WeightError(*w, a.status());
+    amax = std::max(amax, *a);
+    dense.push_back(std::move(*d));
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    absl::StatusOr<kernels::Nvfp4Out> out = NewOutput(*members[i]);
+    if (!out.ok()) return out.status();
+    if (absl::Status s = backend_.Nvfp4Quantize(dense[i].tensor, amax, *out); !s.ok()) {
+      return WeightError(*members[i], s);
+    }
+    dense[i] = DenseWeight();  // release the decoded values early
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeRun::QuantizeGroup(const std::vector<std::string>& group) {
+  std::vector<const SourceWeight*> members;
+  bool lossless = ctx_.spec->expert_cast == ExpertCast::kLossless;
+  for (const std::string& name : group) {
+    const SourceWeight& w = weights_.at(name);
+    lossless = lossless && w.module->format == TensorFormat::kMxfp4;
+    members.push_back(&w);
+  }
+  return lossless ? CastLossless(members) : QuantizeDecoded(members);
+}
+
+absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
+                                     const OutputEntry& entry) {
+  if (entry.source != nullptr) {
+    absl::Status s = AppendChunked(writer, entry.source->data, entry.source->size);
+    if (!s.ok()) return s;
+    AddProgress(ctx_, entry.source->size);
+    return absl::OkStatus();
+  }
+  if (pending_.count(entry.module) == 0) {
+    auto group = groups_.find(entry.module);
+    absl::Status s =
+        group != groups_.end() ? QuantizeGroup(*group->second) : QuantizeGroup({entry.module});
+    if (!s.ok()) return s;
+  }
+  QuantizedModule& q = pending_.at(entry.module);
+  const bool modelopt = ctx_.spec->export_format == ExportFormat::kModelOpt;
+  absl::Status status;
+  switch (entry.part) {
+    case Part::kValues:
+    case Part::kBlockScales: {
+      const kernels::Buffer& buffer = entry.part == Part::kValues ? q.values : q.scales;
+      absl::StatusOr<const void*> host = ToHost(backend_, buffer.data(), buffer.size(), &staging_);
+      status = host.ok() ? AppendChunked(writer, *host, buffer.size()) : host.status();
+      break;
+    }
+    case Part::kGlobalScale: {
+      // compressed-tensors stores the reciprocal (weight_global_scale = 1 / weight_scale_2).
+      const float v = modelopt ? q.scale_2 : 1.0f / q.scale_2;
+      status = writer.Append(&v, sizeof(v));
+      break;
+    }
+    case Part::kInputScale: {
+      const float s = input_scales_.scale.at(entry.module);
+      const float v = modelopt ? s : 1.0f / s;
+      status = writer.Append(&v, sizeof(v));
+      break;
+    }
+  }
+  if (!status.ok()) return status;
+  if (--q.unwritten == 0) {
+    AddProgress(ctx_, q.source_bytes);
+    pending_.erase(entry.module);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TaskOutput> QuantizeRun::Run() {
+  if (absl::Status s = Prepare(); !s.ok()) return s;
+  std::vector<checkpoint::TensorSpec> specs;
+  for (const OutputEntry& e : entries_) specs.push_back(e.spec);
+  const std::string path = (std::filesystem::path(ctx_.spec->output) / task_.shard).string();
+  absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> writer =
+      CreateShardWriter(path, std::move(specs));
+  if (!writer.ok()) return writer.status();
+  for (const OutputEntry& e : entries_) {
+    if (absl::Status s = CheckCancelled(ctx_, task_.shard); !s.ok()) return s;
+    if (absl::Status s = WriteEntry(**writer, e); !s.ok()) return s;
+  }
+  return FinishShard(**writer, path);
+}
+
+}  // namespace
+
+absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task) {
+  return QuantizeRun(ctx, task).Run();
+}
+
+}  // namespace quantd::pipeline

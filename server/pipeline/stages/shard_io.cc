@@ -1,0 +1,264 @@
+#include "server/pipeline/stages/shard_io.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/checkpoint/sha256.h"
+
+namespace quantd::pipeline {
+namespace {
+
+// Appends of at least the writer's buffer size go straight to write(); chunks this large keep
+// the number of system calls small without ever copying a whole tensor.
+constexpr uint64_t kChunkBytes = 64ull << 20;
+
+// The element of `items` (sorted by NaturalLess on .name) named `name`, or nullptr.
+template <typename T>
+const T* FindByName(const std::vector<T>& items, const std::string& name) {
+  auto it = std::lower_bound(
+      items.begin(), items.end(), name,
+      [](const T& item, const std::string& n) { return NaturalLess(item.name, n); });
+  // Names that differ only in leading zeros compare equal; look through the run of them.
+  for (; it != items.end() && !NaturalLess(name, it->name); ++it) {
+    if (it->name == name) return &*it;
+  }
+  return nullptr;
+}
+
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Bytes of the weight and of its scale tensor that a module's format and shape imply.
+absl::Status ExpectedBytes(const LinearModule& m, uint64_t* weight, uint64_t* scale) {
+  const uint64_t out = static_cast<uint64_t>(m.out_features);
+  const uint64_t in = static_cast<uint64_t>(m.in_features);
+  const uint64_t fp8_blocks =
+      CeilDiv(out, kernels::kFp8BlockSize) * CeilDiv(in, kernels::kFp8BlockSize);
+  switch (m.format) {
+    case TensorFormat::kFp8BlockE8m0:
+      *weight = out * in;
+      *scale = fp8_blocks;
+      return absl::OkStatus();
+    case TensorFormat::kFp8BlockF32:
+      *weight = out * in;
+      *scale = fp8_blocks * sizeof(float);
+      return absl::OkStatus();
+    case TensorFormat::kMxfp4:
+      *weight = out * in / 2;
+      *scale = out * in / kernels::kMxfp4BlockSize;
+      return absl::OkStatus();
+    case TensorFormat::kBf16:
+      *weight = out * in * 2;
+      *scale = 0;
+      return absl::OkStatus();
+    case TensorFormat::kF32:
+      *weight = out * in * sizeof(float);
+      *scale = 0;
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "module ", m.name, " is stored as ", FormatName(m.format), ", which cannot be decoded"));
+  }
+}
+
+}  // namespace
+
+const TensorInfo* FindTensorInfo(const TensorInventory& inventory, const std::string& name) {
+  return FindByName(inventory.tensors, name);
+}
+
+const LinearModule* FindLinear(const TensorInventory& inventory, const std::string& name) {
+  return FindByName(inventory.linears, name);
+}
+
+std::string SourceShardOf(const StageContext& ctx, const std::string& tensor) {
+  const checkpoint::SafetensorsFile* file = ctx.source->ShardOf(tensor);
+  return file == nullptr ? std::string() : std::filesystem::path(file->path()).filename().string();
+}
+
+absl::Status TensorError(const std::string& shard, const std::string& tensor,
+                         const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(shard, ": tensor ", tensor, ": ", status.message()));
+}
+
+absl::Status WeightError(const SourceWeight& w, const absl::Status& status) {
+  return TensorError(w.shard, w.weight->name, status);
+}
+
+absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std::string& module) {
+  SourceWeight w;
+  w.module = FindLinear(*ctx.inventory, module);
+  if (w.module == nullptr || w.module->tensors.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("module ", module, " is not a linear module of ", ctx.source->dir()));
+  }
+  const std::string& weight_name = w.module->tensors.front();
+  w.weight = ctx.source->Find(weight_name);
+  if (w.weight == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", weight_name, " is missing from ", ctx.source->dir()));
+  }
+  w.shard = SourceShardOf(ctx, weight_name);
+  uint64_t weight_bytes = 0, scale_bytes = 0;
+  if (absl::Status s = ExpectedBytes(*w.module, &weight_bytes, &scale_bytes); !s.ok()) {
+    return WeightError(w, s);
+  }
+  if (w.weight->size != weight_bytes) {
+    return WeightError(w, absl::InvalidArgumentError(
+                              absl::StrCat(w.weight->size, " bytes, expected ", weight_bytes,
+                                           " for a ", FormatName(w.module->format), " weight of ",
+                                           w.module->out_features, "x", w.module->in_features)));
+  }
+  if (scale_bytes == 0) return w;
+  if (w.module->tensors.size() < 2) {
+    return WeightError(w, absl::InvalidArgumentError("its scale tensor is missing"));
+  }
+  const std::string& scale_name = w.module->tensors[1];
+  w.scale = ctx.source->Find(scale_name);
+  if (w.scale == nullptr || w.scale->size != scale_bytes) {
+    return TensorError(SourceShardOf(ctx, scale_name), scale_name,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           w.scale == nullptr ? "missing" : absl::StrCat(w.scale->size, " bytes"),
+                           ", expected ", scale_bytes, " for the scales of ", weight_name)));
+  }
+  return w;
+}
+
+bool ComputesOnHost(const kernels::Backend& backend) {
+  return absl::StartsWith(backend.name(), "cpu");
+}
+
+absl::StatusOr<const void*> ToBackend(kernels::Backend& backend, const void* host, size_t bytes,
+                                      size_t align, kernels::Buffer* holder) {
+  if (ComputesOnHost(backend) && reinterpret_cast<uintptr_t>(host) % align == 0) return host;
+  absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(bytes);
+  if (!buffer.ok()) return buffer.status();
+  if (absl::Status s = backend.CopyToBackend(buffer->data(), host, bytes); !s.ok()) return s;
+  *holder = std::move(*buffer);
+  return static_cast<const void*>(holder->data());
+}
+
+absl::StatusOr<const void*> ToHost(kernels::Backend& backend, const void* data, size_t bytes,
+                                   std::vector<uint8_t>* staging) {
+  if (ComputesOnHost(backend)) return data;
+  staging->resize(bytes);
+  if (absl::Status s = backend.CopyToHost(staging->data(), data, bytes); !s.ok()) return s;
+  return static_cast<const void*>(staging->data());
+}
+
+absl::StatusOr<BackendMxfp4> StageMxfp4(kernels::Backend& backend, const SourceWeight& w) {
+  BackendMxfp4 out;
+  absl::StatusOr<const void*> data =
+      ToBackend(backend, w.weight->data, w.weight->size, 1, &out.data_holder);
+  if (!data.ok()) return WeightError(w, data.status());
+  absl::StatusOr<const void*> scales =
+      ToBackend(backend, w.scale->data, w.scale->size, 1, &out.scales_holder);
+  if (!scales.ok()) return WeightError(w, scales.status());
+  out.tensor.data = static_cast<const uint8_t*>(*data);
+  out.tensor.scales = static_cast<const uint8_t*>(*scales);
+  out.tensor.rows = w.module->out_features;
+  out.tensor.cols = w.module->in_features;
+  return out;
+}
+
+absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w) {
+  const LinearModule& m = *w.module;
+  DenseWeight out;
+  out.tensor.rows = m.out_features;
+  out.tensor.cols = m.in_features;
+  if (m.format == TensorFormat::kBf16 || m.format == TensorFormat::kF32) {
+    const bool bf16 = m.format == TensorFormat::kBf16;
+    out.tensor.type = bf16 ? kernels::FloatType::kBF16 : kernels::FloatType::kF32;
+    out.bytes = w.weight->size;
+    absl::StatusOr<const void*> data =
+        ToBackend(backend, w.weight->data, w.weight->size, bf16 ? 2 : 4, &out.holder);
+    if (!data.ok()) return WeightError(w, data.status());
+    out.tensor.data = *data;
+    return out;
+  }
+
+  out.tensor.type = kernels::FloatType::kBF16;
+  out.bytes = static_cast<size_t>(m.out_features * m.in_features) * 2;
+  absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(out.bytes);
+  if (!buffer.ok()) return WeightError(w, buffer.status());
+  out.holder = std::move(*buffer);
+  out.tensor.data = out.holder.data();
+  const kernels::DenseOut dst{out.holder.data(), kernels::FloatType::kBF16};
+  absl::Status status;
+  if (m.format == TensorFormat::kMxfp4) {
+    absl::StatusOr<BackendMxfp4> src = StageMxfp4(backend, w);
+    if (!src.ok()) return src.status();
+    status = backend.Mxfp4Dequant(src->tensor, dst);
+  } else {
+    const bool e8m0 = m.format == TensorFormat::kFp8BlockE8m0;
+    kernels::Buffer data_holder, scales_holder;
+    absl::StatusOr<const void*> data =
+        ToBackend(backend, w.weight->data, w.weight->size, 1, &data_holder);
+    if (!data.ok()) return WeightError(w, data.status());
+    absl::StatusOr<const void*> scales =
+        ToBackend(backend, w.scale->data, w.scale->size, e8m0 ? 1 : 4, &scales_holder);
+    if (!scales.ok()) return WeightError(w, scales.status());
+    kernels::Fp8BlockTensor src;
+    src.data = static_cast<const uint8_t*>(*data);
+    src.scales = *scales;
+    src.scale_type = e8m0 ? kernels::Fp8ScaleType::kE8M0 : kernels::Fp8ScaleType::kF32;
+    src.rows = m.out_features;
+    src.cols = m.in_features;
+    status = backend.Fp8BlockDequant(src, dst);
+  }
+  if (!status.ok()) return WeightError(w, status);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
+    const std::string& path, std::vector<checkpoint::TensorSpec> tensors) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::ErrnoToStatus(
+          ec.value(), absl::StrCat("cannot create directory ", dir.string(), ": ", ec.message()));
+    }
+  }
+  return checkpoint::SafetensorsWriter::Create(path, std::move(tensors), {{"format", "pt"}});
+}
+
+absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  for (uint64_t done = 0; done < size;) {
+    const uint64_t n = std::min(kChunkBytes, size - done);
+    if (absl::Status s = writer.Append(bytes + done, n); !s.ok()) return s;
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
+                                       const std::string& path) {
+  if (absl::Status s = writer.Finish(); !s.ok()) return s;
+  absl::StatusOr<std::string> sha256 = checkpoint::Sha256File(path);
+  if (!sha256.ok()) return sha256.status();
+  TaskOutput out;
+  out.path = path;
+  out.bytes = writer.total_bytes();
+  out.sha256 = std::move(*sha256);
+  return out;
+}
+
+absl::Status CheckCancelled(const StageContext& ctx, const std::string& shard) {
+  if (ctx.cancelled != nullptr && ctx.cancelled->load(std::memory_order_relaxed)) {
+    return absl::CancelledError(absl::StrCat(shard, ": cancelled"));
+  }
+  return absl::OkStatus();
+}
+
+void AddProgress(const StageContext& ctx, uint64_t source_bytes) {
+  if (ctx.add_progress) ctx.add_progress(source_bytes);
+}
+
+}  // namespace quantd::pipeline

@@ -1,0 +1,191 @@
+// Verify: re-reads one output shard, checks it against the plan and the export rules, then
+// measures each NVFP4 module against the source. The reference is the source as the quantizer
+// saw it (shard_io.h DecodeWeight: FP8-block and MXFP4 weights decoded to BF16, BF16 and F32
+// weights as stored); the output is decoded as readers do (Nvfp4Dequant with weight_scale_2, or
+// 1 / weight_global_scale for compressed-tensors), in row chunks, so that the float32 copies
+// stay bounded by a chunk.
+#include "server/pipeline/stages/verify_stage.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/formats.h"
+#include "server/checkpoint/safetensors_reader.h"
+#include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/stages/verify_rules.h"
+
+namespace quantd::pipeline {
+namespace {
+
+using checkpoint::Dtype;
+using checkpoint::TensorView;
+
+// Output elements decoded and compared per chunk: 16 MiB of float32 on each side.
+constexpr int64_t kChunkElements = int64_t{1} << 22;
+
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// The shard holds exactly the planned tensors, with the planned dtypes and shapes.
+void CheckShardContents(const StageContext& ctx, const ShardTask& task,
+                        const std::map<std::string, const LinearModule*>& linears,
+                        const checkpoint::SafetensorsFile& shard,
+                        std::vector<Violation>* out) {
+  struct Expected {
+    Dtype dtype;
+    std::vector<int64_t> shape;
+  };
+  std::map<std::string, Expected> expected;
+  for (const std::string& name : task.copy_tensors) {
+    const TensorView* src = ctx.source->Find(name);
+    if (src != nullptr) expected[name] = {src->dtype, src->shape};
+  }
+  for (const std::string& module : task.modules) {
+    auto it = linears.find(module);
+    if (it == linears.end()) continue;
+    for (const OutputTensor& t : Nvfp4ModuleTensors(*ctx.spec, module, it->second->out_features,
+                                                    it->second->in_features)) {
+      expected[t.name] = {t.dtype, t.shape};
+    }
+  }
+  for (const auto& [name, want] : expected) {
+    const TensorView* v = shard.Find(name);
+    if (v == nullptr) {
+      out->push_back({kRuleShardContents, name, "planned tensor is missing from the shard"});
+    } else if (v->dtype != want.dtype || v->shape != want.shape) {
+      out->push_back({kRuleShardContents, name,
+                      absl::StrCat("is ", std::string(checkpoint::DtypeName(v->dtype)), " ",
+                                   ShapeStr(v->shape), ", planned ",
+                                   std::string(checkpoint::DtypeName(want.dtype)), " ",
+                                   ShapeStr(want.shape))});
+    }
+  }
+  for (const TensorView& v : shard.tensors()) {
+    if (expected.count(v.name) == 0) {
+      out->push_back({kRuleShardContents, v.name, "tensor is not in the plan for this shard"});
+    }
+  }
+}
+
+// Rows [r0, r1) of the NVFP4 output as float32 into `got`.
+absl::Status DecodeOutputRows(kernels::Backend& backend, const Nvfp4ModuleViews& m, int64_t cols,
+                              int64_t r0, int64_t r1, float* got) {
+  const size_t n = static_cast<size_t>((r1 - r0) * cols);
+  kernels::Buffer data_holder, scales_holder;
+  absl::StatusOr<const void*> data =
+      ToBackend(backend, m.weight->data + r0 * cols / 2, n / 2, 1, &data_holder);
+  if (!data.ok()) return data.status();
+  absl::StatusOr<const void*> scales =
+      ToBackend(backend, m.weight_scale->data + r0 * cols / kernels::kNvfp4BlockSize,
+                n / kernels::kNvfp4BlockSize, 1, &scales_holder);
+  if (!scales.ok()) return scales.status();
+  kernels::Buffer out_holder;
+  void* out = got;
+  if (!ComputesOnHost(backend)) {
+    absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(n * sizeof(float));
+    if (!buffer.ok()) return buffer.status();
+    out_holder = std::move(*buffer);
+    out = out_holder.data();
+  }
+  const kernels::Nvfp4Tensor src{static_cast<const uint8_t*>(*data),
+                                 static_cast<const uint8_t*>(*scales), Nvfp4WeightScale2(m),
+                                 r1 - r0, cols};
+  absl::Status s = backend.Nvfp4Dequant(src, {out, kernels::FloatType::kF32});
+  if (!s.ok() || out == got) return s;
+  return backend.CopyToHost(got, out, n * sizeof(float));
+}
+
+// Error statistics of one module: the source decoded whole (shard_io.h DecodeWeight, as the
+// quantize stage decodes it), the output decoded and compared in row chunks.
+absl::StatusOr<store::TensorStatsRow> ModuleStats(const StageContext& ctx,
+                                                  const std::string& module,
+                                                  const Nvfp4ModuleViews& out) {
+  absl::StatusOr<SourceWeight> source = FindSourceWeight(ctx, module);
+  if (!source.ok()) return source.status();
+  absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *source);
+  if (!dense.ok()) return dense.status();
+  std::vector<uint8_t> staging;
+  absl::StatusOr<const void*> ref_data =
+      ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
+  if (!ref_data.ok()) return WeightError(*source, ref_data.status());
+  const bool bf16 = dense->tensor.type == kernels::FloatType::kBF16;
+
+  const int64_t rows = dense->tensor.rows;
+  const int64_t cols = dense->tensor.cols;
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunkElements / cols);
+  std::vector<float> ref, got;
+  ErrorStats stats;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t r1 = std::min(rows, r0 + chunk_rows);
+    const int64_t n = (r1 - r0) * cols;
+    ref.resize(static_cast<size_t>(n));
+    got.resize(static_cast<size_t>(n));
+    const float* ref_rows;
+    if (bf16) {
+      const uint16_t* src = static_cast<const uint16_t*>(*ref_data) + r0 * cols;
+      for (int64_t i = 0; i < n; ++i) ref[i] = formats::Bf16ToFloat(src[i]);
+      ref_rows = ref.data();
+    } else {
+      ref_rows = static_cast<const float*>(*ref_data) + r0 * cols;
+    }
+    absl::Status s = DecodeOutputRows(*ctx.backend, out, cols, r0, r1, got.data());
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(out.name, ": ", s.message()));
+    stats.Add(ref_rows, got.data(), n);
+  }
+  return stats.Row(source->weight->name);
+}
+
+}  // namespace
+
+absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTask& task) {
+  const std::string path = absl::StrCat(ctx.spec->output, "/", task.shard);
+  absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsFile>> shard =
+      checkpoint::SafetensorsFile::Open(path);
+  if (!shard.ok()) return shard.status();
+
+  std::map<std::string, const LinearModule*> linears;
+  for (const std::string& module : task.modules) {
+    const LinearModule* m = FindLinear(*ctx.inventory, module);
+    if (m == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(task.shard, ": planned module ", module, " is not in the source"));
+    }
+    linears[module] = m;
+  }
+
+  std::vector<Violation> violations;
+  CheckShardContents(ctx, task, linears, **shard, &violations);
+  std::vector<const TensorView*> views;
+  for (const TensorView& v : (*shard)->tensors()) views.push_back(&v);
+  const std::vector<Nvfp4ModuleViews> modules = FindNvfp4Modules(views);
+  CheckNvfp4Modules(modules, ctx.spec->weight_format == WeightFormat::kNvfp4, &violations);
+  if (!violations.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", violations.size(),
+                                                   " export rule violation(s):\n",
+                                                   FormatViolations(violations)));
+  }
+
+  std::map<std::string, const Nvfp4ModuleViews*> by_name;
+  for (const Nvfp4ModuleViews& m : modules) by_name[m.name] = &m;
+  TaskOutput output;
+  for (const std::string& module : task.modules) {
+    if (absl::Status s = CheckCancelled(ctx, task.shard); !s.ok()) return s;
+    // CheckShardContents has seen every planned module's tensors with the right dtypes.
+    absl::StatusOr<store::TensorStatsRow> row = ModuleStats(ctx, module, *by_name.at(module));
+    if (!row.ok()) return row.status();
+    output.stats.push_back(std::move(*row));
+    AddProgress(ctx, linears.at(module)->bytes);
+  }
+  uint64_t copied = 0;
+  for (const std::string& name : task.copy_tensors) {
+    const TensorView* src = ctx.source->Find(name);
+    if (src != nullptr) copied += src->size;
+  }
+  AddProgress(ctx, copied);
+  return output;
+}
+
+}  // namespace quantd::pipeline

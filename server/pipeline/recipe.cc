@@ -37,7 +37,8 @@ RecipeRule Exclude(std::string glob, std::string reason) {
 }
 RecipeRule Include(std::string glob) { return {std::move(glob), true, ""}; }
 
-// Sibling modules that readers fuse into one GEMM, in the order groups list them.
+}  // namespace
+
 const std::vector<std::vector<std::string>>& FusedSets() {
   static const std::vector<std::vector<std::string>> kSets = {
       {"w1", "w3"},
@@ -48,8 +49,6 @@ const std::vector<std::vector<std::string>>& FusedSets() {
   };
   return kSets;
 }
-
-}  // namespace
 
 absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInventory& inv) {
   Recipe r;

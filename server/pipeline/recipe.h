@@ -42,6 +42,11 @@ struct Recipe {
 
 bool GlobMatch(absl::string_view pattern, absl::string_view name);
 
+// Sibling leaf names that readers fuse into one GEMM when they share a parent module
+// ({"w1","w3"}, {"gate_proj","up_proj"}, {"wq_a","wkv"}, {"q_a_proj","kv_a_proj_with_mqa"},
+// {"q_proj","k_proj","v_proj"}), members in reader order.
+const std::vector<std::vector<std::string>>& FusedSets();
+
 // "experts" or "full" for the inventory's architecture (deepseek_v4 or deepseek_v3; other
 // architectures have no built-in recipe).
 absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInventory& inventory);

@@ -34,19 +34,6 @@ using nlohmann::json;
 constexpr char kHfQuantConfigName[] = "hf_quant_config.json";
 constexpr char kConfigName[] = "config.json";
 
-// Sibling modules that readers fuse into one GEMM. The same list as recipe.cc's FusedSets(),
-// which recipe.h does not expose.
-const std::vector<std::vector<std::string>>& FusedSets() {
-  static const std::vector<std::vector<std::string>> kSets = {
-      {"w1", "w3"},
-      {"gate_proj", "up_proj"},
-      {"wq_a", "wkv"},
-      {"q_a_proj", "kv_a_proj_with_mqa"},
-      {"q_proj", "k_proj", "v_proj"},
-  };
-  return kSets;
-}
-
 std::string Leaf(const std::string& name) {
   const size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);

@@ -13,6 +13,7 @@
 #include "server/fixture/fixture.h"
 #include "server/fixture/fixture_spec.h"
 #include "server/pipeline/inspect.h"
+#include "server/pipeline/stages/verify_rules.h"
 
 namespace {
 
@@ -89,6 +90,32 @@ void AddInspect(CLI::App& app, int& rc) {
   cmd->callback([args, &rc] { rc = RunInspect(*args); });
 }
 
+struct VerifyArgs {
+  bool json = false;
+  std::string dir;
+};
+
+// Exit 0 when every rule holds, 1 when any is broken (or the directory cannot be read).
+int RunVerify(const VerifyArgs& a) {
+  absl::StatusOr<quantd::pipeline::VerifyReport> report = quantd::pipeline::VerifyCheckpoint(a.dir);
+  if (!report.ok()) return Fail("verify", report.status(), kFailure);
+  if (a.json) {
+    std::cout << quantd::pipeline::VerifyReportToJson(*report).dump(2) << "\n";
+  } else {
+    std::cout << quantd::pipeline::FormatVerifyReport(*report);
+  }
+  return report->ok() ? 0 : kFailure;
+}
+
+void AddVerify(CLI::App& app, int& rc) {
+  auto args = std::make_shared<VerifyArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "verify", "Check an NVFP4 checkpoint (ModelOpt or compressed-tensors) against the export rules");
+  cmd->add_flag("--json", args->json, "machine-readable report");
+  cmd->add_option("DIR", args->dir, "checkpoint directory")->required();
+  cmd->callback([args, &rc] { rc = RunVerify(*args); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,6 +125,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   AddMkfixture(app, rc);
   AddInspect(app, rc);
+  AddVerify(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -137,6 +137,7 @@ void SafetensorsWriter::SkipCompleteTensors() {
 }
 
 absl::Status SafetensorsWriter::Flush() {
+  hash_.Update(buffer_.data(), buffer_.size());
   absl::Status status = WriteFully(fd_, buffer_.data(), buffer_.size(), tmp_path_);
   buffer_.clear();
   return status;
@@ -171,6 +172,7 @@ absl::Status SafetensorsWriter::Append(const void* data, uint64_t size) {
   if (buffer_.size() + size > kBufferBytes) status = Flush();
   if (status.ok()) {
     if (size >= kBufferBytes) {
+      hash_.Update(data, size);
       status = WriteFully(fd_, data, size, tmp_path_);
     } else {
       const uint8_t* bytes = static_cast<const uint8_t*>(data);
@@ -227,11 +229,13 @@ absl::Status SafetensorsWriter::Finish() {
   }
   absl::Status status = Flush();
   if (!status.ok()) return Abandon(status);
+  sha256_ = hash_.HexDigest();
   status = SyncAndClose(fd_, tmp_path_);
   fd_ = -1;
   if (status.ok()) status = CommitTmpFile(tmp_path_, path_);
   if (!status.ok()) {
     unlink(tmp_path_.c_str());
+    sha256_.clear();
     return status;
   }
   finished_ = true;

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/checkpoint/dtype.h"
+#include "server/checkpoint/sha256.h"
 
 namespace quantd::checkpoint {
 
@@ -53,6 +54,8 @@ class SafetensorsWriter {
   uint64_t total_bytes() const;
   // Fails, removing the .tmp file, when a declared byte is missing.
   absl::Status Finish();
+  // SHA-256 (hex) of the file's bytes, computed while they were written; "" until Finish() succeeds.
+  const std::string& sha256() const { return sha256_; }
 
  private:
   SafetensorsWriter() = default;
@@ -74,6 +77,8 @@ class SafetensorsWriter {
   uint64_t header_bytes_ = 0;       // 8-byte length prefix + padded JSON
   uint64_t data_bytes_ = 0;         // sum of tensor sizes
   std::vector<uint8_t> buffer_;     // small appends gathered into large write() calls
+  Sha256 hash_;                     // every byte written so far, in file order
+  std::string sha256_;              // hash_'s digest once Finish() succeeded
   bool finished_ = false;           // Finish() succeeded
 };
 

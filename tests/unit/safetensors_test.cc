@@ -12,6 +12,7 @@
 
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/sha256.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::checkpoint {
@@ -590,6 +591,20 @@ TEST_F(SafetensorsWriterTest, DISABLED_ThroughputOneGiB) {
            static_cast<unsigned long long>(chunk), seconds, total / seconds / 1e6);
     fs::remove(path);
   }
+}
+
+TEST_F(SafetensorsWriterTest, HashesTheBytesItWrites) {
+  const std::string path = dir_ + "/hashed.safetensors";
+  auto writer = SafetensorsWriter::Create(path, {{"a", Dtype::kU8, {3}}, {"b", Dtype::kF32, {1 << 22}}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_EQ((*writer)->sha256(), "");
+  ASSERT_TRUE((*writer)->Append("xyz", 3).ok());
+  std::vector<float> big(1 << 22, 1.5f);  // larger than the writer's buffer: written directly
+  ASSERT_TRUE((*writer)->Append(big.data(), big.size() * 4).ok());
+  ASSERT_TRUE((*writer)->Finish().ok());
+  auto on_disk = Sha256File(path);
+  ASSERT_TRUE(on_disk.ok());
+  EXPECT_EQ((*writer)->sha256(), *on_disk);
 }
 
 }  // namespace

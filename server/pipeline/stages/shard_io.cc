@@ -241,12 +241,10 @@ absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* da
 absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
                                        const std::string& path) {
   if (absl::Status s = writer.Finish(); !s.ok()) return s;
-  absl::StatusOr<std::string> sha256 = checkpoint::Sha256File(path);
-  if (!sha256.ok()) return sha256.status();
   TaskOutput out;
   out.path = path;
   out.bytes = writer.total_bytes();
-  out.sha256 = std::move(*sha256);
+  out.sha256 = writer.sha256();  // hashed while writing: no second read of the file
   return out;
 }
 

@@ -312,6 +312,36 @@ json CompressedTensorsConfig(bool w4a4, bool fp8_kv, const std::vector<std::stri
 
 }  // namespace
 
+// The BF16 copy (materialize_bf16) becomes a complete unquantized checkpoint: its index, the
+// source config.json without quantization_config, and the source's other files. Its files are
+// listed in the task's checksum under "bf16/".
+absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
+                            std::vector<Written>* written) {
+  const std::string& dir = ctx.spec->materialize_bf16;
+  std::vector<std::string> shards;
+  for (const store::StagePlan& stage : plan.stages) {
+    if (stage.kind != "dequant") continue;
+    for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
+  }
+  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(dir, shards);
+  if (!index.ok()) return index.status();
+  std::vector<Written> bf16;
+  const std::string index_path = absl::StrCat(dir, "/", checkpoint::kIndexFileName);
+  absl::Status s = checkpoint::WriteShardIndex(index_path, *index);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::string> index_text = checkpoint::ReadFile(index_path);
+  if (!index_text.ok()) return index_text.status();
+  bf16.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
+  json config = ctx.source->config();
+  config.erase("quantization_config");
+  s = WriteText(dir, kConfigName, config.dump(2) + "\n", &bf16);
+  if (!s.ok()) return s;
+  s = CopySourceFiles(ctx, ctx.source->dir(), dir, "", 0, &bf16);
+  if (!s.ok()) return s;
+  for (Written& w : bf16) written->push_back({absl::StrCat("bf16/", w.name), w.bytes, w.sha256});
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& plan) {
   const JobSpec& spec = *ctx.spec;
   const TensorInventory& inventory = *ctx.inventory;
@@ -420,6 +450,10 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
 
   s = CopySourceFiles(ctx, ctx.source->dir(), out_dir, "", 0, &written);
   if (!s.ok()) return s;
+  if (!spec.materialize_bf16.empty()) {
+    s = ExportBf16Copy(ctx, plan, &written);
+    if (!s.ok()) return s;
+  }
 
   // The task's checksum covers every file it wrote: SHA-256 over "name\tbytes\tsha256\n" lines.
   std::sort(written.begin(), written.end(),

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# End-to-end benchmark of `quantd run` (issue 3 §7), printed as one table in one run:
+#
+#   wall      `quantd run` on the bench fixture (~2 GiB, W4A16, `experts` and `full` recipes),
+#             all its stages (inspect, quantize, export, verify), output on the same disk
+#   GB/s      source bytes / wall
+#   peak RSS  /usr/bin/time -v "Maximum resident set size"; also on the small fixture, to show
+#             whether it grows with the number of shards
+#   anon RSS  peak RssAnon (sampled from /proc every 50 ms): the same without the pages of the
+#             memory-mapped source and output shards, which the kernel can drop at any time
+#   I/O floor read the source once (cat > /dev/null) + write the output's size (dd, fsync) on the
+#             same disk. Nothing is dropped from the page cache first (that needs root), so the
+#             read side is usually served from memory, exactly as it is for `quantd run` here.
+#   compute   the same `quantd run` with source, output and state in /dev/shm (tmpfs): the same
+#   floor     kernels over the same tensors, with no disk I/O (memory copies remain)
+#
+# Targets: wall <= 1.2 x max(I/O floor, compute floor); peak RSS <= 1 GiB + 2 x the largest
+# tensor, and not growing from the small to the bench fixture.
+#
+#   QUANTD_BIN=path        the quantd binary (default: $QUANTD_BUILD_DIR/server/quantd)
+#   QUANTD_BUILD_DIR=dir   (default: <repo>/build)
+#   QUANTD_BENCH_DIR=dir   where fixtures and outputs go (default: a new dir under /var/tmp,
+#                          removed at the end); an existing dir keeps its fixtures between runs
+#   QUANTD_BENCH_ARGS=...  extra `quantd run` options (e.g. "--workers 4 --device cuda:0")
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+QUANTD=${QUANTD_BIN:-${QUANTD_BUILD_DIR:-$ROOT/build}/server/quantd}
+die() { echo "run_pipeline_bench: $*" >&2; exit 2; }
+[ -x "$QUANTD" ] || die "$QUANTD is missing (build quantd first)"
+[ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
+read -r -a RUN_ARGS <<< "${QUANTD_BENCH_ARGS:-}"
+
+if [ -n "${QUANTD_BENCH_DIR:-}" ]; then
+  WORK=$QUANTD_BENCH_DIR
+  mkdir -p "$WORK"
+  KEEP=1
+else
+  WORK=$(mktemp -d /var/tmp/quantd-bench.XXXXXX)
+  KEEP=0
+fi
+SHM=$(mktemp -d /dev/shm/quantd-bench.XXXXXX)
+cleanup() {
+  rm -rf "$SHM"
+  if [ "$KEEP" = 0 ]; then
+    rm -rf "$WORK"
+  else
+    rm -rf "$WORK"/out-* "$WORK"/*.db* "$WORK"/dd.bin
+  fi
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# Fixtures (kept between runs with QUANTD_BENCH_DIR: a stamp marks a complete one).
+for preset in small bench; do
+  if [ ! -f "$WORK/src-$preset/.complete" ]; then
+    rm -rf "$WORK/src-$preset"
+    echo "bench: writing the $preset fixture" >&2
+    "$QUANTD" mkfixture --preset "$preset" --seed 1 "$WORK/src-$preset" >&2
+    touch "$WORK/src-$preset/.complete"
+  fi
+done
+
+# Bytes of tensor data in a checkpoint, its shard count and its largest tensor.
+checkpoint_facts() {
+  python3 - "$1" <<'EOF'
+import json, struct, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+total = largest = 0
+shards = sorted(d.glob("*.safetensors"))
+for p in shards:
+    with open(p, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        size = t["data_offsets"][1] - t["data_offsets"][0]
+        total += size
+        largest = max(largest, size)
+print(total, len(shards), largest)
+EOF
+}
+
+write_spec() {  # source output recipe file
+  printf '{"source": "%s", "output": "%s", "recipe": "%s", "weight_format": "w4a16_nvfp4"}\n' \
+    "$1" "$2" "$3" > "$4"
+}
+
+# Peak RssAnon (KiB) of process $1 until it exits, sampled every 50 ms: RSS without the pages of
+# memory-mapped files (the source and output shards), which /usr/bin/time's figure includes.
+ANON=0
+sample_anon() {
+  local pid=$1 key value
+  ANON=0
+  while [ -r "/proc/$pid/status" ]; do
+    while read -r key value _; do
+      if [ "$key" = RssAnon: ] && [ "$value" -gt "$ANON" ]; then ANON=$value; fi
+    done < "/proc/$pid/status" 2>/dev/null || true
+    sleep 0.05
+  done
+}
+
+# Runs quantd under /usr/bin/time -v; sets WALL (s), RSS (KiB, /usr/bin/time) and ANON (KiB).
+timed_run() {  # state spec
+  local log=$WORK/time.log t0 t1 tpid qpid=""
+  t0=$(now)
+  /usr/bin/time -v -o "$log" "$QUANTD" run --state "$1" "${RUN_ARGS[@]}" "$2" 2>"$WORK/run.log" &
+  tpid=$!
+  while [ -z "$qpid" ] && kill -0 "$tpid" 2>/dev/null; do
+    qpid=$(pgrep -P "$tpid" || true)
+    sleep 0.01
+  done
+  if [ -n "$qpid" ]; then sample_anon "$qpid"; fi
+  if ! wait "$tpid"; then
+    cat "$WORK/run.log" >&2
+    exit 1
+  fi
+  t1=$(now)
+  WALL=$(elapsed "$t0" "$t1")
+  RSS=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$log")
+}
+
+read -r BENCH_BYTES BENCH_SHARDS LARGEST <<< "$(checkpoint_facts "$WORK/src-bench")"
+read -r SMALL_BYTES SMALL_SHARDS _ <<< "$(checkpoint_facts "$WORK/src-small")"
+RSS_LIMIT_KIB=$(( (1024 * 1024 * 1024 + 2 * LARGEST) / 1024 ))
+
+# The source copy in /dev/shm for the compute floor (not timed).
+cp -r "$WORK/src-bench" "$SHM/src"
+
+ROW='%-8s %-7s %6s %7s %5s %9s %9s %8s %9s %6s %s\n'
+# shellcheck disable=SC2059
+printf "$ROW" fixture recipe shards wall_s GB/s peak_RSS anon_RSS io_floor cpu_floor ratio verdict
+for recipe in experts full; do
+  for preset in small bench; do
+    src=$WORK/src-$preset
+    out=$WORK/out-$preset-$recipe
+    write_spec "$src" "$out" "$recipe" "$WORK/spec-$preset-$recipe.json"
+    timed_run "$WORK/$preset-$recipe.db" "$WORK/spec-$preset-$recipe.json"
+    wall=$WALL rss=$RSS anon=$ANON
+    if [ "$preset" = bench ]; then bytes=$BENCH_BYTES shards=$BENCH_SHARDS; else
+      bytes=$SMALL_BYTES shards=$SMALL_SHARDS; fi
+    gbs=$(awk -v b="$bytes" -v w="$wall" 'BEGIN { printf "%.2f", b / w / 1e9 }')
+    rss_gib=$(awk -v k="$rss" 'BEGIN { printf "%.2fGiB", k / 1048576 }')
+    anon_mib=$(awk -v k="$anon" 'BEGIN { printf "%.0fMiB", k / 1024 }')
+    rss_ok=$([ "$rss" -le "$RSS_LIMIT_KIB" ] && echo ok || echo over)
+    io=- cpu=- ratio=- wall_ok=""
+    if [ "$preset" = bench ]; then
+      out_bytes=$(du -sb "$out" | cut -f1)
+      rm -rf "$out"
+
+      # I/O floor: read the source once, write the output's size with fsync, same disk.
+      t0=$(now)
+      cat "$src"/*.safetensors > /dev/null
+      dd if=/dev/zero of="$WORK/dd.bin" bs=16M count=$(( (out_bytes + 16777215) / 16777216 )) \
+        conv=fsync status=none
+      t1=$(now)
+      io=$(elapsed "$t0" "$t1")
+      rm -f "$WORK/dd.bin"
+
+      # Compute floor: the same run, everything in tmpfs.
+      write_spec "$SHM/src" "$SHM/out" "$recipe" "$SHM/spec.json"
+      rm -rf "$SHM/out" "$SHM"/state.db*
+      timed_run "$SHM/state.db" "$SHM/spec.json"
+      cpu=$WALL
+      rm -rf "$SHM/out"
+
+      ratio=$(awk -v w="$wall" -v a="$io" -v b="$cpu" \
+        'BEGIN { m = a > b ? a : b; printf "%.2f", w / m }')
+      wall_ok="wall:$(awk -v r="$ratio" 'BEGIN { print (r <= 1.2) ? "ok" : "slow" }') "
+    fi
+    rm -rf "$out"
+    # shellcheck disable=SC2059
+    printf "$ROW" "$preset" "$recipe" "$shards" "$wall" "$gbs" "$rss_gib" "$anon_mib" "$io" "$cpu" \
+      "$ratio" "${wall_ok}rss:$rss_ok"
+  done
+done
+printf 'source bytes: bench %d (%d shards), small %d (%d shards); largest tensor %d bytes\n' \
+  "$BENCH_BYTES" "$BENCH_SHARDS" "$SMALL_BYTES" "$SMALL_SHARDS" "$LARGEST"
+printf 'RSS limit (1 GiB + 2 x largest tensor) %.2f GiB; quantd run %s; %d CPUs; load %s; %s\n' \
+  "$(awk -v k="$RSS_LIMIT_KIB" 'BEGIN { print k / 1048576 }')" "${QUANTD_BENCH_ARGS:-(defaults)}" \
+  "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(df --output=fstype "$WORK" | tail -1)"

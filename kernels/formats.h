@@ -152,8 +152,12 @@ inline constexpr float kNvfp4AmaxDivisor = 2688.0f;  // 6 (E2M1 max) * 448 (E4M3
 // 1/weight_scale_2 (compressed-tensors' global scale) stays finite; its blocks then all get scale
 // 1.0 and code 0, which still decodes to exactly 0. (ModelOpt would divide 0 by 0 and write NaN
 // block scales.)
+// A positive amax so small that amax / 2688 underflows to 0 (below about 2^-137.6) gets the
+// smallest positive float instead, so block scales stay finite.
 QUANTD_HD float Nvfp4GlobalScale(float amax) {
-  return amax > 0.0f ? amax / kNvfp4AmaxDivisor : 1.0f / kNvfp4AmaxDivisor;
+  if (!(amax > 0.0f)) return 1.0f / kNvfp4AmaxDivisor;
+  const float s = amax / kNvfp4AmaxDivisor;
+  return s > 0.0f ? s : Exp2Int(-149);
 }
 
 // E4M3 byte of one 16-block's scale: s = block_amax / (6 * scale_2), 0 -> 1, clamped to

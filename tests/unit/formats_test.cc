@@ -421,6 +421,15 @@ TEST(Nvfp4, GlobalScale) {
   // amax = 0 uses amax = 1: float32(1 / 2688) = 0x39C30C31 (3.720238e-4).
   EXPECT_EQ(FloatBits(Nvfp4GlobalScale(0.0f)), 0x39C30C31u);
   EXPECT_EQ(Nvfp4GlobalScale(0.0f), Nvfp4GlobalScale(1.0f));
+  // amax = 2^-149 (the smallest float) / 2688 underflows to 0: the smallest float is used, and
+  // the block scale 2^-149 / (6 * 2^-149) = 1/6 rounds to E4M3 0x23 (exponent field 4 = 2^-3,
+  // mantissa 3: 1.375 * 2^-3 = 0.171875, nearer 1/6 than 1.25 * 2^-3).
+  const float tiny = Exp2Int(-149);
+  EXPECT_EQ(Nvfp4GlobalScale(tiny), tiny);
+  EXPECT_EQ(Nvfp4BlockScale(tiny, Nvfp4GlobalScale(tiny)), 0x23);
+  // 2^-137 / 2688 is still a positive subnormal: no substitution.
+  EXPECT_GT(Nvfp4GlobalScale(Exp2Int(-137)), 0.0f);
+  EXPECT_NE(Nvfp4GlobalScale(Exp2Int(-137)), tiny);
 }
 
 TEST(Nvfp4, AllZeroTensor) {

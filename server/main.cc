@@ -14,6 +14,7 @@
 #include "server/fixture/fixture_spec.h"
 #include "server/pipeline/inspect.h"
 #include "server/pipeline/stages/verify_rules.h"
+#include "server/run_command.h"
 
 namespace {
 
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
   AddMkfixture(app, rc);
   AddInspect(app, rc);
   AddVerify(app, rc);
+  quantd::AddRunCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

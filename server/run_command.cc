@@ -1,0 +1,104 @@
+#include "server/run_command.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <iostream>
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/checkpoint/atomic_file.h"
+#include "server/pipeline/job_spec.h"
+#include "server/pipeline/runner.h"
+
+namespace quantd {
+namespace {
+
+constexpr int kFailed = 1;
+constexpr int kUsage = 2;
+constexpr int kInterrupted = 130;
+
+// Set by the first SIGINT/SIGTERM; the runner pauses the job.
+std::atomic<bool> g_cancel{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnSignal(int) {
+  // A second signal: leave at once. The state file makes this as safe as a crash.
+  if (g_cancel.exchange(true)) _exit(kInterrupted);
+}
+
+void InstallSignalHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int Fail(const absl::Status& status, int code) {
+  std::cerr << "quantd run: " << status.message() << "\n";
+  return code;
+}
+
+}  // namespace
+
+int RunMain(const RunArgs& args) {
+  if (args.workers < 1) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--workers must be >= 1, got ", args.workers)),
+        kUsage);
+  }
+  if (args.threads < 0) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", args.threads)),
+        kUsage);
+  }
+  if (!args.device.empty() && args.device != "cpu" && args.device != "auto" &&
+      !absl::StartsWith(args.device, "cuda:")) {
+    return Fail(absl::InvalidArgumentError(
+                    absl::StrCat("--device ", args.device, ": expected cpu, cuda:N or auto")),
+                kUsage);
+  }
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path);
+  if (!text.ok()) return Fail(text.status(), kUsage);
+  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
+  if (!spec.ok()) return Fail(spec.status(), kUsage);
+
+  pipeline::RunOptions options;
+  options.state_path = args.state_path;
+  options.spec = *std::move(spec);
+  options.workers = args.workers;
+  if (!args.device.empty()) options.devices = {args.device};
+  options.cpu_threads = args.threads;
+  options.progress = &std::cerr;
+  options.progress_tty = isatty(STDERR_FILENO) == 1;
+  options.cancel = &g_cancel;
+  InstallSignalHandlers();
+  const absl::Status s = pipeline::RunJob(options);
+  if (s.ok()) return 0;
+  if (s.code() == absl::StatusCode::kCancelled && g_cancel.load()) {
+    return Fail(s, kInterrupted);
+  }
+  return Fail(s, kFailed);
+}
+
+void AddRunCommand(CLI::App& app, int& rc) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Run a conversion job from a JSON spec; run it again to resume after a stop");
+  cmd->add_option("--state", args->state_path, "SQLite state file (created when absent)")
+      ->required();
+  cmd->add_option("--workers", args->workers, "tasks in flight at once")->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu, cuda:N or auto (default: the spec's devices)");
+  cmd->add_option("--threads", args->threads, "CPU threads per kernel call (0 = all cores)")
+      ->capture_default_str();
+  cmd->add_option("SPEC", args->spec_path, "job spec JSON file")->required();
+  cmd->footer("Exit codes: 0 succeeded, 1 failed, 2 usage, 130 interrupted (the job is PAUSED).");
+  cmd->callback([args, &rc] { rc = RunMain(*args); });
+}
+
+}  // namespace quantd

@@ -1,0 +1,577 @@
+// The job runner on the tiny V4 fixture (4 source shards): full runs (W4A16 and W4A4 with an amax
+// file), idempotent re-runs, refusals (other spec, missing amax, kv fp8, changed source), a corrupt
+// shard that fails the job and resumes once fixed, cancellation, and the progress line format.
+#include "server/pipeline/runner.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/sha256.h"
+#include "server/fixture/fixture.h"
+#include "server/pipeline/progress.h"
+#include "server/pipeline/tensor_inventory.h"
+#include "server/store/job_store.h"
+
+namespace quantd::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+
+// An output stream that sets `flag` once `count` lines containing `needle` were flushed into it:
+// the runner prints one line per finished task when not on a terminal, so this cancels a run at a
+// known point.
+class CancelAfter : public std::stringbuf {
+ public:
+  CancelAfter(std::string needle, int count, std::atomic<bool>* flag)
+      : needle_(std::move(needle)), count_(count), flag_(flag) {}
+
+ protected:
+  int sync() override {
+    const std::string text = str();
+    int n = 0;
+    for (size_t at = text.find(needle_); at != std::string::npos; at = text.find(needle_, at + 1)) {
+      ++n;
+    }
+    if (n >= count_) flag_->store(true);
+    return 0;
+  }
+
+ private:
+  std::string needle_;       // text that marks a line
+  int count_;                // lines to see before cancelling
+  std::atomic<bool>* flag_;  // set once they were seen
+};
+
+class RunnerTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ =
+        fs::temp_directory_path() / ("quantd_runner_test_" + std::to_string(getpid()) + "_" +
+                                     testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    src_ = (root_ / "src").string();
+    auto summary = fixture::WriteFixture(
+        fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kTiny), 7, src_, {});
+    ASSERT_TRUE(summary.ok()) << summary.status();
+    ASSERT_EQ(summary->shards.size(), 4u);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  JobSpec Spec(const std::string& out, const std::string& extra) {
+    auto spec = ParseJobSpec("{\"source\": \"" + src_ + "\", \"output\": \"" +
+                                 (root_ / out).string() + "\"" + extra + "}",
+                             "test");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+
+  RunOptions Options(const JobSpec& spec, const std::string& state) {
+    RunOptions o;
+    o.state_path = (root_ / state).string();
+    o.spec = spec;
+    o.workers = 2;
+    o.devices = {"cpu"};
+    o.cpu_threads = 1;
+    o.progress = &log_;
+    return o;
+  }
+
+  std::unique_ptr<store::JobStore> OpenStore(const std::string& state) {
+    auto store = store::JobStore::Open((root_ / state).string());
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(*store) : nullptr;
+  }
+
+  struct SourcePlan {
+    std::unique_ptr<checkpoint::CheckpointDir> source;
+    TensorInventory inventory;
+    Plan plan;
+  };
+  SourcePlan PlanFor(const JobSpec& spec) {
+    SourcePlan p;
+    auto source = checkpoint::CheckpointDir::Open(src_);
+    EXPECT_TRUE(source.ok()) << source.status();
+    p.source = std::move(*source);
+    auto inventory = BuildInventory(*p.source);
+    EXPECT_TRUE(inventory.ok()) << inventory.status();
+    p.inventory = std::move(*inventory);
+    auto plan = BuildPlan(spec, *p.source, p.inventory);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    p.plan = std::move(*plan);
+    return p;
+  }
+
+  // amax of the i-th module (natural order): 2688 * (i + 1) / 16, so input_scale = (i + 1) / 16
+  // exactly.
+  std::map<std::string, float> WriteAmaxFile(const std::string& name,
+                                             const std::vector<std::string>& modules) {
+    std::map<std::string, float> amax;
+    std::ofstream f(root_ / name);
+    f << "{";
+    for (size_t i = 0; i < modules.size(); ++i) {
+      amax[modules[i]] = 2688.0f * static_cast<float>(i + 1) / 16.0f;
+      f << (i ? ", " : "") << "\"" << modules[i] << "\": " << amax[modules[i]];
+    }
+    f << "}";
+    return amax;
+  }
+
+  // File name -> SHA-256 of every file in `dir`.
+  static std::map<std::string, std::string> Hashes(const std::string& dir) {
+    std::map<std::string, std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      auto sha = checkpoint::Sha256File(e.path().string());
+      EXPECT_TRUE(sha.ok()) << sha.status();
+      out[e.path().filename().string()] = sha.ok() ? *sha : "";
+    }
+    return out;
+  }
+
+  static std::vector<store::TaskRow> Tasks(store::JobStore& store, const std::string& kind) {
+    auto tasks = store.ListTasks(1);
+    EXPECT_TRUE(tasks.ok()) << tasks.status();
+    std::vector<store::TaskRow> out;
+    for (const store::TaskRow& t : *tasks) {
+      if (t.stage_kind == kind) out.push_back(t);
+    }
+    return out;
+  }
+
+  fs::path root_;
+  std::string src_;
+  std::ostringstream log_;
+};
+
+TEST_F(RunnerTest, W4a16RunSucceedsWritesEveryShardAndASecondRunIsANoOp) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  const RunOptions options = Options(spec, "state.db");
+  ASSERT_TRUE(RunJob(options).ok()) << log_.str();
+
+  auto store = OpenStore("state.db");
+  auto job = store->GetJob(1);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state, store::JobState::kSucceeded);
+  EXPECT_EQ(job->request_id, RunRequestId(spec));
+  auto tasks = store->ListTasks(1);
+  ASSERT_TRUE(tasks.ok());
+  ASSERT_EQ(tasks->size(), 1u + 4u + 1u + 4u);  // inspect, quantize x4, export, verify x4
+  for (const store::TaskRow& t : *tasks) {
+    EXPECT_EQ(t.state, store::TaskState::kDone) << t.name;
+    EXPECT_EQ(t.attempt, 1) << t.name;
+  }
+  const auto hashes = Hashes((root_ / "out").string());
+  for (const store::TaskRow& t : Tasks(*store, "quantize")) {
+    // Each quantize task recorded the file it wrote, with its size and checksum.
+    EXPECT_EQ(t.output_path, (root_ / "out" / t.name).string());
+    ASSERT_EQ(hashes.count(t.name), 1u) << t.name;
+    EXPECT_EQ(hashes.at(t.name), t.output_sha256) << t.name;
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(t.output_path)), *t.output_bytes);
+  }
+  for (const char* name : {"model.safetensors.index.json", "config.json", "hf_quant_config.json",
+                           "generation_config.json"}) {
+    EXPECT_EQ(hashes.count(name), 1u) << name;
+  }
+  for (const auto& [name, sha] : hashes) EXPECT_NE(fs::path(name).extension(), ".tmp") << name;
+
+  // W4A16: weight_scale_2 but no input_scale for every quantized module.
+  auto out = checkpoint::CheckpointDir::Open((root_ / "out").string());
+  ASSERT_TRUE(out.ok()) << out.status();
+  const SourcePlan p = PlanFor(spec);
+  for (const std::string& m : p.plan.recipe.modules) {
+    EXPECT_NE((*out)->Find(m + ".weight_scale_2"), nullptr) << m;
+    EXPECT_EQ((*out)->Find(m + ".input_scale"), nullptr) << m;
+  }
+  auto stats = store->ListTensorStats(1);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_FALSE(stats->empty());
+
+  // The second run finds the job SUCCEEDED and touches nothing.
+  auto events = store->ListEvents(1, 0);
+  ASSERT_TRUE(events.ok());
+  std::map<std::string, fs::file_time_type> mtimes;
+  for (const auto& e : fs::directory_iterator(root_ / "out")) {
+    mtimes[e.path().filename().string()] = e.last_write_time();
+  }
+  store.reset();
+  log_.str("");
+  ASSERT_TRUE(RunJob(options).ok());
+  EXPECT_NE(log_.str().find("already SUCCEEDED"), std::string::npos) << log_.str();
+  store = OpenStore("state.db");
+  auto events_after = store->ListEvents(1, 0);
+  ASSERT_TRUE(events_after.ok());
+  EXPECT_EQ(events_after->size(), events->size());
+  EXPECT_EQ(Hashes((root_ / "out").string()), hashes);
+  for (const auto& e : fs::directory_iterator(root_ / "out")) {
+    EXPECT_EQ(e.last_write_time(), mtimes.at(e.path().filename().string()));
+  }
+}
+
+TEST_F(RunnerTest, Nvfp4RunTakesInputScalesFromTheAmaxFile) {
+  JobSpec spec = Spec("out", "");
+  const SourcePlan p = PlanFor(spec);
+  const std::map<std::string, float> amax = WriteAmaxFile("amax.json", p.plan.recipe.modules);
+  spec.calibration.amax_file = (root_ / "amax.json").string();
+  ASSERT_TRUE(RunJob(Options(spec, "state.db")).ok()) << log_.str();
+
+  auto store = OpenStore("state.db");
+  auto rows = store->ListAmax(1);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), amax.size());
+  for (const store::AmaxRow& r : *rows) {
+    EXPECT_EQ(r.kind, "input");
+    EXPECT_EQ(r.value, amax.at(r.module)) << r.module;
+    EXPECT_EQ(r.samples, 0);
+  }
+  // input_scale = max amax of the module's fusion group / 2688, exact by construction.
+  std::map<std::string, float> group_amax = amax;
+  for (const auto& group : p.plan.recipe.fusion_groups) {
+    float m = 0;
+    for (const std::string& member : group) m = std::max(m, amax.at(member));
+    for (const std::string& member : group) group_amax[member] = m;
+  }
+  auto out = checkpoint::CheckpointDir::Open((root_ / "out").string());
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (const std::string& m : p.plan.recipe.modules) {
+    const checkpoint::TensorView* v = (*out)->Find(m + ".input_scale");
+    ASSERT_NE(v, nullptr) << m;
+    ASSERT_EQ(v->size, 4u);
+    float scale;
+    memcpy(&scale, v->data, 4);
+    EXPECT_EQ(scale, group_amax.at(m) / 2688.0f) << m;
+  }
+  EXPECT_EQ(store->GetJob(1)->state, store::JobState::kSucceeded);
+}
+
+TEST_F(RunnerTest, Nvfp4WithoutAmaxAndKvFp8FailWithClearMessages) {
+  absl::Status s = RunJob(Options(Spec("out", ""), "a.db"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "weight_format nvfp4 needs input amax: set calibration.amax_file or use w4a16_nvfp4; "
+            "calibration is not built yet");
+  auto store = OpenStore("a.db");
+  EXPECT_EQ(store->GetJob(1)->state, store::JobState::kFailed);
+  EXPECT_EQ(store->GetJob(1)->error, s.message());
+  EXPECT_FALSE(store->HasPlan(1));
+
+  s = RunJob(
+      Options(Spec("out", ", \"weight_format\": \"w4a16_nvfp4\", \"kv_cache\": \"fp8\""), "b.db"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("kv_cache fp8 needs calibrated KV-cache scales"), std::string::npos)
+      << s;
+  EXPECT_FALSE(fs::exists(root_ / "out" / "config.json"));
+}
+
+TEST_F(RunnerTest, AmaxFileIsValidated) {
+  const SourcePlan p = PlanFor(Spec("out", ""));
+  const std::string module = p.plan.recipe.modules.front();
+  struct Case {
+    std::string json;
+    std::string error;
+  };
+  const std::string file = (root_ / "amax.json").string();
+  const std::vector<Case> cases = {
+      {"[1, 2]", file + ": expected a JSON object {module: input_amax}"},
+      {"{\"nope.w1\": 1}", file + ": nope.w1 is not a linear module of the source checkpoint"},
+      {"{\"" + module + "\": -1}",
+       file + ": amax of " + module + " is -1; expected a finite float32 >= 0"},
+      {"{\"" + module + "\": \"3\"}",
+       file + ": amax of " + module + " is \"3\"; expected a finite float32 >= 0"},
+      {"{\"" + module + "\": 1e39}",
+       file + ": amax of " + module + " is 1e+39; expected a finite float32 >= 0"},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(file) << c.json;
+    auto rows = LoadAmaxFile(file, p.inventory);
+    ASSERT_FALSE(rows.ok()) << c.json;
+    EXPECT_EQ(rows.status().message(), c.error);
+  }
+  std::ofstream(file) << "{\"" << module << "\": 0.5, \"embed\": 0}";
+  auto rows = LoadAmaxFile(file, p.inventory);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 2u);
+  // In key order.
+  EXPECT_EQ((*rows)[0].module, "embed");
+  EXPECT_EQ((*rows)[0].value, 0.0);
+  EXPECT_EQ((*rows)[1].module, module);
+  EXPECT_EQ((*rows)[1].value, 0.5);
+  EXPECT_EQ((*rows)[1].kind, "input");
+}
+
+TEST_F(RunnerTest, AStateFileOfAnotherSpecIsRefused) {
+  const JobSpec a = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  const JobSpec b = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\", \"recipe\": \"full\"");
+  EXPECT_NE(RunRequestId(a), RunRequestId(b));
+  EXPECT_EQ(RunRequestId(a), RunRequestId(Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"")));
+  std::atomic<bool> cancel{true};  // plans the job, runs nothing
+  RunOptions options = Options(a, "state.db");
+  options.cancel = &cancel;
+  EXPECT_EQ(RunJob(options).code(), absl::StatusCode::kCancelled);
+  absl::Status s = RunJob(Options(b, "state.db"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "state file " + (root_ / "state.db").string() +
+                             " belongs to a different job spec (source " + src_ + ", output " +
+                             (root_ / "out").string() +
+                             "); use another --state file for this spec");
+  auto store = OpenStore("state.db");
+  auto jobs = store->ListJobs(std::nullopt, 0, 10);
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].state, store::JobState::kPaused);
+}
+
+TEST_F(RunnerTest, AStateFileInUseByAnotherProcessIsRefused) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  const std::string lock = (root_ / "state.db.lock").string();
+  const int fd = open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  // flock locks belong to the open file description: a second open() conflicts like a second
+  // process would.
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  absl::Status s = RunJob(Options(spec, "state.db"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "state file " + (root_ / "state.db").string() + " is in use by another quantd run");
+  EXPECT_FALSE(fs::exists(root_ / "state.db"));
+  close(fd);
+  EXPECT_TRUE(RunJob(Options(spec, "state.db")).ok()) << log_.str();
+}
+
+TEST_F(RunnerTest, ChangedSourceIsRefused) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  std::atomic<bool> cancel{true};
+  RunOptions options = Options(spec, "state.db");
+  options.cancel = &cancel;
+  ASSERT_EQ(RunJob(options).code(), absl::StatusCode::kCancelled);
+  // Same directory, other tensors: a V3 checkpoint.
+  fs::remove_all(src_);
+  ASSERT_TRUE(
+      fixture::WriteFixture(fixture::MakeConfig(fixture::Arch::kDeepseekV3, fixture::Preset::kTiny),
+                            7, src_, {})
+          .ok());
+  absl::Status s = RunJob(Options(spec, "state.db"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message().rfind("the source checkpoint changed since the job was planned", 0), 0u)
+      << s;
+  EXPECT_EQ(OpenStore("state.db")->GetJob(1)->state, store::JobState::kFailed);
+}
+
+TEST_F(RunnerTest, CheckPlanUnchangedNamesTheFirstDifference) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  const SourcePlan p = PlanFor(spec);
+  std::vector<store::TaskRow> stored;
+  for (const store::StagePlan& stage : p.plan.stages) {
+    for (const store::TaskPlan& t : stage.tasks) {
+      store::TaskRow row;
+      row.stage_kind = stage.kind;
+      row.name = t.name;
+      row.payload_json = t.payload_json;
+      row.bytes_total = t.bytes_total;
+      stored.push_back(row);
+    }
+  }
+  EXPECT_TRUE(CheckPlanUnchanged(p.plan, stored).ok());
+  const std::string prefix =
+      "the source checkpoint changed since the job was planned (or the plan was built by another "
+      "quantd version): ";
+  std::vector<store::TaskRow> changed = stored;
+  changed[2].bytes_total += 1;
+  EXPECT_EQ(CheckPlanUnchanged(p.plan, changed).message(),
+            prefix + "quantize task " + stored[2].name +
+                " now covers different tensors or bytes (" + std::to_string(stored[2].bytes_total) +
+                " bytes, stored " + std::to_string(stored[2].bytes_total + 1) + ")");
+  changed = stored;
+  changed.pop_back();
+  EXPECT_EQ(CheckPlanUnchanged(p.plan, changed).message(),
+            prefix + "verify task " + stored.back().name + " is new");
+  changed = stored;
+  changed.push_back(stored.back());
+  EXPECT_EQ(CheckPlanUnchanged(p.plan, changed).message(),
+            prefix + "verify task " + stored.back().name + " is gone");
+}
+
+TEST_F(RunnerTest, CorruptShardFailsTheJobNamingShardAndTensorAndResumesOnceFixed) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  const SourcePlan p = PlanFor(spec);
+  // The third quantize task's first MXFP4 module, stored in that task's shard.
+  const store::TaskPlan& victim = p.plan.stages[1].tasks[2];
+  auto payload = ParseShardTask(victim.payload_json);
+  ASSERT_TRUE(payload.ok());
+  std::string module, scale_tensor;
+  for (const std::string& m : payload->modules) {
+    for (const LinearModule& lm : p.inventory.linears) {
+      if (lm.name == m && lm.format == TensorFormat::kMxfp4 &&
+          p.source->ShardOf(lm.tensors[0])->path() == src_ + "/" + victim.name) {
+        module = m;
+        scale_tensor = lm.tensors[1];
+      }
+    }
+    if (!module.empty()) break;
+  }
+  ASSERT_FALSE(module.empty());
+  const checkpoint::TensorView* scale = p.source->Find(scale_tensor);
+  ASSERT_NE(scale, nullptr);
+  const std::string shard_path = src_ + "/" + victim.name;
+  const uint64_t offset = scale->offset + 5;
+  char original;
+  {
+    std::fstream f(shard_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset);
+    f.get(original);
+    f.seekp(offset);
+    f.put(static_cast<char>(0xFF));  // E8M0 NaN
+  }
+  const RunOptions options = Options(spec, "state.db");
+  absl::Status s = RunJob(options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(victim.name), std::string::npos) << s;
+  EXPECT_NE(s.message().find(module), std::string::npos) << s;
+
+  auto store = OpenStore("state.db");
+  EXPECT_EQ(store->GetJob(1)->state, store::JobState::kFailed);
+  EXPECT_EQ(store->GetJob(1)->error, s.message());
+  std::vector<store::TaskRow> quantize = Tasks(*store, "quantize");
+  ASSERT_EQ(quantize.size(), 4u);
+  EXPECT_EQ(quantize[2].state, store::TaskState::kFailed);
+  EXPECT_EQ(quantize[2].error, s.message());
+  EXPECT_FALSE(fs::exists(root_ / "out" / victim.name));
+  // The shards before it are done and stay on disk.
+  std::map<std::string, std::string> done_sha;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(quantize[i].state, store::TaskState::kDone);
+    EXPECT_EQ(*checkpoint::Sha256File(quantize[i].output_path), quantize[i].output_sha256);
+    done_sha[quantize[i].name] = quantize[i].output_sha256;
+  }
+  EXPECT_EQ(Tasks(*store, "export")[0].state, store::TaskState::kPending);
+  store.reset();
+
+  {
+    std::fstream f(shard_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset);
+    f.put(original);
+  }
+  ASSERT_TRUE(RunJob(options).ok()) << log_.str();
+  store = OpenStore("state.db");
+  EXPECT_EQ(store->GetJob(1)->state, store::JobState::kSucceeded);
+  quantize = Tasks(*store, "quantize");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(quantize[i].attempt, 1);  // not redone
+    EXPECT_EQ(quantize[i].output_sha256, done_sha.at(quantize[i].name));
+  }
+  EXPECT_EQ(quantize[2].attempt, 2);
+  EXPECT_EQ(quantize[2].state, store::TaskState::kDone);
+
+  // Same bytes as a run that never saw the corruption.
+  ASSERT_TRUE(
+      RunJob(Options(Spec("clean", ", \"weight_format\": \"w4a16_nvfp4\""), "clean.db")).ok());
+  EXPECT_EQ(Hashes((root_ / "out").string()), Hashes((root_ / "clean").string()));
+}
+
+TEST_F(RunnerTest, CancelPausesAfterRunningTasksAndTheNextRunFinishes) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  std::atomic<bool> cancel{false};
+  CancelAfter buf("done model-", 2, &cancel);  // after the second quantize task
+  std::ostream log(&buf);
+  RunOptions options = Options(spec, "state.db");
+  options.progress = &log;
+  options.cancel = &cancel;
+  absl::Status s = RunJob(options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s << buf.str();
+
+  auto store = OpenStore("state.db");
+  auto job = store->GetJob(1);
+  EXPECT_EQ(job->state, store::JobState::kPaused);
+  EXPECT_EQ(job->reason, "interrupted");
+  int done = 0;
+  for (const store::TaskRow& t : Tasks(*store, "quantize")) {
+    EXPECT_NE(t.state, store::TaskState::kLeased) << t.name;
+    done += t.state == store::TaskState::kDone;
+  }
+  EXPECT_GE(done, 2);
+  EXPECT_EQ(Tasks(*store, "export")[0].state, store::TaskState::kPending);
+  store.reset();
+
+  cancel = false;
+  ASSERT_TRUE(RunJob(Options(spec, "state.db")).ok()) << log_.str();
+  EXPECT_NE(log_.str().find("resuming job 1: " + std::to_string(1 + done) + " of 10 tasks done"),
+            std::string::npos)
+      << log_.str();
+  ASSERT_TRUE(
+      RunJob(Options(Spec("clean", ", \"weight_format\": \"w4a16_nvfp4\""), "clean.db")).ok());
+  EXPECT_EQ(Hashes((root_ / "out").string()), Hashes((root_ / "clean").string()));
+}
+
+TEST(RetryTest, TransientErrorsBackOffTwiceThenFailPermanentErrorsFailAtOnce) {
+  using absl::StatusCode;
+  for (StatusCode code :
+       {StatusCode::kUnavailable, StatusCode::kResourceExhausted, StatusCode::kCancelled}) {
+    EXPECT_EQ(RetryDelayMs(code, 1), 2000);
+    EXPECT_EQ(RetryDelayMs(code, 2), 4000);
+    EXPECT_EQ(RetryDelayMs(code, kMaxAttempts), std::nullopt);
+  }
+  for (StatusCode code : {StatusCode::kInvalidArgument, StatusCode::kDataLoss,
+                          StatusCode::kFailedPrecondition, StatusCode::kInternal}) {
+    EXPECT_EQ(RetryDelayMs(code, 1), std::nullopt);
+  }
+}
+
+TEST(ProgressTest, LineFormat) {
+  ProgressSnapshot s{"quantize", 12, 64, 140'200'000'000, 805'300'000'000, 2.31e9};
+  // (805.3 - 140.2) GB / 2.31 GB/s = 287.9 s
+  EXPECT_EQ(FormatProgressLine(s), "quantize  12/64 tasks  140.2/805.3 GB  2.31 GB/s  ETA 4m48s");
+  s.bytes_per_second.reset();
+  EXPECT_EQ(FormatProgressLine(s), "quantize  12/64 tasks  140.2/805.3 GB");
+  ProgressSnapshot small{"verify", 3, 4, 4'500'000, 6'000'000, 1'000'000};
+  EXPECT_EQ(FormatProgressLine(small), "verify  3/4 tasks  4.5/6.0 MB  1.00 MB/s  ETA 2s");
+  EXPECT_EQ(FormatProgressLine({"export", 0, 1, 0, 0, std::nullopt}), "export  0/1 tasks");
+  EXPECT_EQ(FormatDuration(0.4), "0s");
+  EXPECT_EQ(FormatDuration(59.4), "59s");
+  EXPECT_EQ(FormatDuration(60), "1m00s");
+  EXPECT_EQ(FormatDuration(3599), "59m59s");
+  EXPECT_EQ(FormatDuration(7500), "2h05m");
+}
+
+TEST(ProgressTest, PlainLinesPerTaskAndInPlaceRedrawOnATerminal) {
+  std::ostringstream plain;
+  {
+    ProgressPrinter p(&plain, /*tty=*/false);
+    p.BeginStage("quantize", 4, 1, 4'000'000, 1'000'000);
+    p.AddBytes(700'000);
+    p.TaskDone("b", 1'000'000, 700'000);
+    EXPECT_EQ(p.Snapshot().bytes_done, 2'000'000u);
+    p.AddBytes(300'000);
+    EXPECT_EQ(p.Snapshot().bytes_done, 2'300'000u);
+    p.TaskAbandoned(300'000);
+    EXPECT_EQ(p.Snapshot().bytes_done, 2'000'000u);
+    p.Tick();
+  }
+  // One line per finished task, nothing else (the rate depends on the clock).
+  const std::string text = plain.str();
+  EXPECT_EQ(text.rfind("quantize  2/4 tasks  2.0/4.0 MB  ", 0), 0u) << text;
+  EXPECT_EQ(text.substr(text.size() - 9), "  done b\n");
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1);
+
+  std::ostringstream tty;
+  {
+    ProgressPrinter p(&tty, /*tty=*/true);
+    p.BeginStage("export", 1, 0, 0, 0);
+    p.Message("hello");
+    p.TaskDone("export", 0, 0);
+    p.EndStage();
+  }
+  // TaskDone came within kRedrawMs of the first draw: only EndStage draws the final state.
+  EXPECT_EQ(tty.str(), "\rexport  0/1 tasks\x1b[K\r\x1b[Khello\n\rexport  1/1 tasks\x1b[K\n");
+}
+
+}  // namespace
+}  // namespace quantd::pipeline

@@ -17,6 +17,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev          # libFuzzer for the bounded fuzz run
   python3 python3-venv python3-dev
+  time procps                       # /usr/bin/time -v and pgrep for the pipeline benchmark
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

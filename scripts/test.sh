@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test tier: unit (ctest), bounded fuzz (libFuzzer), interop (pytest with real peers).
+# Runs every test tier: unit (ctest), bounded fuzz (libFuzzer), integration (kill/resume of the
+# real binary) and interop (pytest with real peer libraries).
 # Expects scripts/setup.sh to have run.
 #   QUANTD_FUZZ_SECONDS=N   fuzz time (default 60)
 set -euo pipefail
@@ -14,5 +15,5 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
 echo "== fuzz (safetensors header parser, ${QUANTD_FUZZ_SECONDS:-60} s)"
 tests/fuzz/run_fuzz.sh "$ROOT/build-fuzz" "${QUANTD_FUZZ_SECONDS:-60}"
 
-echo "== interop tests (pytest)"
-QUANTD_BUILD_DIR=$BUILD_DIR "$VENV/bin/python" -m pytest -q tests/interop
+echo "== integration and interop tests (pytest)"
+QUANTD_BUILD_DIR=$BUILD_DIR "$VENV/bin/python" -m pytest -q tests/integration tests/interop

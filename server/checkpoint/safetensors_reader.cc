@@ -353,4 +353,12 @@ absl::Status SafetensorsFile::Parse() {
   return absl::OkStatus();
 }
 
+void SafetensorsFile::ReleasePages(const TensorView& view) const {
+  if (!mapped_ || view.data < base_ || view.data + view.size > base_ + size_) return;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(view.data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(view.data) + view.size) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace quantd::checkpoint

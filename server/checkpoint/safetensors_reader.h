@@ -59,6 +59,10 @@ class SafetensorsFile {
   // The "__metadata__" string map (empty when absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_size() const { return size_; }
+  // Drops the mapped pages that lie wholly inside `view` from this process's memory (they are
+  // read again from the file if touched later), so streaming through a large shard keeps the
+  // resident set small. A no-op for FromBytes() images and views of other files.
+  void ReleasePages(const TensorView& view) const;
 
  private:
   SafetensorsFile() = default;

@@ -93,8 +93,10 @@ absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const Dequant
       absl::StatusOr<const void*> host =
           ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
       status = host.ok() ? AppendChunked(**writer, *host, dense->bytes) : host.status();
+      ReleaseSource(ctx, *w);
     }
     if (!status.ok()) return status;
+    ReleaseSource(ctx, e.source);
     AddProgress(ctx, e.source->size);
   }
   absl::StatusOr<TaskOutput> out = FinishShard(**writer, path);

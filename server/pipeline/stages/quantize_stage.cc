@@ -198,6 +198,7 @@ absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
   if (entry.source != nullptr) {
     absl::Status s = AppendChunked(writer, entry.source->data, entry.source->size);
     if (!s.ok()) return s;
+    ReleaseSource(ctx_, entry.source);
     AddProgress(ctx_, entry.source->size);
     return absl::OkStatus();
   }
@@ -233,6 +234,7 @@ absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
   }
   if (!status.ok()) return status;
   if (--q.unwritten == 0) {
+    ReleaseSource(ctx_, weights_.at(entry.module));
     AddProgress(ctx_, q.source_bytes);
     pending_.erase(entry.module);
   }

@@ -259,4 +259,16 @@ void AddProgress(const StageContext& ctx, uint64_t source_bytes) {
   if (ctx.add_progress) ctx.add_progress(source_bytes);
 }
 
+void ReleaseSource(const StageContext& ctx, const checkpoint::TensorView* tensor) {
+  if (tensor == nullptr) return;
+  if (const checkpoint::SafetensorsFile* f = ctx.source->ShardOf(tensor->name); f != nullptr) {
+    f->ReleasePages(*tensor);
+  }
+}
+
+void ReleaseSource(const StageContext& ctx, const SourceWeight& w) {
+  ReleaseSource(ctx, w.weight);
+  ReleaseSource(ctx, w.scale);
+}
+
 }  // namespace quantd::pipeline

@@ -40,6 +40,10 @@ struct SourceWeight {
   const checkpoint::TensorView* scale = nullptr;   // its scales; nullptr for BF16 / F32 weights
 };
 absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std::string& module);
+// Releases the mapped source pages of a tensor, or of a module's weight and scales, once a task
+// is done with them (SafetensorsFile::ReleasePages), so memory does not grow with shard size.
+void ReleaseSource(const StageContext& ctx, const checkpoint::TensorView* tensor);
+void ReleaseSource(const StageContext& ctx, const SourceWeight& w);
 // TensorError for the weight of `w`.
 absl::Status WeightError(const SourceWeight& w, const absl::Status& status);
 

@@ -177,6 +177,11 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     absl::StatusOr<store::TensorStatsRow> row = ModuleStats(ctx, module, *by_name.at(module));
     if (!row.ok()) return row.status();
     output.stats.push_back(std::move(*row));
+    const Nvfp4ModuleViews& out = *by_name.at(module);
+    for (const TensorView* v : {out.weight, out.weight_scale}) (*shard)->ReleasePages(*v);
+    for (const std::string& name : linears.at(module)->tensors) {
+      ReleaseSource(ctx, ctx.source->Find(name));
+    }
     AddProgress(ctx, linears.at(module)->bytes);
   }
   uint64_t copied = 0;

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "kernels/formats.h"
+#include "kernels/validate.h"
+
 namespace quantd::kernels {
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -12,6 +15,25 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     deleter_ = std::exchange(other.deleter_, nullptr);
   }
   return *this;
+}
+
+absl::Status Backend::Nvfp4Quantize(const DenseTensor& src, GlobalAmax global_amax,
+                                    const Nvfp4Out& dst) {
+  if (auto s = ValidateDense(src, kNvfp4BlockSize); !s.ok()) return s;
+  if (auto s = ValidateNvfp4Out(dst); !s.ok()) return s;
+  if (auto s = ValidateGlobalAmax(global_amax); !s.ok()) return s;
+  float amax;
+  if (global_amax.has_value()) {
+    amax = *global_amax;
+  } else {
+    absl::StatusOr<float> own = AbsMax(src);
+    if (!own.ok()) return own.status();
+    amax = *own;
+  }
+  const float scale_2 = formats::Nvfp4GlobalScale(amax);
+  if (auto s = Nvfp4QuantizeWithScale(src, scale_2, dst); !s.ok()) return s;
+  *dst.scale_2 = scale_2;
+  return absl::OkStatus();
 }
 
 Buffer::~Buffer() {

@@ -70,8 +70,10 @@ class Backend {
   // NVFP4 quantization with ModelOpt >= 0.45 semantics (formats.h Nvfp4GlobalScale /
   // Nvfp4BlockScale / Nvfp4Encode). `global_amax` (finite, >= 0) replaces the tensor's own amax
   // so fused partners share one weight_scale_2. Writes dst.data, dst.scales and *dst.scale_2.
-  virtual absl::Status Nvfp4Quantize(const DenseTensor& src, GlobalAmax global_amax,
-                                     const Nvfp4Out& dst) = 0;
+  // Validation and the choice of weight_scale_2 are shared by every backend (backend.cc); the
+  // backend's Nvfp4QuantizeWithScale does the rest.
+  absl::Status Nvfp4Quantize(const DenseTensor& src, GlobalAmax global_amax,
+                             const Nvfp4Out& dst);
 
   // NVFP4 -> dense BF16/F32: e2m1(code) * float(scale) * scale_2.
   virtual absl::Status Nvfp4Dequant(const Nvfp4Tensor& src, const DenseOut& dst) = 0;
@@ -86,6 +88,12 @@ class Backend {
   // many 16-blocks were requantized.
   virtual absl::StatusOr<int64_t> Mxfp4ToNvfp4(const Mxfp4Tensor& src, int kmax,
                                                const Nvfp4Out& dst) = 0;
+
+ protected:
+  // Nvfp4Quantize once its arguments are validated and weight_scale_2 is chosen: writes dst.data
+  // and dst.scales (not dst.scale_2).
+  virtual absl::Status Nvfp4QuantizeWithScale(const DenseTensor& src, float scale_2,
+                                              const Nvfp4Out& dst) = 0;
 };
 
 }  // namespace quantd::kernels

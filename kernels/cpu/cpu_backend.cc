@@ -132,26 +132,13 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Nvfp4Quantize(const DenseTensor& src, GlobalAmax global_amax,
-                             const Nvfp4Out& dst) override {
-    if (auto s = ValidateDense(src, kNvfp4BlockSize); !s.ok()) return s;
-    if (auto s = ValidateNvfp4Out(dst); !s.ok()) return s;
-    if (auto s = ValidateGlobalAmax(global_amax); !s.ok()) return s;
-    float amax;
-    if (global_amax.has_value()) {
-      amax = *global_amax;
-    } else {
-      absl::StatusOr<float> own = AbsMax(src);
-      if (!own.ok()) return own.status();
-      amax = *own;
-    }
-    const float scale_2 = formats::Nvfp4GlobalScale(amax);
+  absl::Status Nvfp4QuantizeWithScale(const DenseTensor& src, float scale_2,
+                                      const Nvfp4Out& dst) override {
     const DenseTensor view = Reshaped(src, kNvfp4BlockSize);
     const int64_t bad = RunRows(view.rows, view.cols, [&](int, int64_t begin, int64_t end) {
       return kernels_->nvfp4_quantize(view, scale_2, dst, begin, end);
     });
     if (bad >= 0) return BadElement("non-finite value", bad, src.cols);
-    *dst.scale_2 = scale_2;
     return absl::OkStatus();
   }
 

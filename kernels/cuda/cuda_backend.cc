@@ -147,28 +147,14 @@ class CudaBackend final : public Backend {
     return CheckBad(*r, "non-finite value", src.cols);
   }
 
-  absl::Status Nvfp4Quantize(const DenseTensor& src, GlobalAmax global_amax,
-                             const Nvfp4Out& dst) override {
-    if (auto s = ValidateDense(src, kNvfp4BlockSize); !s.ok()) return s;
-    if (auto s = ValidateNvfp4Out(dst); !s.ok()) return s;
-    if (auto s = ValidateGlobalAmax(global_amax); !s.ok()) return s;
-    float amax;
-    if (global_amax.has_value()) {
-      amax = *global_amax;
-    } else {
-      absl::StatusOr<float> own = AbsMax(src);
-      if (!own.ok()) return own.status();
-      amax = *own;
-    }
-    const float scale_2 = formats::Nvfp4GlobalScale(amax);
+  absl::Status Nvfp4QuantizeWithScale(const DenseTensor& src, float scale_2,
+                                      const Nvfp4Out& dst) override {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<DeviceResults> r = Run("NVFP4 quantize", [&] {
       return cuda::LaunchNvfp4Quantize(src, scale_2, dst.data, dst.scales, results_, launch_);
     });
     if (!r.ok()) return r.status();
-    if (auto s = CheckBad(*r, "non-finite value", src.cols); !s.ok()) return s;
-    *dst.scale_2 = scale_2;
-    return absl::OkStatus();
+    return CheckBad(*r, "non-finite value", src.cols);
   }
 
   absl::Status Nvfp4Dequant(const Nvfp4Tensor& src, const DenseOut& dst) override {

@@ -24,15 +24,8 @@ __global__ void Fp8BlockDequantKernel(Fp8BlockTensor src, DenseOut dst, bool ali
   for (int64_t t = FirstItem(); t < chunks; t += ItemStride()) {
     const int64_t i0 = t * 16;
     const int64_t n = total - i0 < 16 ? total - i0 : 16;
-    uint32_t w[4] = {0, 0, 0, 0};
-    if (n == 16) {
-      LoadWords(src.data + i0, aligned, w);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (j < n) w[j / 4] |= static_cast<uint32_t>(src.data[i0 + j]) << (8 * (j % 4));
-      }
-    }
+    uint32_t w[4];
+    LoadByteChunk16(src.data, i0, total, aligned, w);
     int64_t r = i0 / src.cols;
     int64_t c = i0 - r * src.cols;
     int64_t cached = -1;  // scale index of `scale`

@@ -73,6 +73,23 @@ __device__ __forceinline__ void LoadWords(const void* p, bool aligned, uint32_t 
   }
 }
 
+// The 16 bytes of chunk [i0, i0 + 16) of a byte array of `total` bytes as four little-endian
+// words; a partial last chunk is zero-padded. Full chunks use LoadWords (vectorized when aligned).
+__device__ __forceinline__ void LoadByteChunk16(const uint8_t* data, int64_t i0, int64_t total,
+                                                bool aligned, uint32_t (&w)[4]) {
+  const int64_t n = total - i0 < 16 ? total - i0 : 16;
+  if (n == 16) {
+    LoadWords(data + i0, aligned, w);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = 0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if (j < n) w[j / 4] |= static_cast<uint32_t>(data[i0 + j]) << (8 * (j % 4));
+  }
+}
+
 // The store counterpart of LoadWords.
 template <int kWords>
 __device__ __forceinline__ void StoreWords(void* p, bool aligned, const uint32_t (&w)[kWords]) {

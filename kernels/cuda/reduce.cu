@@ -68,16 +68,8 @@ __global__ void Mxfp4MaxScaleKernel(Mxfp4Tensor src, bool aligned, DeviceResults
   unsigned long long bad = kNoBad;
   for (int64_t t = FirstItem(); t < chunks; t += ItemStride()) {
     const int64_t i0 = t * 16;
-    const int64_t n = total - i0 < 16 ? total - i0 : 16;
-    uint32_t w[4] = {0, 0, 0, 0};
-    if (n == 16) {
-      LoadWords(src.scales + i0, aligned, w);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (j < n) w[j / 4] |= static_cast<uint32_t>(src.scales[i0 + j]) << (8 * (j % 4));
-      }
-    }
+    uint32_t w[4];
+    LoadByteChunk16(src.scales, i0, total, aligned, w);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const uint8_t b = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));

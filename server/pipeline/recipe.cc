@@ -132,9 +132,8 @@ absl::StatusOr<RecipePlan> PlanRecipe(const TensorInventory& inv, const Recipe& 
   // (parent, fused set) -> members present, in the set's order.
   std::map<std::pair<std::string, size_t>, std::vector<std::string>> sets;
   for (const LinearModule& m : inv.linears) {
-    const size_t dot = m.name.rfind('.');
-    const std::string parent = dot == std::string::npos ? "" : m.name.substr(0, dot);
-    const std::string leaf = dot == std::string::npos ? m.name : m.name.substr(dot + 1);
+    const std::string parent = ModuleOf(m.name);
+    const std::string leaf = LeafName(m.name);
     for (size_t k = 0; k < FusedSets().size(); ++k) {
       const std::vector<std::string>& set = FusedSets()[k];
       if (std::find(set.begin(), set.end(), leaf) != set.end()) sets[{parent, k}].push_back(m.name);
@@ -144,7 +143,7 @@ absl::StatusOr<RecipePlan> PlanRecipe(const TensorInventory& inv, const Recipe& 
     const std::vector<std::string>& order = FusedSets()[key.second];
     std::sort(members.begin(), members.end(), [&](const std::string& a, const std::string& b) {
       const auto leaf_pos = [&](const std::string& s) {
-        return std::find(order.begin(), order.end(), s.substr(s.rfind('.') + 1)) - order.begin();
+        return std::find(order.begin(), order.end(), LeafName(s)) - order.begin();
       };
       return leaf_pos(a) < leaf_pos(b);
     });

@@ -66,9 +66,7 @@ bool NaturalLess(absl::string_view a, absl::string_view b) {
   return a.size() - i < b.size() - j;
 }
 
-namespace {
-
-std::string Leaf(const std::string& name) {
+std::string LeafName(const std::string& name) {
   const size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);
 }
@@ -81,6 +79,8 @@ std::string ModuleOf(const std::string& name) {
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
+
+namespace {
 
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -111,7 +111,7 @@ class Classifier {
   // it is 2-D.
   std::optional<LinearModule> Weight(TensorInfo& w) {
     const std::string module = ModuleOf(w.name);
-    const bool packed = Leaf(w.name) == "weight_packed";
+    const bool packed = LeafName(w.name) == "weight_packed";
     LinearModule m;
     m.name = module;
     m.tensors.push_back(w.name);
@@ -262,7 +262,7 @@ absl::StatusOr<TensorInventory> BuildInventory(const checkpoint::CheckpointDir& 
   // Weights first, so that every scale is claimed before the rest is looked at.
   Classifier classifier(infos);
   for (auto& [name, info] : infos) {
-    const std::string leaf = Leaf(name);
+    const std::string leaf = LeafName(name);
     if (leaf != "weight" && leaf != "weight_packed") continue;
     if (std::optional<LinearModule> m = classifier.Weight(info)) {
       inv.linears.push_back(std::move(*m));
@@ -270,7 +270,7 @@ absl::StatusOr<TensorInventory> BuildInventory(const checkpoint::CheckpointDir& 
   }
   std::vector<std::string>& errors = classifier.errors();
   for (auto& [name, info] : infos) {
-    const std::string leaf = Leaf(name);
+    const std::string leaf = LeafName(name);
     if (leaf == "weight" || leaf == "weight_packed" || info.format == TensorFormat::kScale) {
       continue;
     }

@@ -83,6 +83,13 @@ struct TensorInventory {
 
 absl::StatusOr<TensorInventory> BuildInventory(const checkpoint::CheckpointDir& dir);
 
+// "layers.0.attn.wq_a.weight" -> "weight" (the whole name when it has no '.').
+std::string LeafName(const std::string& name);
+// "layers.0.attn.wq_a.weight" -> "layers.0.attn.wq_a" ("" when the name has no '.').
+std::string ModuleOf(const std::string& name);
+// "[2048, 4096]".
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 // Natural order: runs of digits compare as numbers, so "layers.2" < "layers.10".
 bool NaturalLess(absl::string_view a, absl::string_view b);
 

@@ -34,20 +34,6 @@ using nlohmann::json;
 constexpr char kHfQuantConfigName[] = "hf_quant_config.json";
 constexpr char kConfigName[] = "config.json";
 
-std::string Leaf(const std::string& name) {
-  const size_t dot = name.rfind('.');
-  return dot == std::string::npos ? name : name.substr(dot + 1);
-}
-
-std::string Parent(const std::string& name) {
-  const size_t dot = name.rfind('.');
-  return dot == std::string::npos ? "" : name.substr(0, dot);
-}
-
-std::string ShapeStr(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 std::string DtypeStr(Dtype d) { return std::string(checkpoint::DtypeName(d)); }
 
 float ScalarValue(const TensorView& v) {
@@ -97,10 +83,10 @@ Layout CheckLayout(const Nvfp4ModuleViews& m) {
     l.problems.push_back(absl::StrCat("has no ", weight_leaf));
   } else if (m.weight->dtype != Dtype::kU8 || m.weight->shape.size() != 2) {
     l.problems.push_back(absl::StrCat(weight_leaf, " is ", DtypeStr(m.weight->dtype), " ",
-                                      ShapeStr(m.weight->shape),
+                                      ShapeString(m.weight->shape),
                                       ", expected U8 [out, in/2]"));
   } else if (m.weight->shape[1] % 8 != 0) {
-    l.problems.push_back(absl::StrCat(weight_leaf, " ", ShapeStr(m.weight->shape),
+    l.problems.push_back(absl::StrCat(weight_leaf, " ", ShapeString(m.weight->shape),
                                       ": input features ", m.weight->shape[1] * 2,
                                       " are not a multiple of 16"));
   } else {
@@ -116,8 +102,8 @@ Layout CheckLayout(const Nvfp4ModuleViews& m) {
     const std::vector<int64_t> expected = {m.weight->shape[0], m.weight->shape[1] / 8};
     if (m.weight_scale->shape != expected) {
       l.problems.push_back(absl::StrCat("weight_scale has shape ",
-                                        ShapeStr(m.weight_scale->shape), ", expected ",
-                                        ShapeStr(expected), " (linear layout, one per 16 inputs)"));
+                                        ShapeString(m.weight_scale->shape), ", expected ",
+                                        ShapeString(expected), " (linear layout, one per 16 inputs)"));
     } else {
       l.weight_scale = true;
     }
@@ -125,7 +111,7 @@ Layout CheckLayout(const Nvfp4ModuleViews& m) {
 
   const auto scalar = [&](const TensorView* v, const char* leaf) {
     if (v->dtype == Dtype::kF32 && v->shape == scalar_shape) return true;
-    l.problems.push_back(absl::StrCat(leaf, " is ", DtypeStr(v->dtype), " ", ShapeStr(v->shape),
+    l.problems.push_back(absl::StrCat(leaf, " is ", DtypeStr(v->dtype), " ", ShapeString(v->shape),
                                       ", expected ", scalar_desc));
     return false;
   };
@@ -166,19 +152,19 @@ std::map<std::pair<std::string, size_t>, std::vector<const Nvfp4ModuleViews*>> F
     const std::vector<Nvfp4ModuleViews>& modules) {
   std::map<std::pair<std::string, size_t>, std::vector<const Nvfp4ModuleViews*>> groups;
   for (const Nvfp4ModuleViews& m : modules) {
-    const std::string leaf = Leaf(m.name);
+    const std::string leaf = LeafName(m.name);
     for (size_t k = 0; k < FusedSets().size(); ++k) {
       const std::vector<std::string>& set = FusedSets()[k];
       if (std::find(set.begin(), set.end(), leaf) != set.end()) {
-        groups[{Parent(m.name), k}].push_back(&m);
+        groups[{ModuleOf(m.name), k}].push_back(&m);
       }
     }
   }
   for (auto& [key, members] : groups) {
     const std::vector<std::string>& order = FusedSets()[key.second];
     std::sort(members.begin(), members.end(), [&](const auto* a, const auto* b) {
-      return std::find(order.begin(), order.end(), Leaf(a->name)) <
-             std::find(order.begin(), order.end(), Leaf(b->name));
+      return std::find(order.begin(), order.end(), LeafName(a->name)) <
+             std::find(order.begin(), order.end(), LeafName(b->name));
     });
   }
   return groups;
@@ -589,9 +575,9 @@ void CheckPartialFusion(const std::vector<Nvfp4ModuleViews>& modules,
   std::set<std::string> nvfp4_names;
   for (const Nvfp4ModuleViews& m : modules) nvfp4_names.insert(m.name);
   for (const Nvfp4ModuleViews& m : modules) {
-    const std::string parent = Parent(m.name);
+    const std::string parent = ModuleOf(m.name);
     for (const std::vector<std::string>& set : FusedSets()) {
-      if (std::find(set.begin(), set.end(), Leaf(m.name)) == set.end()) continue;
+      if (std::find(set.begin(), set.end(), LeafName(m.name)) == set.end()) continue;
       for (const std::string& sibling : set) {
         const std::string other = parent.empty() ? sibling : absl::StrCat(parent, ".", sibling);
         if (nvfp4_names.count(other) == 0 && where.count(other + ".weight") > 0) {
@@ -658,8 +644,8 @@ std::vector<Nvfp4ModuleViews> FindNvfp4Modules(const std::vector<const TensorVie
   };
   std::map<std::string, bool> modules;  // name -> compressed-tensors
   for (const auto& [name, view] : by_name) {
-    const std::string leaf = Leaf(name);
-    const std::string module = Parent(name);
+    const std::string leaf = LeafName(name);
+    const std::string module = ModuleOf(name);
     if (leaf == "weight_packed" || leaf == "weight_global_scale") {
       modules[module] = true;
     } else if (leaf == "weight_scale_2") {

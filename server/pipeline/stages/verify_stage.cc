@@ -14,6 +14,7 @@
 #include "kernels/formats.h"
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/tensor_inventory.h"
 #include "server/pipeline/stages/verify_rules.h"
 
 namespace quantd::pipeline {
@@ -24,10 +25,6 @@ using checkpoint::TensorView;
 
 // Output elements decoded and compared per chunk: 16 MiB of float32 on each side.
 constexpr int64_t kChunkElements = int64_t{1} << 22;
-
-std::string ShapeStr(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // The shard holds exactly the planned tensors, with the planned dtypes and shapes.
 void CheckShardContents(const StageContext& ctx, const ShardTask& task,
@@ -58,9 +55,9 @@ void CheckShardContents(const StageContext& ctx, const ShardTask& task,
     } else if (v->dtype != want.dtype || v->shape != want.shape) {
       out->push_back({kRuleShardContents, name,
                       absl::StrCat("is ", std::string(checkpoint::DtypeName(v->dtype)), " ",
-                                   ShapeStr(v->shape), ", planned ",
+                                   ShapeString(v->shape), ", planned ",
                                    std::string(checkpoint::DtypeName(want.dtype)), " ",
-                                   ShapeStr(want.shape))});
+                                   ShapeString(want.shape))});
     }
   }
   for (const TensorView& v : shard.tensors()) {

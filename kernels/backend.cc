@@ -36,6 +36,18 @@ absl::Status Backend::Nvfp4Quantize(const DenseTensor& src, GlobalAmax global_am
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> Backend::Mxfp4ToNvfp4(const Mxfp4Tensor& src, int kmax,
+                                              const Nvfp4Out& dst) {
+  if (auto s = ValidateNvfp4Out(dst); !s.ok()) return s;
+  absl::StatusOr<int> own_max = Mxfp4MaxExponent(src);  // validates src, rejects NaN scales
+  if (!own_max.ok()) return own_max.status();
+  if (auto s = ValidateKmax(kmax, *own_max); !s.ok()) return s;
+  absl::StatusOr<int64_t> requantized = Mxfp4ToNvfp4WithKmax(src, kmax, dst);
+  if (!requantized.ok()) return requantized.status();
+  *dst.scale_2 = formats::Exp2Int(kmax - 8);
+  return requantized;
+}
+
 Buffer::~Buffer() {
   if (deleter_ != nullptr && data_ != nullptr) deleter_(data_);
 }

@@ -86,14 +86,18 @@ class Backend {
   // 2^(k-kmax+8) is representable in E4M3 (exponent >= -9) keeps its nibbles bit-exactly; the
   // others are requantized from their exact values with formats.h's NVFP4 rules. Returns how
   // many 16-blocks were requantized.
-  virtual absl::StatusOr<int64_t> Mxfp4ToNvfp4(const Mxfp4Tensor& src, int kmax,
-                                               const Nvfp4Out& dst) = 0;
+  // Validation (shared, backend.cc) then the backend's Mxfp4ToNvfp4WithKmax.
+  absl::StatusOr<int64_t> Mxfp4ToNvfp4(const Mxfp4Tensor& src, int kmax, const Nvfp4Out& dst);
 
  protected:
   // Nvfp4Quantize once its arguments are validated and weight_scale_2 is chosen: writes dst.data
   // and dst.scales (not dst.scale_2).
   virtual absl::Status Nvfp4QuantizeWithScale(const DenseTensor& src, float scale_2,
                                               const Nvfp4Out& dst) = 0;
+  // Mxfp4ToNvfp4 once src, dst and kmax are validated: writes dst.data and dst.scales (not
+  // dst.scale_2) and returns the number of requantized 16-blocks.
+  virtual absl::StatusOr<int64_t> Mxfp4ToNvfp4WithKmax(const Mxfp4Tensor& src, int kmax,
+                                                       const Nvfp4Out& dst) = 0;
 };
 
 }  // namespace quantd::kernels

@@ -170,19 +170,14 @@ class CpuBackend final : public Backend {
     return static_cast<int>(*std::max_element(max_byte.begin(), max_byte.end())) - 127;
   }
 
-  absl::StatusOr<int64_t> Mxfp4ToNvfp4(const Mxfp4Tensor& src, int kmax,
-                                       const Nvfp4Out& dst) override {
-    if (auto s = ValidateNvfp4Out(dst); !s.ok()) return s;
-    absl::StatusOr<int> own_max = Mxfp4MaxExponent(src);  // validates src, rejects NaN scales
-    if (!own_max.ok()) return own_max.status();
-    if (auto s = ValidateKmax(kmax, *own_max); !s.ok()) return s;
+  absl::StatusOr<int64_t> Mxfp4ToNvfp4WithKmax(const Mxfp4Tensor& src, int kmax,
+                                               const Nvfp4Out& dst) override {
     const Mxfp4Tensor view = Reshaped(src, kMxfp4BlockSize);
     std::vector<int64_t> requantized(threads_, 0);  // per worker
     const int64_t bad = RunRows(view.rows, view.cols, [&](int w, int64_t begin, int64_t end) {
       return kernels_->mxfp4_to_nvfp4(view, kmax, dst, begin, end, &requantized[w]);
     });
     if (bad >= 0) return BadElement("NaN E8M0 scale", bad, src.cols);
-    *dst.scale_2 = formats::Exp2Int(kmax - 8);
     int64_t total = 0;
     for (int64_t n : requantized) total += n;
     return total;

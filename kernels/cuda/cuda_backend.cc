@@ -179,18 +179,13 @@ class CudaBackend final : public Backend {
     return static_cast<int>(r->max_bits) - 127;
   }
 
-  absl::StatusOr<int64_t> Mxfp4ToNvfp4(const Mxfp4Tensor& src, int kmax,
-                                       const Nvfp4Out& dst) override {
-    if (auto s = ValidateNvfp4Out(dst); !s.ok()) return s;
-    absl::StatusOr<int> own_max = Mxfp4MaxExponent(src);  // validates src, rejects NaN scales
-    if (!own_max.ok()) return own_max.status();
-    if (auto s = ValidateKmax(kmax, *own_max); !s.ok()) return s;
+  absl::StatusOr<int64_t> Mxfp4ToNvfp4WithKmax(const Mxfp4Tensor& src, int kmax,
+                                               const Nvfp4Out& dst) override {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<DeviceResults> r = Run("MXFP4 -> NVFP4", [&] {
       return cuda::LaunchMxfp4ToNvfp4(src, kmax, dst.data, dst.scales, results_, launch_);
     });
     if (!r.ok()) return r.status();
-    *dst.scale_2 = formats::Exp2Int(kmax - 8);
     return static_cast<int64_t>(r->count);
   }
 

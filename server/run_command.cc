@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/pipeline/job_spec.h"
-#include "server/pipeline/runner.h"
+#include "server/scheduler/run_job.h"
 
 namespace quantd {
 namespace {
@@ -68,7 +68,7 @@ int RunMain(const RunArgs& args) {
   absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(spec.status(), kUsage);
 
-  pipeline::RunOptions options;
+  scheduler::RunOptions options;
   options.state_path = args.state_path;
   options.spec = *std::move(spec);
   options.workers = args.workers;
@@ -78,7 +78,7 @@ int RunMain(const RunArgs& args) {
   options.progress_tty = isatty(STDERR_FILENO) == 1;
   options.cancel = &g_cancel;
   InstallSignalHandlers();
-  const absl::Status s = pipeline::RunJob(options);
+  const absl::Status s = scheduler::RunJob(options);
   if (s.ok()) return 0;
   if (s.code() == absl::StatusCode::kCancelled && g_cancel.load()) {
     return Fail(s, kInterrupted);

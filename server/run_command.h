@@ -1,5 +1,5 @@
 // `quantd run --state FILE [--workers N] [--device cpu|cuda:N|auto] [--threads N] SPEC.json`:
-// runs one conversion job (pipeline/runner.h) against a SQLite state file. Running the same
+// runs one conversion job (scheduler/run_job.h) against a SQLite state file. Running the same
 // command again after a crash, a kill or Ctrl-C continues where the job stopped.
 //
 // Exit codes: 0 the job SUCCEEDED (now or earlier), 1 it failed (the message names the shard and

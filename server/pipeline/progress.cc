@@ -35,57 +35,20 @@ std::string FormatProgressLine(const ProgressSnapshot& s) {
 
 ProgressPrinter::ProgressPrinter(std::ostream* out, bool tty) : out_(out), tty_(tty) {}
 
-ProgressPrinter::~ProgressPrinter() { EndStage(); }
+ProgressPrinter::~ProgressPrinter() { Finish(); }
 
-void ProgressPrinter::BeginStage(const std::string& kind, int64_t tasks_total, int64_t tasks_done,
-                                 uint64_t bytes_total, uint64_t bytes_done) {
-  EndStage();
-  stage_open_ = true;
-  stage_ = kind;
-  tasks_total_ = tasks_total;
-  tasks_done_ = tasks_done;
-  bytes_total_ = bytes_total;
-  bytes_done_ = bytes_done;
-  bytes_done_at_begin_ = bytes_done;
-  running_bytes_.store(0, std::memory_order_relaxed);
-  begin_ = Clock::now();
-  last_draw_ = Clock::time_point();
-  if (tty_) Draw();
-}
-
-void ProgressPrinter::TaskDone(const std::string& name, uint64_t bytes_total, uint64_t reported) {
-  running_bytes_.fetch_sub(reported, std::memory_order_relaxed);
-  bytes_done_ += bytes_total;
-  ++tasks_done_;
+void ProgressPrinter::Show(const ProgressSnapshot& s) {
+  const bool new_stage = !shown_ || s.stage != last_.stage;
+  const bool new_task = new_stage || s.tasks_done != last_.tasks_done;
+  if (new_stage) Finish();
+  last_ = s;
+  shown_ = true;
+  if (out_ == nullptr) return;
   if (tty_) {
-    Tick();
-  } else if (out_ != nullptr) {
-    *out_ << FormatProgressLine(Snapshot()) << "  done " << name << "\n" << std::flush;
+    if (new_task || Clock::now() - last_draw_ >= std::chrono::milliseconds(kRedrawMs)) Draw();
+  } else if (new_task && s.tasks_done > 0) {
+    *out_ << FormatProgressLine(s) << "\n" << std::flush;
   }
-}
-
-void ProgressPrinter::TaskAbandoned(uint64_t reported) {
-  running_bytes_.fetch_sub(reported, std::memory_order_relaxed);
-}
-
-ProgressSnapshot ProgressPrinter::Snapshot() const {
-  ProgressSnapshot s;
-  s.stage = stage_;
-  s.tasks_done = tasks_done_;
-  s.tasks_total = tasks_total_;
-  s.bytes_total = bytes_total_;
-  const uint64_t running = running_bytes_.load(std::memory_order_relaxed);
-  s.bytes_done = std::min(bytes_total_, bytes_done_ + running);
-  const uint64_t processed = bytes_done_ - bytes_done_at_begin_ + running;
-  const double elapsed = std::chrono::duration<double>(Clock::now() - begin_).count();
-  if (processed > 0 && elapsed > 0) s.bytes_per_second = processed / elapsed;
-  return s;
-}
-
-void ProgressPrinter::Tick() {
-  if (!tty_ || !stage_open_) return;
-  if (Clock::now() - last_draw_ < std::chrono::milliseconds(kRedrawMs)) return;
-  Draw();
 }
 
 void ProgressPrinter::Message(const std::string& line) {
@@ -94,21 +57,21 @@ void ProgressPrinter::Message(const std::string& line) {
   *out_ << line << "\n" << std::flush;
 }
 
-void ProgressPrinter::EndStage() {
-  if (!stage_open_) return;
+void ProgressPrinter::Finish() {
+  if (!shown_) return;
   if (tty_ && out_ != nullptr) {
     Draw();
     *out_ << "\n" << std::flush;
     line_drawn_ = false;
   }
-  stage_open_ = false;
+  shown_ = false;
 }
 
 void ProgressPrinter::Draw() {
   last_draw_ = Clock::now();
   if (out_ == nullptr) return;
   // \r returns to the start of the line, ESC[K erases what a longer earlier line left.
-  *out_ << "\r" << FormatProgressLine(Snapshot()) << "\x1b[K" << std::flush;
+  *out_ << "\r" << FormatProgressLine(last_) << "\x1b[K" << std::flush;
   line_drawn_ = true;
 }
 

@@ -175,6 +175,18 @@ absl::StatusOr<JobRow> JobStore::GetJob(int64_t job_id) {
   return ReadJob(*st);
 }
 
+absl::StatusOr<std::optional<JobRow>> JobStore::FindJobByRequestId(
+    const std::string& request_id) {
+  absl::StatusOr<Statement> st =
+      db_->Prepare(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE request_id = ?"));
+  if (!st.ok()) return st.status();
+  st->Bind(1, request_id);
+  absl::StatusOr<bool> row = st->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return std::optional<JobRow>();
+  return std::optional<JobRow>(ReadJob(*st));
+}
+
 absl::StatusOr<std::vector<JobRow>> JobStore::ListJobs(std::optional<JobState> state,
                                                        int64_t after_id, int limit) {
   std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id > ?");
@@ -466,7 +478,7 @@ absl::StatusOr<std::vector<StageProgress>> JobStore::Progress(int64_t job_id) {
   absl::StatusOr<Statement> st = db_->Prepare(
       "SELECT s.id, s.kind, s.state, COUNT(t.id), SUM(t.state = 'DONE'), SUM(t.bytes_total), "
       "SUM(CASE WHEN t.state = 'DONE' THEN t.bytes_total ELSE 0 END), s.started_ms, "
-      "s.finished_ms FROM stages s LEFT JOIN tasks t ON t.stage_id = s.id WHERE s.job_id = ? "
+      "s.finished_ms, SUM(t.attempt) FROM stages s LEFT JOIN tasks t ON t.stage_id = s.id WHERE s.job_id = ? "
       "GROUP BY s.id ORDER BY s.ordinal");
   if (!st.ok()) return st.status();
   st->Bind(1, job_id);
@@ -486,6 +498,7 @@ absl::StatusOr<std::vector<StageProgress>> JobStore::Progress(int64_t job_id) {
     p.bytes_done = st->ColumnInt(6);
     p.started_ms = st->ColumnOptionalInt(7);
     p.finished_ms = st->ColumnOptionalInt(8);
+    p.task_attempts = st->ColumnInt(9);
     out.push_back(std::move(p));
   }
   return out;
@@ -515,6 +528,16 @@ absl::Status JobStore::AddEvent(int64_t job_id, const std::string& kind,
   if (!ins.ok()) return ins.status();
   ins->Bind(1, job_id).Bind(2, now_ms).Bind(3, kind).Bind(4, message);
   return ins->Run();
+}
+
+absl::StatusOr<int64_t> JobStore::CountEvents(int64_t job_id, const std::string& kind) {
+  absl::StatusOr<Statement> st =
+      db_->Prepare("SELECT COUNT(*) FROM events WHERE job_id = ? AND kind = ?");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id).Bind(2, kind);
+  absl::StatusOr<bool> row = st->Step();
+  if (!row.ok()) return row.status();
+  return *row ? st->ColumnInt(0) : 0;
 }
 
 absl::StatusOr<std::vector<EventRow>> JobStore::ListEvents(int64_t job_id, int64_t after_id) {

@@ -97,6 +97,7 @@ struct StageProgress {
   int64_t bytes_done = 0;  // bytes_total of the done tasks
   std::optional<int64_t> started_ms;
   std::optional<int64_t> finished_ms;
+  int64_t task_attempts = 0;  // attempts started over the stage's tasks
 };
 
 struct EventRow {
@@ -130,6 +131,8 @@ class JobStore {
   absl::StatusOr<int64_t> CreateJob(const std::string& request_id, const std::string& spec_json,
                                     int64_t now_ms, bool* created = nullptr);
   absl::StatusOr<JobRow> GetJob(int64_t job_id);
+  // The job submitted with `request_id` (non-empty), nullopt when none.
+  absl::StatusOr<std::optional<JobRow>> FindJobByRequestId(const std::string& request_id);
   // Jobs with id > after_id (paging), optionally in one state, ascending id, at most `limit`.
   absl::StatusOr<std::vector<JobRow>> ListJobs(std::optional<JobState> state, int64_t after_id,
                                                int limit);
@@ -175,6 +178,8 @@ class JobStore {
   absl::Status AddEvent(int64_t job_id, const std::string& kind, const std::string& message,
                         int64_t now_ms);
   absl::StatusOr<std::vector<EventRow>> ListEvents(int64_t job_id, int64_t after_id);
+  // Events of the job of one kind (e.g. "task_retry").
+  absl::StatusOr<int64_t> CountEvents(int64_t job_id, const std::string& kind);
 
   // Max-merges amax rows (value = max, samples = sum) for the job.
   absl::Status MergeAmax(int64_t job_id, const std::vector<AmaxRow>& rows);

@@ -177,11 +177,11 @@ def test_sigint_pauses_the_job_and_the_same_command_resumes(qd, source, referenc
     kind = "nvfp4-experts-bf16"
     job = Job(qd, source, tmp_path, kind)
     proc = job.popen()
-    # Not a terminal: one progress line per finished task. Interrupt after the first BF16 shard.
+    # Not a terminal: one log line per finished task. Interrupt after the first BF16 shard.
     lines = []
     for line in proc.stderr:
         lines.append(line)
-        if line.startswith("dequant ") and " done " in line:
+        if line.startswith("dequant ") and " done: " in line:
             proc.send_signal(signal.SIGINT)
             break
     rest = proc.stderr.read()

@@ -1,7 +1,7 @@
-// The job runner on the tiny V4 fixture (4 source shards): full runs (W4A16 and W4A4 with an amax
+// quantd run (scheduler/run_job.h) on the tiny V4 fixture (4 source shards): full runs (W4A16 and W4A4 with an amax
 // file), idempotent re-runs, refusals (other spec, missing amax, kv fp8, changed source), a corrupt
 // shard that fails the job and resumes once fixed, cancellation, and the progress line format.
-#include "server/pipeline/runner.h"
+#include "server/scheduler/run_job.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/sha256.h"
 #include "server/fixture/fixture.h"
+#include "server/pipeline/prepared_job.h"
 #include "server/pipeline/progress.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
@@ -26,6 +27,9 @@ namespace quantd::pipeline {
 namespace {
 
 namespace fs = std::filesystem;
+using scheduler::RunJob;
+using scheduler::RunOptions;
+using scheduler::RunRequestId;
 
 // An output stream that sets `flag` once `count` lines containing `needle` were flushed into it:
 // the runner prints one line per finished task when not on a terminal, so this cancels a run at a
@@ -480,7 +484,7 @@ TEST_F(RunnerTest, CorruptShardFailsTheJobNamingShardAndTensorAndResumesOnceFixe
 TEST_F(RunnerTest, CancelPausesAfterRunningTasksAndTheNextRunFinishes) {
   const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
   std::atomic<bool> cancel{false};
-  CancelAfter buf("done model-", 2, &cancel);  // after the second quantize task
+  CancelAfter buf("safetensors done: ", 2, &cancel);  // after the second quantize task
   std::ostream log(&buf);
   RunOptions options = Options(spec, "state.db");
   options.progress = &log;
@@ -545,32 +549,27 @@ TEST(ProgressTest, PlainLinesPerTaskAndInPlaceRedrawOnATerminal) {
   std::ostringstream plain;
   {
     ProgressPrinter p(&plain, /*tty=*/false);
-    p.BeginStage("quantize", 4, 1, 4'000'000, 1'000'000);
-    p.AddBytes(700'000);
-    p.TaskDone("b", 1'000'000, 700'000);
-    EXPECT_EQ(p.Snapshot().bytes_done, 2'000'000u);
-    p.AddBytes(300'000);
-    EXPECT_EQ(p.Snapshot().bytes_done, 2'300'000u);
-    p.TaskAbandoned(300'000);
-    EXPECT_EQ(p.Snapshot().bytes_done, 2'000'000u);
-    p.Tick();
+    p.Show({"quantize", 1, 4, 1'000'000, 4'000'000, std::nullopt});
+    p.Show({"quantize", 1, 4, 1'700'000, 4'000'000, 1e6});  // bytes only: no line
+    p.Show({"quantize", 2, 4, 2'000'000, 4'000'000, 1e6});
+    p.Message("hello");
   }
-  // One line per finished task, nothing else (the rate depends on the clock).
-  const std::string text = plain.str();
-  EXPECT_EQ(text.rfind("quantize  2/4 tasks  2.0/4.0 MB  ", 0), 0u) << text;
-  EXPECT_EQ(text.substr(text.size() - 9), "  done b\n");
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1);
+  // A line when the task count grows (the first snapshot's count counts as grown), nothing else.
+  EXPECT_EQ(plain.str(),
+            "quantize  1/4 tasks  1.0/4.0 MB\n"
+            "quantize  2/4 tasks  2.0/4.0 MB  1.00 MB/s  ETA 2s\nhello\n");
 
   std::ostringstream tty;
   {
     ProgressPrinter p(&tty, /*tty=*/true);
-    p.BeginStage("export", 1, 0, 0, 0);
+    p.Show({"export", 0, 1, 0, 0, std::nullopt});
     p.Message("hello");
-    p.TaskDone("export", 0, 0);
-    p.EndStage();
+    p.Show({"export", 1, 1, 0, 0, std::nullopt});  // task count changed: drawn at once
+    p.Finish();
   }
-  // TaskDone came within kRedrawMs of the first draw: only EndStage draws the final state.
-  EXPECT_EQ(tty.str(), "\rexport  0/1 tasks\x1b[K\r\x1b[Khello\n\rexport  1/1 tasks\x1b[K\n");
+  EXPECT_EQ(tty.str(),
+            "\rexport  0/1 tasks\x1b[K\r\x1b[Khello\n\rexport  1/1 tasks\x1b[K\rexport  1/1 "
+            "tasks\x1b[K\n");
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+// PreparedJob: everything running one job's tasks needs, built once each time a process (the
+// daemon or `quantd run`) starts or resumes the job: the opened source checkpoint, its tensor
+// inventory, the plan and the amax table. Read-only afterwards, so worker threads share it.
+//
+// The first start plans the job: it builds inventory and plan, loads calibration.amax_file into
+// the amax table (the file is read only then), checks free disk space and stores the plan. Later
+// starts rebuild the plan from the source and refuse to continue when it differs from the stored
+// one (the source changed).
+#ifndef QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
+#define QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
+
+#include <stdint.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/pipeline/job_spec.h"
+#include "server/pipeline/plan.h"
+#include "server/pipeline/stage.h"
+#include "server/pipeline/tensor_inventory.h"
+#include "server/store/job_store.h"
+
+namespace quantd::pipeline {
+
+inline constexpr int kMaxAttempts = 3;
+
+// After a task's attempt `attempt` (from 1) failed with `code`: the back-off before the next
+// attempt, or nullopt when the error is permanent (the job fails). Unavailable, ResourceExhausted
+// and Cancelled (without a cancel request) are transient: 2 s, then 4 s, then permanent.
+std::optional<int64_t> RetryDelayMs(absl::StatusCode code, int attempt);
+
+class PreparedJob {
+ public:
+  // Opens the source and plans the job (first start) or checks its stored plan (later starts);
+  // creates the output directories. `log` receives the planning summary. Errors name the file,
+  // tensor or field; the caller fails the job with them.
+  static absl::StatusOr<std::unique_ptr<PreparedJob>> Prepare(
+      store::JobStore& store, int64_t job_id, const JobSpec& spec, int64_t now_ms,
+      const std::function<void(const std::string&)>& log);
+
+  // Runs one task of the job on `backend`. `add_progress` receives processed source bytes
+  // (thread-safe); the task stops with Cancelled between tensors once `cancelled` is true.
+  absl::StatusOr<TaskOutput> RunTask(const store::TaskRow& task, kernels::Backend* backend,
+                                     const std::atomic<bool>* cancelled,
+                                     std::function<void(uint64_t)> add_progress) const;
+
+  // Removes the *.tmp files interrupted tasks left directly in the output directories. Returns
+  // how many.
+  absl::StatusOr<int> SweepTmpFiles() const;
+
+  const JobSpec& spec() const { return spec_; }
+  const Plan& plan() const { return plan_; }
+
+ private:
+  PreparedJob() = default;
+  absl::Status PlanJob(store::JobStore& store, int64_t job_id, int64_t now_ms,
+                       const std::function<void(const std::string&)>& log);
+
+  JobSpec spec_;                                       // the job's spec
+  std::unique_ptr<checkpoint::CheckpointDir> source_;  // the source checkpoint, opened once
+  TensorInventory inventory_;                          // of source_
+  Plan plan_;                                          // rebuilt from spec + source on every start
+  std::vector<store::TaskRow> stored_tasks_;           // the stored plan (for the inspect task)
+  std::map<std::string, float> input_amax_;            // the amax table, kind "input"
+};
+
+// Reads calibration.amax_file: a JSON object {module: input_amax}. Every value must be a finite
+// float32 >= 0 and every module a linear module of `inventory`. Errors name the file and module.
+absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path,
+                                                         const TensorInventory& inventory);
+
+// OK when `plan` has exactly the stages and tasks (names, payloads, bytes) stored for the job;
+// otherwise names the first difference (the source changed since the job was planned).
+absl::Status CheckPlanUnchanged(const Plan& plan, const std::vector<store::TaskRow>& stored);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_

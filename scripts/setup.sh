@@ -15,6 +15,9 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libabsl-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc   # the gRPC API
+  prometheus-cpp-dev libspdlog-dev  # metrics and structured logs of quantd serve
+  prometheus                        # promtool and a real Prometheus server for the metrics tests
   clang libclang-rt-14-dev          # libFuzzer for the bounded fuzz run
   python3 python3-venv python3-dev
   time procps                       # /usr/bin/time -v and pgrep for the pipeline benchmark

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/pipeline/export_layout.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -39,6 +40,11 @@ uint64_t Nvfp4Bytes(const JobSpec& spec, const LinearModule& m) {
   return bytes;
 }
 
+// Bytes of a module's weight as BF16.
+uint64_t Bf16Bytes(const LinearModule& m) {
+  return static_cast<uint64_t>(m.out_features) * static_cast<uint64_t>(m.in_features) * 2;
+}
+
 bool Quantizable(TensorFormat f) {
   return f == TensorFormat::kFp8BlockE8m0 || f == TensorFormat::kFp8BlockF32 ||
          f == TensorFormat::kMxfp4 || f == TensorFormat::kBf16 || f == TensorFormat::kF32;
@@ -49,11 +55,13 @@ bool Quantizable(TensorFormat f) {
 std::string ToJson(const DequantTask& t) { return json{{"shard", t.shard}}.dump(); }
 
 std::string ToJson(const ShardTask& t) {
-  return json{{"shard", t.shard},
-              {"copy_tensors", t.copy_tensors},
-              {"modules", t.modules},
-              {"fusion_groups", t.fusion_groups}}
-      .dump();
+  json j = {{"shard", t.shard},
+            {"copy_tensors", t.copy_tensors},
+            {"modules", t.modules},
+            {"fusion_groups", t.fusion_groups}};
+  // Only when there are some, so that plans stored before the key existed still compare equal.
+  if (!t.bf16_modules.empty()) j["bf16_modules"] = t.bf16_modules;
+  return j.dump();
 }
 
 absl::StatusOr<DequantTask> ParseDequantTask(const std::string& json_text) {
@@ -68,13 +76,17 @@ absl::StatusOr<ShardTask> ParseShardTask(const std::string& json_text) {
   json j = json::parse(json_text, nullptr, false);
   if (!j.is_object() || !j.contains("shard") || !j["shard"].is_string() ||
       !IsStringArray(j.value("copy_tensors", json())) || !IsStringArray(j.value("modules", json())) ||
-      !j.value("fusion_groups", json()).is_array()) {
+      !j.value("fusion_groups", json()).is_array() ||
+      (j.contains("bf16_modules") && !IsStringArray(j["bf16_modules"]))) {
     return BadPayload("shard", json_text);
   }
   ShardTask t;
   t.shard = j["shard"].get<std::string>();
   t.copy_tensors = j["copy_tensors"].get<std::vector<std::string>>();
   t.modules = j["modules"].get<std::vector<std::string>>();
+  if (j.contains("bf16_modules")) {
+    t.bf16_modules = j["bf16_modules"].get<std::vector<std::string>>();
+  }
   for (const json& g : j["fusion_groups"]) {
     if (!IsStringArray(g)) return BadPayload("shard", json_text);
     t.fusion_groups.push_back(g.get<std::vector<std::string>>());
@@ -154,13 +166,27 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
     shard_groups[shard].push_back(group);
   }
 
+  // Modules left alone that the layout cannot describe in their FP8 / MXFP4 format are written
+  // as BF16 (export_layout.h).
+  const std::set<std::string> quantized(selected->modules.begin(), selected->modules.end());
+  const ExportLayout layout = ChooseExportLayout(spec, inventory, source.config(), quantized);
+  std::vector<const LinearModule*> bf16_modules;
+  std::set<std::string> bf16_tensors;
+  if (!KeepsSourceQuantization(layout)) {
+    for (const LinearModule& m : inventory.linears) {
+      if (quantized.count(m.name) != 0 || !IsBlockQuantizedFormat(m.format)) continue;
+      bf16_modules.push_back(&m);
+      bf16_tensors.insert(m.tensors.begin(), m.tensors.end());
+    }
+  }
+
   Plan plan;
   plan.recipe = *selected;
   std::map<std::string, ShardTask> shards;  // by file name
   std::map<std::string, uint64_t> shard_source_bytes;
   for (const TensorInfo& t : inventory.tensors) {
     plan.source_bytes += t.bytes;
-    if (quantized_tensors.count(t.name) != 0) continue;
+    if (quantized_tensors.count(t.name) != 0 || bf16_tensors.count(t.name) != 0) continue;
     ShardTask& task = shards[t.shard];
     task.shard = t.shard;
     task.copy_tensors.push_back(t.name);
@@ -176,6 +202,14 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
     shard_source_bytes[shard] += m->bytes;
     plan.output_bytes += Nvfp4Bytes(spec, *m);
   }
+  for (const LinearModule* m : bf16_modules) {
+    const std::string& shard = tensors.at(m->tensors.front())->shard;
+    ShardTask& task = shards[shard];
+    task.shard = shard;
+    task.bf16_modules.push_back(m->name);
+    shard_source_bytes[shard] += m->bytes;
+    plan.output_bytes += Bf16Bytes(*m);
+  }
   for (auto& [shard, groups] : shard_groups) shards[shard].fusion_groups = groups;
 
   store::StagePlan inspect{"inspect", {{"inspect", "{}", 0}}};
@@ -186,10 +220,8 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
     for (const TensorInfo& t : inventory.tensors) {
       shard_bytes[t.shard] += t.bytes;
       if (t.format == TensorFormat::kScale) continue;
-      if (t.format == TensorFormat::kFp8BlockE8m0 || t.format == TensorFormat::kFp8BlockF32 ||
-          t.format == TensorFormat::kMxfp4) {
-        const LinearModule* m = linears.at(t.module);
-        plan.bf16_bytes += static_cast<uint64_t>(m->out_features * m->in_features) * 2;
+      if (IsBlockQuantizedFormat(t.format)) {
+        plan.bf16_bytes += Bf16Bytes(*linears.at(t.module));
       } else {
         plan.bf16_bytes += t.bytes;
       }

@@ -39,6 +39,9 @@ struct ShardTask {
   std::vector<std::string> copy_tensors;               // source tensors written unchanged
   std::vector<std::string> modules;                    // linear modules written as NVFP4
   std::vector<std::vector<std::string>> fusion_groups; // subsets of `modules` sharing scales
+  // FP8 / MXFP4 linear modules the recipe leaves alone, written as `<module>.weight` BF16 without
+  // their scales because the layout cannot describe them otherwise (export_layout.h).
+  std::vector<std::string> bf16_modules;
 };
 
 std::string ToJson(const DequantTask& t);

@@ -29,16 +29,21 @@ def test_v3_converts_and_verifies(qd, v3_source, tmp_path, recipe, export_format
 
     weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     config = json.loads((out / "config.json").read_text())
-    # The MTP layer (index num_hidden_layers) keeps its source format under both recipes.
+    # The MTP layer (index num_hidden_layers) stays out of NVFP4 under both recipes.
     main = [n for n in weight_map
             if not n.startswith(f"model.layers.{config['num_hidden_layers']}.")]
     packed = ".weight" if export_format == "modelopt" else ".weight_packed"
     experts = [n for n in main if ".mlp.experts." in n and n.endswith(packed)]
     assert experts and all(n[: -len(packed)] + ".weight_scale" in weight_map for n in experts)
-    # Quantized modules lose their FP8 scale tensors; routed experts are always quantized.
-    assert not any(".mlp.experts." in n and n.endswith("weight_scale_inv") for n in main)
-    attention_fp8 = [n for n in main if ".self_attn." in n and n.endswith("weight_scale_inv")]
-    assert bool(attention_fp8) == (recipe == "experts")  # `full` quantizes attention too
+    # No FP8 is left: quantized modules lose their scales, and the FP8 modules the recipe leaves
+    # alone (attention under `experts`, the MTP layer) are BF16, which is what readers take a
+    # module outside the NVFP4 config to be (quantd verify checked their dtype and values).
+    assert not any(n.endswith("weight_scale_inv") for n in weight_map)
+    attention = [n.rsplit(".", 1)[0] for n in main if ".self_attn." in n
+                 and (n.endswith("_proj.weight") or n.endswith("_proj.weight_packed"))]
+    assert attention
+    nvfp4_attention = [m for m in attention if m + ".weight_scale" in weight_map]
+    assert bool(nvfp4_attention) == (recipe == "full")  # `full` quantizes attention too
 
     method = config["quantization_config"]["quant_method"]
     assert method == ("modelopt" if export_format == "modelopt" else "compressed-tensors")

@@ -83,6 +83,29 @@ def recipe_modules(source, recipe):
             and re.fullmatch(RECIPES[recipe], n[: -len(".weight")])}
 
 
+def block_quantized_left(source, modules):
+    """The FP8-block and MXFP4 linears of the source (those with a `.scale`) outside `modules`."""
+    return {n[: -len(".scale")] for n in source if n.endswith(".scale")} - modules
+
+
+def keeps_source_format(job):
+    """Only NVIDIA's MIXED_PRECISION layout (V4 experts recipe, ModelOpt) describes modules left
+    in FP8 / MXFP4; every other layout gets them as BF16."""
+    return JOBS[job]["recipe"] == "experts" and JOBS[job].get("export_format") != \
+        "compressed-tensors"
+
+
+def assert_bf16_modules(tensors, left, source_values, job):
+    """Each module in `left` is its source weight decoded by torch, rounded to BF16, bit for bit,
+    and its scale is gone."""
+    for m in sorted(left):
+        t = tensors[f"{m}.weight"]
+        want = source_values[f"{m}.weight"].bfloat16()
+        assert t.dtype == torch.bfloat16 and t.shape == want.shape, (job, m, t.dtype, t.shape)
+        assert torch.equal(t.view(torch.int16), want.view(torch.int16)), (job, m)
+        assert f"{m}.scale" not in tensors, (job, m)
+
+
 def logical_shape(source, module):
     """(out, in) of a source linear: FP8 [o, i], MXFP4 int8 [o, i/2]."""
     w = source[f"{module}.weight"]
@@ -228,7 +251,7 @@ def runs(qd, v4_fixture, amax, tmp_path_factory):
 # ---- 1. the safetensors library reads the output ----------------------------------------------
 
 @pytest.mark.parametrize("job", MODELOPT)
-def test_safetensors_reads_modelopt_output(job, runs, source, v4_fixture):
+def test_safetensors_reads_modelopt_output(job, runs, source, source_values, v4_fixture):
     run, fields = runs[job], JOBS[job]
     w4a4 = fields["weight_format"] == "nvfp4"
     for shard in shards(run.dir):
@@ -239,10 +262,14 @@ def test_safetensors_reads_modelopt_output(job, runs, source, v4_fixture):
 
     modules = quantized_modules(run.tensors)
     assert modules == recipe_modules(source, fields["recipe"])
-    replaced = {f"{m}.{s}" for m in modules for s in ("weight", "scale")}
+    left = set() if keeps_source_format(job) else block_quantized_left(source, modules)
+    assert keeps_source_format(job) or left, job  # `full` leaves mtp.* and the indexer's wq_b
+    replaced = {f"{m}.{s}" for m in modules | left for s in ("weight", "scale")}
     suffixes = ("weight", "weight_scale", "weight_scale_2") + (("input_scale",) if w4a4 else ())
     assert set(run.tensors) == (set(source) - replaced) | {f"{m}.{s}" for m in modules
-                                                           for s in suffixes}
+                                                           for s in suffixes} | {
+        f"{m}.weight" for m in left}
+    assert_bf16_modules(run.tensors, left, source_values, job)
     for m in modules:
         o, i = logical_shape(source, m)
         layout = {"weight": (torch.uint8, (o, i // 2)),
@@ -418,7 +445,8 @@ def ct_load(ct_lib, run):
 
 
 @pytest.mark.parametrize("job", list(CT_TWIN))
-def test_compressed_tensors_decompresses_to_modelopt_values(job, runs, ct_lib, v4_fixture):
+def test_compressed_tensors_decompresses_to_modelopt_values(job, runs, ct_lib, source,
+                                                            source_values, v4_fixture):
     """The CT output is the ModelOpt twin's bytes with weight_global_scale = 1 / weight_scale_2
     and input_global_scale = 1 / input_scale (float32 divisions). compressed-tensors decodes
     u = e2m1 * float32(bf16(S) / g) in float32 and rounds to BF16; we decode
@@ -439,10 +467,13 @@ def test_compressed_tensors_decompresses_to_modelopt_values(job, runs, ct_lib, v
     suffixes = ("weight_packed", "weight_scale", "weight_global_scale") + (
         ("input_global_scale",) if w4a4 else ())
     renamed = {f"{m}.{s}" for m in modules for s in suffixes}
-    assert set(run.tensors) - renamed == set(twin.tensors) - {
-        f"{m}.{s}" for m in modules for s in ("weight", "weight_scale", "weight_scale_2",
-                                              "input_scale")}
-    assert_copied(run.tensors, twin.tensors, set(run.tensors) - renamed, job)
+    # compressed-tensors describes only the NVFP4 modules: the FP8 / MXFP4 rest is BF16.
+    left = block_quantized_left(source, modules)
+    bf16 = {f"{m}.weight" for m in left}
+    assert set(run.tensors) - renamed == (set(source) - {
+        f"{m}.{s}" for m in modules | left for s in ("weight", "scale")}) | bf16
+    assert_copied(run.tensors, twin.tensors, set(run.tensors) - renamed - bf16, job)
+    assert_bf16_modules(run.tensors, left, source_values, job)
 
     straddles = 0
     for m in sorted(modules):

@@ -70,6 +70,7 @@ TEST_P(PlanTest, QuantizeTasksCoverEveryTensorOnceAndKeepGroupsTogether) {
     for (const TensorInfo& t : inventory_.tensors) tensor_bytes[t.name] = t.bytes;
     std::multiset<std::string> seen;
     std::set<std::string> modules;
+    std::set<std::string> bf16_modules;
     uint64_t bytes = 0;
     uint64_t expected_output = 0;
     for (const store::TaskPlan& t : quantize.tasks) {
@@ -89,6 +90,12 @@ TEST_P(PlanTest, QuantizeTasksCoverEveryTensorOnceAndKeepGroupsTogether) {
                                                  lm->out_features * lm->in_features / 16 + 8);
         for (const std::string& name : linears.at(m)->tensors) seen.insert(name);
       }
+      for (const std::string& m : task->bf16_modules) {
+        bf16_modules.insert(m);
+        const LinearModule* lm = linears.at(m);
+        expected_output += static_cast<uint64_t>(lm->out_features * lm->in_features * 2);
+        for (const std::string& name : lm->tensors) seen.insert(name);
+      }
       std::set<std::string> here(task->modules.begin(), task->modules.end());
       for (const auto& group : task->fusion_groups) {
         for (const std::string& member : group) EXPECT_EQ(here.count(member), 1u) << member;
@@ -101,6 +108,19 @@ TEST_P(PlanTest, QuantizeTasksCoverEveryTensorOnceAndKeepGroupsTogether) {
                                              plan->recipe.modules.end()));
     EXPECT_FALSE(plan->recipe.fusion_groups.empty());
     EXPECT_EQ(plan->output_bytes, expected_output);
+    // The plain ModelOpt layout cannot describe modules left in FP8 / MXFP4: every such module
+    // is planned as BF16. Only V4 experts keeps them (the MIXED_PRECISION layout).
+    std::set<std::string> block_quantized_left;
+    for (const LinearModule& m : inventory_.linears) {
+      if (modules.count(m.name) == 0 && (m.format == TensorFormat::kFp8BlockE8m0 ||
+                                         m.format == TensorFormat::kFp8BlockF32 ||
+                                         m.format == TensorFormat::kMxfp4)) {
+        block_quantized_left.insert(m.name);
+      }
+    }
+    const bool mixed = GetParam() == fixture::Arch::kDeepseekV4 && std::string(recipe) == "experts";
+    EXPECT_EQ(bf16_modules, mixed ? std::set<std::string>() : block_quantized_left);
+    if (!mixed) EXPECT_FALSE(bf16_modules.empty());
   }
 }
 

@@ -24,6 +24,7 @@
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stages/export_stage.h"
+#include "server/pipeline/stages/shard_io.h"
 #include "server/pipeline/stages/verify_rules.h"
 #include "server/pipeline/tensor_inventory.h"
 
@@ -234,6 +235,14 @@ class VerifyStageTest : public testing::TestWithParam<bool> {
       for (const auto& g : groups) {
         QuantizeGroup(g, 0.125f * static_cast<float>(1 + group_index++ % 5), &tensors);
       }
+      for (const std::string& name : task.bf16_modules) {
+        const LinearModule& m = *FindLinear(inventory_, name);
+        const std::vector<uint16_t> bf16 = DecodeBf16(m);
+        tensors.push_back({{name + ".weight", checkpoint::Dtype::kBF16,
+                            {m.out_features, m.in_features}},
+                           std::string(reinterpret_cast<const char*>(bf16.data()),
+                                       bf16.size() * 2)});
+      }
       if (mutate) mutate(task.shard, tensors);
       std::vector<checkpoint::TensorSpec> specs;
       for (const OutTensor& t : tensors) specs.push_back(t.spec);
@@ -423,6 +432,37 @@ TEST_P(VerifyStageTest, BrokenShardFailsListingEveryViolation) {
                            "negative byte(s); the first is 0x7f at [0, 3]\n",
                            "[input-scale] ", b, ": has no input_scale in a W4A4 checkpoint "
                            "(readers load it as 0)\n"));
+  }
+}
+
+TEST_P(VerifyStageTest, Bf16ModuleMustEqualTheDecodedSource) {
+  // V4 full recipe in the plain ModelOpt layout: mtp.* stays out of NVFP4 and is written as BF16.
+  MakeFixture(fixture::Arch::kDeepseekV4, ", \"recipe\": \"full\"");
+  std::string victim, broken_shard;
+  for (const ShardTask& task : tasks_) {
+    if (victim.empty() && !task.bf16_modules.empty()) {
+      victim = task.bf16_modules.front();
+      broken_shard = task.shard;
+    }
+  }
+  ASSERT_FALSE(victim.empty());
+  WriteOutputs([&](const std::string& shard, std::vector<OutTensor>& tensors) {
+    if (shard != broken_shard) return;
+    for (OutTensor& t : tensors) {
+      if (t.spec.name == victim + ".weight") t.bytes[2 * 5 + 1] ^= 0x01;  // element 5, high byte
+    }
+  });
+  for (const ShardTask& task : tasks_) {
+    absl::StatusOr<TaskOutput> out = RunVerifyTask(Context(), task);
+    if (task.shard != broken_shard) {
+      EXPECT_TRUE(out.ok()) << out.status();
+      continue;
+    }
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(out.status().message(),
+              absl::StrCat(out_, "/", task.shard, ": 1 export rule violation(s):\n",
+                           "[shard-contents] ", victim,
+                           ".weight: BF16 weight differs from the decoded source at element 5\n"));
   }
 }
 

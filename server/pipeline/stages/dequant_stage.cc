@@ -86,14 +86,7 @@ absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const Dequant
     if (e.module.empty()) {
       status = AppendChunked(**writer, e.source->data, e.source->size);
     } else {
-      absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, e.module);
-      if (!w.ok()) return w.status();
-      absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *w);
-      if (!dense.ok()) return dense.status();
-      absl::StatusOr<const void*> host =
-          ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
-      status = host.ok() ? AppendChunked(**writer, *host, dense->bytes) : host.status();
-      ReleaseSource(ctx, *w);
+      status = AppendDecodedWeight(ctx, **writer, e.module, &staging);
     }
     if (!status.ok()) return status;
     ReleaseSource(ctx, e.source);

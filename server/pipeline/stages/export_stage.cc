@@ -47,6 +47,7 @@
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/sha256.h"
+#include "server/pipeline/export_layout.h"
 #include "server/pipeline/recipe.h"
 #include "server/pipeline/stages/verify_rules.h"
 
@@ -60,8 +61,6 @@ constexpr char kConfigName[] = "config.json";
 constexpr char kHfQuantConfigName[] = "hf_quant_config.json";
 constexpr char kExpertsInfix[] = ".ffn.experts.";
 constexpr size_t kCopyChunk = 1 << 20;
-
-enum class Layout { kModelOpt, kModelOptMixed, kCompressedTensors };
 
 // One file the task wrote: its path relative to the output and its digest, for the task's
 // checksum.
@@ -370,32 +369,17 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   const std::string algo = w4a4 ? "NVFP4" : "W4A16_NVFP4";
   const bool fp8_kv = spec.kv_cache != KvCache::kNone;
   const json& source_config = ctx.source->config();
-  const json* source_qc = nullptr;
-  if (auto it = source_config.find("quantization_config");
-      it != source_config.end() && it->is_object()) {
-    source_qc = &*it;
-  }
-  bool experts_only = !quantized.empty();
-  for (const std::string& m : quantized) {
-    experts_only = experts_only && absl::StrContains(m, kExpertsInfix);
-  }
-  Layout layout = Layout::kModelOpt;
-  if (spec.export_format == ExportFormat::kCompressedTensors) {
-    layout = Layout::kCompressedTensors;
-  } else if (inventory.arch == ModelArch::kDeepseekV4 && experts_only && source_qc != nullptr &&
-             source_qc->contains("quant_method") && (*source_qc)["quant_method"] == "fp8") {
-    layout = Layout::kModelOptMixed;
-  }
+  const ExportLayout layout = ChooseExportLayout(spec, inventory, source_config, quantized);
 
   absl::StatusOr<Recipe> recipe = RecipeForSpec(spec, inventory);
   if (!recipe.ok()) return recipe.status();
   absl::StatusOr<std::vector<std::string>> excludes =
-      ExcludeEntries(*recipe, inventory, quantized, layout != Layout::kModelOptMixed);
+      ExcludeEntries(*recipe, inventory, quantized, layout != ExportLayout::kModelOptMixed);
   if (!excludes.ok()) return excludes.status();
 
   const ordered_json producer = {{"name", "quantd"}};
   json config = source_config;
-  if (layout == Layout::kCompressedTensors) {
+  if (layout == ExportLayout::kCompressedTensors) {
     config["quantization_config"] = CompressedTensorsConfig(w4a4, fp8_kv, *excludes);
     // A ModelOpt description left by an earlier export of this directory would mislead readers.
     const std::string stale = absl::StrCat(out_dir, "/", kHfQuantConfigName);
@@ -403,14 +387,14 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
       return absl::UnavailableError(absl::StrCat("cannot remove ", stale, ": ", strerror(errno)));
     }
   } else {
-    ordered_json quantization = {{"quant_algo", layout == Layout::kModelOptMixed
+    ordered_json quantization = {{"quant_algo", layout == ExportLayout::kModelOptMixed
                                                     ? std::string("MIXED_PRECISION")
                                                     : algo},
                                  {"kv_cache_quant_algo", fp8_kv ? ordered_json("FP8") : nullptr},
                                  {"group_size", 16}};
     // Keys sorted, entries {quant_algo, group_size}, as NVIDIA's quantize_to_nvfp4.py writes them.
     ordered_json quantized_layers = ordered_json::object();
-    if (layout == Layout::kModelOptMixed) {
+    if (layout == ExportLayout::kModelOptMixed) {
       std::set<std::string> prefixes;
       for (const std::string& m : quantized) prefixes.insert(ExpertsPrefix(m));
       for (const std::string& p : prefixes) {
@@ -424,8 +408,8 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     if (!s.ok()) return s;
 
     json qc;
-    if (layout == Layout::kModelOptMixed) {
-      qc = *source_qc;
+    if (layout == ExportLayout::kModelOptMixed) {
+      qc = source_config["quantization_config"];  // the mixed layout implies it is there
       if (!qc.contains("activation_scheme")) qc["activation_scheme"] = "dynamic";
       if (!qc.contains("weight_block_size")) qc["weight_block_size"] = {128, 128};
       qc["quant_method"] = "fp8";

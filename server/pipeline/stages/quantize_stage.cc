@@ -27,6 +27,7 @@ struct OutputEntry {
   const checkpoint::TensorView* source = nullptr;  // a copied tensor: its source bytes
   std::string module;                              // an NVFP4 tensor: its module...
   Part part = Part::kValues;                       // ...and which of its tensors
+  std::string bf16_module;  // a module written as its BF16-decoded weight (ShardTask::bf16_modules)
 };
 
 // A quantized module whose tensors are not all written yet.
@@ -98,6 +99,17 @@ absl::Status QuantizeRun::Prepare() {
       entries_.push_back(std::move(e));
     }
     weights_[module] = std::move(*w);
+  }
+  for (const std::string& module : task_.bf16_modules) {
+    const LinearModule* m = FindLinear(*ctx_.inventory, module);
+    if (m == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(task_.shard, ": planned module ", module, " is not in the source"));
+    }
+    OutputEntry e;
+    e.spec = {module + ".weight", checkpoint::Dtype::kBF16, {m->out_features, m->in_features}};
+    e.bf16_module = module;
+    entries_.push_back(std::move(e));
   }
   for (const std::vector<std::string>& group : task_.fusion_groups) {
     for (const std::string& member : group) {
@@ -195,6 +207,12 @@ absl::Status QuantizeRun::QuantizeGroup(const std::vector<std::string>& group) {
 
 absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
                                      const OutputEntry& entry) {
+  if (!entry.bf16_module.empty()) {
+    absl::Status s = AppendDecodedWeight(ctx_, writer, entry.bf16_module, &staging_);
+    if (!s.ok()) return s;
+    AddProgress(ctx_, FindLinear(*ctx_.inventory, entry.bf16_module)->bytes);
+    return absl::OkStatus();
+  }
   if (entry.source != nullptr) {
     absl::Status s = AppendChunked(writer, entry.source->data, entry.source->size);
     if (!s.ok()) return s;

@@ -238,6 +238,19 @@ absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* da
   return absl::OkStatus();
 }
 
+absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
+                                 const std::string& module, std::vector<uint8_t>* staging) {
+  absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, module);
+  if (!w.ok()) return w.status();
+  absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *w);
+  if (!dense.ok()) return dense.status();
+  absl::StatusOr<const void*> host = ToHost(*ctx.backend, dense->tensor.data, dense->bytes, staging);
+  if (!host.ok()) return host.status();
+  if (absl::Status s = AppendChunked(writer, *host, dense->bytes); !s.ok()) return s;
+  ReleaseSource(ctx, *w);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
                                        const std::string& path) {
   if (absl::Status s = writer.Finish(); !s.ok()) return s;

@@ -82,6 +82,10 @@ absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter
     const std::string& path, std::vector<checkpoint::TensorSpec> tensors);
 // Streams `size` bytes of host memory into the writer in large chunks.
 absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size);
+// Appends the weight of `module` decoded to BF16 (DecodeWeight) and releases its source pages;
+// *staging holds the host copy when the backend computes on device memory.
+absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
+                                 const std::string& module, std::vector<uint8_t>* staging);
 // Finishes the writer (fsync, rename) and describes the file: path, size, SHA-256.
 absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
                                        const std::string& path);

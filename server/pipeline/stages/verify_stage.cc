@@ -48,6 +48,10 @@ void CheckShardContents(const StageContext& ctx, const ShardTask& task,
       expected[t.name] = {t.dtype, t.shape};
     }
   }
+  for (const std::string& module : task.bf16_modules) {
+    const LinearModule* m = FindLinear(*ctx.inventory, module);
+    if (m != nullptr) expected[module + ".weight"] = {Dtype::kBF16, {m->out_features, m->in_features}};
+  }
   for (const auto& [name, want] : expected) {
     const TensorView* v = shard.Find(name);
     if (v == nullptr) {
@@ -65,6 +69,30 @@ void CheckShardContents(const StageContext& ctx, const ShardTask& task,
       out->push_back({kRuleShardContents, v.name, "tensor is not in the plan for this shard"});
     }
   }
+}
+
+// A module written as BF16 must equal its source decoded the official way, bit for bit.
+absl::Status CheckBf16Module(const StageContext& ctx, const std::string& module,
+                             const TensorView& written, std::vector<Violation>* out) {
+  absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, module);
+  if (!w.ok()) return w.status();
+  absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *w);
+  if (!dense.ok()) return dense.status();
+  std::vector<uint8_t> staging;
+  absl::StatusOr<const void*> host =
+      ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
+  if (!host.ok()) return host.status();
+  const uint16_t* want = static_cast<const uint16_t*>(*host);
+  const uint16_t* got = reinterpret_cast<const uint16_t*>(written.data);
+  const size_t n = dense->bytes / 2;
+  for (size_t i = 0; i < n; ++i) {
+    if (want[i] == got[i]) continue;
+    out->push_back({kRuleShardContents, written.name,
+                    absl::StrCat("BF16 weight differs from the decoded source at element ", i)});
+    break;
+  }
+  ReleaseSource(ctx, *w);
+  return absl::OkStatus();
 }
 
 // Rows [r0, r1) of the NVFP4 output as float32 into `got`.
@@ -180,6 +208,24 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
       ReleaseSource(ctx, ctx.source->Find(name));
     }
     AddProgress(ctx, linears.at(module)->bytes);
+  }
+  for (const std::string& module : task.bf16_modules) {
+    if (absl::Status s = CheckCancelled(ctx, task.shard); !s.ok()) return s;
+    const LinearModule* m = FindLinear(*ctx.inventory, module);
+    if (m == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(task.shard, ": planned module ", module, " is not in the source"));
+    }
+    // CheckShardContents has seen the weight with the planned dtype and shape.
+    const TensorView& written = *(*shard)->Find(module + ".weight");
+    if (absl::Status s = CheckBf16Module(ctx, module, written, &violations); !s.ok()) return s;
+    (*shard)->ReleasePages(written);
+    AddProgress(ctx, m->bytes);
+  }
+  if (!violations.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", violations.size(),
+                                                   " export rule violation(s):\n",
+                                                   FormatViolations(violations)));
   }
   uint64_t copied = 0;
   for (const std::string& name : task.copy_tensors) {

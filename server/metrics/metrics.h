@@ -3,6 +3,7 @@
 // from small fixed sets (states, stage kinds, device names, status-code names), never job ids.
 //
 //   quantd_build_info{version,cuda}                         gauge, always 1
+//   quantd_process_start_time_seconds                       gauge: Unix time the daemon started
 //   quantd_jobs{state}                                      gauge: jobs in each state
 //   quantd_queue_depth                                      gauge: PENDING jobs waiting for devices
 //   quantd_tasks{stage,state}                               gauge: tasks of unfinished jobs

@@ -1,0 +1,304 @@
+#include "server/metrics/metrics.h"
+
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace quantd::metrics {
+namespace {
+
+// The fixed label sets whose series exist (at 0) from the start.
+const char* const kJobStates[] = {"PENDING",   "RUNNING", "PAUSED",
+                                  "SUCCEEDED", "FAILED",  "CANCELLED"};
+const char* const kStages[] = {"inspect", "dequant", "calibrate", "quantize", "export", "verify"};
+const char* const kTaskStates[] = {"PENDING", "LEASED", "DONE", "FAILED"};
+const char* const kOutcomes[] = {"done", "failed", "retried", "interrupted"};
+
+// Stage runs take from a fraction of a second (inspect) to hours (a 1.6 TB quantize).
+const prometheus::Histogram::BucketBoundaries& StageBuckets() {
+  static const prometheus::Histogram::BucketBoundaries buckets = {
+      0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 43200};
+  return buckets;
+}
+
+// Checks that `listen` is "host:port" with a non-empty host ("[v6]" bracketed) and a decimal port
+// in 0..65535 (0 = let the system pick).
+absl::Status ValidateListen(const std::string& listen) {
+  const auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen address \"", listen, "\": ", why, " (want host:port)"));
+  };
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return bad("no port");
+  const std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.empty()) return bad("empty host");
+  for (char c : host) {
+    // Civetweb reads ',' as a list separator; whitespace is never part of a host.
+    if (c == ',' || absl::ascii_isspace(static_cast<unsigned char>(c))) {
+      return bad("bad character in host");
+    }
+  }
+  const bool bracketed = host.front() == '[' && host.back() == ']' && host.size() > 2;
+  if (!bracketed && host.find_first_of("[]:") != std::string::npos) {
+    return bad("IPv6 hosts must be written [addr]");
+  }
+  if (port.empty() || port.size() > 5) return bad("port is not a number in 0..65535");
+  for (char c : port) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) {
+      return bad("port is not a number in 0..65535");
+    }
+  }
+  int value = 0;
+  if (!absl::SimpleAtoi(port, &value) || value > 65535) {
+    return bad("port is not a number in 0..65535");
+  }
+  return absl::OkStatus();
+}
+
+class PrometheusMetrics final : public Metrics {
+ public:
+  PrometheusMetrics(const std::string& version, bool cuda)
+      : registry_(std::make_shared<prometheus::Registry>()),
+        build_info_(prometheus::BuildGauge()
+                        .Name("quantd_build_info")
+                        .Help("Build of the running quantd; always 1.")
+                        .Register(*registry_)),
+        start_time_(prometheus::BuildGauge()
+                        .Name("quantd_process_start_time_seconds")
+                        .Help("Unix time at which the daemon started.")
+                        .Register(*registry_)),
+        jobs_(prometheus::BuildGauge()
+                  .Name("quantd_jobs")
+                  .Help("Jobs in each state.")
+                  .Register(*registry_)),
+        queue_depth_(prometheus::BuildGauge()
+                         .Name("quantd_queue_depth")
+                         .Help("PENDING jobs waiting for devices.")
+                         .Register(*registry_)),
+        tasks_(prometheus::BuildGauge()
+                   .Name("quantd_tasks")
+                   .Help("Tasks of unfinished jobs by stage and task state.")
+                   .Register(*registry_)),
+        attempts_(prometheus::BuildCounter()
+                      .Name("quantd_task_attempts_total")
+                      .Help("Task attempts by stage and outcome (done, failed, retried, "
+                            "interrupted).")
+                      .Register(*registry_)),
+        read_bytes_(prometheus::BuildCounter()
+                        .Name("quantd_read_bytes_total")
+                        .Help("Source checkpoint bytes processed.")
+                        .Register(*registry_)),
+        written_bytes_(prometheus::BuildCounter()
+                           .Name("quantd_written_bytes_total")
+                           .Help("Output checkpoint bytes written.")
+                           .Register(*registry_)),
+        stage_duration_(prometheus::BuildHistogram()
+                            .Name("quantd_stage_duration_seconds")
+                            .Help("Duration of a stage's run, from its start to its success.")
+                            .Register(*registry_)),
+        device_busy_(prometheus::BuildCounter()
+                         .Name("quantd_device_busy_seconds_total")
+                         .Help("Time a device's worker spent running tasks.")
+                         .Register(*registry_)),
+        device_busy_ratio_(prometheus::BuildGauge()
+                               .Name("quantd_device_busy_ratio")
+                               .Help("Share of the last minute a device's worker was busy.")
+                               .Register(*registry_)),
+        device_memory_(prometheus::BuildGauge()
+                           .Name("quantd_device_memory_used_bytes")
+                           .Help("Memory in use on a device.")
+                           .Register(*registry_)),
+        retries_(prometheus::BuildCounter()
+                     .Name("quantd_task_retries_total")
+                     .Help("Task retries by the status code of the transient error.")
+                     .Register(*registry_)),
+        job_failures_(prometheus::BuildCounter()
+                          .Name("quantd_job_failures_total")
+                          .Help("Jobs that ended FAILED, by reason.")
+                          .Register(*registry_)),
+        calibration_samples_(prometheus::BuildCounter()
+                                 .Name("quantd_calibration_samples_total")
+                                 .Help("Calibration samples processed.")
+                                 .Register(*registry_)),
+        rpcs_(prometheus::BuildCounter()
+                  .Name("quantd_rpc_requests_total")
+                  .Help("RPCs handled by method and gRPC status code.")
+                  .Register(*registry_)),
+        read_bytes_total_(read_bytes_.Add({})),
+        written_bytes_total_(written_bytes_.Add({})),
+        calibration_samples_total_(calibration_samples_.Add({})),
+        queue_depth_value_(queue_depth_.Add({})) {
+    build_info_.Add({{"version", version}, {"cuda", cuda ? "true" : "false"}}).Set(1);
+    start_time_.Add({}).Set(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    for (const char* state : kJobStates) job_series_[state] = &jobs_.Add({{"state", state}});
+    for (const char* stage : kStages) {
+      for (const char* state : kTaskStates) {
+        task_series_[{stage, state}] = &tasks_.Add({{"stage", stage}, {"state", state}});
+      }
+      for (const char* outcome : kOutcomes) attempts_.Add({{"stage", stage}, {"outcome", outcome}});
+      stage_duration_.Add({{"stage", stage}}, StageBuckets());
+    }
+  }
+
+  // Starts the HTTP exposer on `listen` and records the address it bound.
+  absl::Status Listen(const std::string& listen) {
+    if (absl::Status status = ValidateListen(listen); !status.ok()) return status;
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+    }
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    if (ports.empty()) {
+      exposer_.reset();
+      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen));
+    }
+    exposer_->RegisterCollectable(registry_);
+    listen_address_ = absl::StrCat(host, ":", ports.front());
+    return absl::OkStatus();
+  }
+
+  void SetJobCounts(const std::map<std::string, int64_t>& by_state) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [state, n] : by_state) {
+      if (job_series_.count(state) == 0) job_series_[state] = &jobs_.Add({{"state", state}});
+    }
+    for (const auto& [state, gauge] : job_series_) {
+      const auto it = by_state.find(state);
+      gauge->Set(it == by_state.end() ? 0 : static_cast<double>(it->second));
+    }
+  }
+
+  void SetQueueDepth(int64_t pending) override {
+    queue_depth_value_.Set(static_cast<double>(pending));
+  }
+
+  void SetTaskCounts(const std::map<std::pair<std::string, std::string>, int64_t>& n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, count] : n) {
+      if (task_series_.count(key) == 0) {
+        task_series_[key] = &tasks_.Add({{"stage", key.first}, {"state", key.second}});
+      }
+    }
+    for (const auto& [key, gauge] : task_series_) {
+      const auto it = n.find(key);
+      gauge->Set(it == n.end() ? 0 : static_cast<double>(it->second));
+    }
+  }
+
+  // Family::Add returns the existing series for known labels and is itself thread-safe.
+  void TaskAttempt(const std::string& stage, const std::string& outcome) override {
+    attempts_.Add({{"stage", stage}, {"outcome", outcome}}).Increment();
+  }
+
+  void AddBytesRead(uint64_t n) override { read_bytes_total_.Increment(static_cast<double>(n)); }
+
+  void AddBytesWritten(uint64_t n) override {
+    written_bytes_total_.Increment(static_cast<double>(n));
+  }
+
+  void ObserveStageDuration(const std::string& stage, double seconds) override {
+    stage_duration_.Add({{"stage", stage}}, StageBuckets()).Observe(seconds);
+  }
+
+  void AddDeviceBusy(const std::string& device, double seconds) override {
+    device_busy_.Add({{"device", device}}).Increment(seconds);
+  }
+
+  void SetDeviceBusyRatio(const std::string& device, double ratio) override {
+    device_busy_ratio_.Add({{"device", device}}).Set(ratio);
+  }
+
+  void SetDeviceMemoryUsed(const std::string& device, int64_t bytes) override {
+    device_memory_.Add({{"device", device}}).Set(static_cast<double>(bytes));
+  }
+
+  void TaskRetried(const std::string& reason) override {
+    retries_.Add({{"reason", reason}}).Increment();
+  }
+
+  void JobFailed(const std::string& reason) override {
+    job_failures_.Add({{"reason", reason}}).Increment();
+  }
+
+  void AddCalibrationSamples(uint64_t n) override {
+    calibration_samples_total_.Increment(static_cast<double>(n));
+  }
+
+  void RpcHandled(const std::string& method, const std::string& code) override {
+    rpcs_.Add({{"method", method}, {"code", code}}).Increment();
+  }
+
+  std::string Exposition() const override {
+    return prometheus::TextSerializer().Serialize(registry_->Collect());
+  }
+
+  std::string listen_address() const override { return listen_address_; }
+
+ private:
+  const std::shared_ptr<prometheus::Registry> registry_;  // owns every family below
+  // The families, one per metric of the header's list (in its order), plus the start time.
+  prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Gauge>& start_time_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& tasks_;
+  prometheus::Family<prometheus::Counter>& attempts_;
+  prometheus::Family<prometheus::Counter>& read_bytes_;
+  prometheus::Family<prometheus::Counter>& written_bytes_;
+  prometheus::Family<prometheus::Histogram>& stage_duration_;
+  prometheus::Family<prometheus::Counter>& device_busy_;
+  prometheus::Family<prometheus::Gauge>& device_busy_ratio_;
+  prometheus::Family<prometheus::Gauge>& device_memory_;
+  prometheus::Family<prometheus::Counter>& retries_;
+  prometheus::Family<prometheus::Counter>& job_failures_;
+  prometheus::Family<prometheus::Counter>& calibration_samples_;
+  prometheus::Family<prometheus::Counter>& rpcs_;
+  // The unlabelled series of the families above.
+  prometheus::Counter& read_bytes_total_;
+  prometheus::Counter& written_bytes_total_;
+  prometheus::Counter& calibration_samples_total_;
+  prometheus::Gauge& queue_depth_value_;
+
+  std::mutex mu_;  // guards job_series_ and task_series_ (and makes each Set* call atomic)
+  std::map<std::string, prometheus::Gauge*> job_series_;  // state -> its quantd_jobs series
+  // (stage, task state) -> its quantd_tasks series.
+  std::map<std::pair<std::string, std::string>, prometheus::Gauge*> task_series_;
+
+  // Serves the registry over HTTP; null when not serving. Declared after the registry, so it
+  // stops before the registry goes.
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string listen_address_;  // host:port exposer_ bound; "" when not serving
+};
+
+}  // namespace
+
+std::unique_ptr<Metrics> Metrics::Create(const std::string& version, bool cuda) {
+  return std::make_unique<PrometheusMetrics>(version, cuda);
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Serve(const std::string& listen,
+                                                        const std::string& version, bool cuda) {
+  auto metrics = std::make_unique<PrometheusMetrics>(version, cuda);
+  if (absl::Status status = metrics->Listen(listen); !status.ok()) return status;
+  return metrics;
+}
+
+}  // namespace quantd::metrics

@@ -15,6 +15,7 @@
 #include "server/pipeline/inspect.h"
 #include "server/pipeline/stages/verify_rules.h"
 #include "server/run_command.h"
+#include "server/serve_command.h"
 
 namespace {
 
@@ -128,6 +129,7 @@ int main(int argc, char** argv) {
   AddInspect(app, rc);
   AddVerify(app, rc);
   quantd::AddRunCommand(app, rc);
+  quantd::AddServeCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

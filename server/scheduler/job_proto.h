@@ -17,7 +17,7 @@
 namespace quantd::scheduler {
 
 // Validates a request's spec with the same rules (and messages) as a JSON spec file; errors are
-// InvalidArgument naming the field as "spec.<field>".
+// InvalidArgument naming the field: "SubmitJobRequest.spec: field 'weight_format' ...".
 absl::StatusOr<pipeline::JobSpec> JobSpecFromProto(const v1::JobSpec& spec);
 // Every field spelled out, defaults included.
 v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec);

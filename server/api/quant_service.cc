@@ -1,0 +1,375 @@
+#include "server/api/quant_service.h"
+
+#include <grpcpp/alarm.h>
+#include <stdint.h>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "server/scheduler/job_proto.h"
+
+namespace quantd::api {
+namespace {
+
+using scheduler::WithReason;
+
+// Reasons for the errors the service detects itself (quantd.proto lists the others).
+constexpr char kInvalidRequest[] = "INVALID_REQUEST";  // a request field other than the spec
+constexpr char kInvalidSpec[] = "INVALID_SPEC";
+constexpr char kJobNotFound[] = "JOB_NOT_FOUND";
+constexpr char kShuttingDown[] = "SHUTTING_DOWN";
+
+constexpr size_t kMaxRequestIdLength = 128;
+constexpr int kDefaultPageSize = 100;
+constexpr int kMaxPageSize = 1000;
+// A page token is the decimal id of the previous page's last job; longer ones are not ours.
+constexpr size_t kMaxPageTokenLength = 18;
+
+absl::Status InvalidRequest(const std::string& message) {
+  return WithReason(absl::InvalidArgumentError(message), kInvalidRequest);
+}
+
+absl::Status CheckId(int64_t id) {
+  if (id > 0) return absl::OkStatus();
+  return InvalidRequest(absl::StrCat("id: must be > 0, got ", id));
+}
+
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdLength) {
+    return InvalidRequest(
+        absl::StrCat("request_id: at most ", kMaxRequestIdLength, " characters, got ", id.size()));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return InvalidRequest(absl::StrFormat(
+          "request_id: must be printable ASCII, byte 0x%02x at offset %d is not", c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShuttingDown() {
+  return WithReason(absl::UnavailableError("the server is shutting down"), kShuttingDown);
+}
+
+absl::Status JobNotFound(int64_t id) {
+  return WithReason(absl::NotFoundError(absl::StrCat("job ", id, " not found")), kJobNotFound);
+}
+
+// The id after which a ListJobs page starts: 0 for the first page.
+absl::StatusOr<int64_t> ParsePageToken(const std::string& token) {
+  if (token.empty()) return 0;
+  bool digits = token.size() <= kMaxPageTokenLength;
+  for (char c : token) digits = digits && absl::ascii_isdigit(static_cast<unsigned char>(c));
+  int64_t after_id = 0;
+  if (!digits || !absl::SimpleAtoi(token, &after_id) || after_id <= 0) {
+    return InvalidRequest(
+        absl::StrCat("page_token: \"", absl::CEscape(token), "\" is not a token from ListJobs"));
+  }
+  return after_id;
+}
+
+// A WatchJob stream ends after a snapshot in one of these states.
+bool EndsWatch(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED ||
+         state == v1::PAUSED;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// One WatchJob stream. Snapshots come from the board; its listener runs on the publishing
+// thread while the board holds its listener mutex, so the listener only notes the change and,
+// when the stream is idle, sets an alarm whose callback (a gRPC thread) reads the board and
+// writes. Lock order: the board's listener mutex, then mu_; Unsubscribe is never called with mu_
+// held. The reactor deletes itself once gRPC called OnDone and no alarm callback is pending.
+class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job> {
+ public:
+  WatchReactor(QuantService* service, grpc::CallbackServerContext* context, int64_t job_id)
+      : service_(service), context_(context), job_id_(job_id) {
+    absl::Status refused = CheckId(job_id_);
+    if (refused.ok() && !service_->AddWatch(this)) refused = ShuttingDown();
+    if (!refused.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      FinishLocked(refused);
+      return;
+    }
+    token_ = board().Subscribe(job_id_, [this] { Changed(); });
+    std::lock_guard<std::mutex> lock(mu_);
+    changed_ = true;
+    PumpLocked();
+  }
+
+  // Ends the stream with UNAVAILABLE unless it has ended (QuantService::BeginShutdown).
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    FinishLocked(ShuttingDown());
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (finished_) return;
+    if (!ok) {
+      FinishLocked(absl::CancelledError("WatchJob: the stream broke"));
+      return;
+    }
+    if (EndsWatch(written_.state())) {
+      FinishLocked(absl::OkStatus());
+      return;
+    }
+    PumpLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    FinishLocked(absl::CancelledError("WatchJob cancelled"));
+  }
+
+  void OnDone() override {
+    if (token_ != 0) board().Unsubscribe(token_);  // no listener call runs or follows after this
+    service_->RemoveWatch(this);
+    bool idle = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      idle = !alarm_pending_;
+    }
+    if (idle) delete this;  // else the pending alarm's callback deletes it
+  }
+
+ private:
+  scheduler::JobBoard& board() { return service_->scheduler_->board(); }
+
+  // The board's listener: a newer snapshot exists.
+  void Changed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    changed_ = true;
+    if (finished_ || writing_ || alarm_pending_) return;  // OnWriteDone or Wake will look
+    alarm_pending_ = true;
+    alarm_ = std::make_unique<grpc::Alarm>();  // a fired alarm is not set twice
+    alarm_->Set(std::chrono::system_clock::now(), [this](bool) { Wake(); });
+  }
+
+  // The alarm's callback.
+  void Wake() {
+    std::unique_lock<std::mutex> lock(mu_);
+    alarm_pending_ = false;
+    if (done_) {
+      lock.unlock();
+      delete this;
+      return;
+    }
+    PumpLocked();
+  }
+
+  // When no write is in flight and a change was noted, writes the newest snapshot if it differs
+  // from the last one written; a job that disappeared ends the stream with NOT_FOUND.
+  void PumpLocked() {
+    if (finished_ || writing_ || !changed_) return;
+    changed_ = false;
+    std::optional<v1::Job> job = board().Get(job_id_);
+    if (!job.has_value() && !wrote_) {
+      FinishLocked(JobNotFound(job_id_));
+      return;
+    }
+    if (!job.has_value()) {
+      FinishLocked(WithReason(absl::NotFoundError(absl::StrCat("job ", job_id_, " was deleted")),
+                              kJobNotFound));
+      return;
+    }
+    if (wrote_ && google::protobuf::util::MessageDifferencer::Equals(*job, written_)) return;
+    written_ = *std::move(job);
+    wrote_ = true;
+    writing_ = true;
+    StartWrite(&written_);
+  }
+
+  void FinishLocked(const absl::Status& status) {
+    finished_ = true;
+    const std::string reason = scheduler::ReasonOf(status);
+    if (!reason.empty()) context_->AddTrailingMetadata(kReasonKey, reason);
+    service_->Record("WatchJob", status.code());
+    Finish(ToGrpcStatus(status));
+  }
+
+  QuantService* const service_;                 // its scheduler's board, metrics, stream registry
+  grpc::CallbackServerContext* const context_;  // valid until OnDone
+  const int64_t job_id_;                        // the watched job
+  int64_t token_ = 0;                           // board subscription; 0 = none
+
+  std::mutex mu_;                       // guards the members below
+  v1::Job written_;                     // the snapshot in flight or last written
+  bool wrote_ = false;                  // written_ holds a snapshot
+  bool changed_ = false;                // the board changed since the last look
+  bool writing_ = false;                // a StartWrite awaits OnWriteDone
+  bool finished_ = false;               // Finish was called
+  bool alarm_pending_ = false;          // alarm_'s callback has yet to run
+  bool done_ = false;                   // OnDone ran
+  std::unique_ptr<grpc::Alarm> alarm_;  // wakes the stream after a change while it was idle
+};
+
+QuantService::QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics)
+    : scheduler_(scheduler), metrics_(metrics) {}
+
+grpc::ServerUnaryReactor* QuantService::Unary(grpc::CallbackServerContext* context,
+                                              const char* method,
+                                              const std::function<absl::Status()>& body) {
+  absl::Status status;
+  try {
+    status = body();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat(method, ": ", e.what()));
+  } catch (...) {
+    status = absl::InternalError(absl::StrCat(method, ": unknown exception"));
+  }
+  const std::string reason = scheduler::ReasonOf(status);
+  if (!reason.empty()) context->AddTrailingMetadata(kReasonKey, reason);
+  Record(method, status.code());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void QuantService::Record(const char* method, absl::StatusCode code) {
+  if (metrics_ != nullptr) metrics_->RpcHandled(method, absl::StatusCodeToString(code));
+}
+
+grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* context,
+                                                  const v1::SubmitJobRequest* request,
+                                                  v1::Job* response) {
+  return Unary(context, "SubmitJob", [&]() -> absl::Status {
+    if (absl::Status s = CheckRequestId(request->request_id()); !s.ok()) return s;
+    absl::StatusOr<pipeline::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
+    if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
+    bool created = false;
+    absl::StatusOr<v1::Job> job = scheduler_->Submit(request->request_id(), *spec, &created);
+    if (!job.ok()) return job.status();
+    *response = *std::move(job);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* QuantService::GetJob(grpc::CallbackServerContext* context,
+                                               const v1::GetJobRequest* request,
+                                               v1::Job* response) {
+  return Unary(context, "GetJob", [&]() -> absl::Status {
+    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
+    std::optional<v1::Job> job = scheduler_->board().Get(request->id());
+    if (!job.has_value()) return JobNotFound(request->id());
+    *response = *std::move(job);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* QuantService::ListJobs(grpc::CallbackServerContext* context,
+                                                 const v1::ListJobsRequest* request,
+                                                 v1::ListJobsResponse* response) {
+  return Unary(context, "ListJobs", [&]() -> absl::Status {
+    if (!v1::JobState_IsValid(request->state())) {
+      return InvalidRequest(absl::StrCat("state: unknown value ", request->state()));
+    }
+    if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
+      return InvalidRequest(absl::StrCat("page_size: must be in [0, ", kMaxPageSize, "], got ",
+                                         request->page_size()));
+    }
+    absl::StatusOr<int64_t> after_id = ParsePageToken(request->page_token());
+    if (!after_id.ok()) return after_id.status();
+    const int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
+    bool more = false;
+    std::vector<v1::Job> jobs = scheduler_->board().List(request->state(), *after_id, limit, &more);
+    for (v1::Job& job : jobs) *response->add_jobs() = std::move(job);
+    if (more) response->set_next_page_token(absl::StrCat(response->jobs().rbegin()->id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerWriteReactor<v1::Job>* QuantService::WatchJob(grpc::CallbackServerContext* context,
+                                                          const v1::WatchJobRequest* request) {
+  return new WatchReactor(this, context, request->id());
+}
+
+grpc::ServerUnaryReactor* QuantService::CancelJob(grpc::CallbackServerContext* context,
+                                                  const v1::CancelJobRequest* request,
+                                                  v1::Job* response) {
+  return Unary(context, "CancelJob", [&]() -> absl::Status {
+    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
+    absl::StatusOr<v1::Job> job = scheduler_->Cancel(request->id(), request->pause());
+    if (!job.ok()) return job.status();
+    *response = *std::move(job);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* QuantService::ResumeJob(grpc::CallbackServerContext* context,
+                                                  const v1::ResumeJobRequest* request,
+                                                  v1::Job* response) {
+  return Unary(context, "ResumeJob", [&]() -> absl::Status {
+    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
+    absl::StatusOr<v1::Job> job = scheduler_->Resume(request->id());
+    if (!job.ok()) return job.status();
+    *response = *std::move(job);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* QuantService::DeleteJob(grpc::CallbackServerContext* context,
+                                                  const v1::DeleteJobRequest* request,
+                                                  v1::DeleteJobResponse* /*response*/) {
+  return Unary(context, "DeleteJob", [&]() -> absl::Status {
+    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
+    return scheduler_->Delete(request->id());
+  });
+}
+
+grpc::ServerUnaryReactor* QuantService::GetJobReport(grpc::CallbackServerContext* context,
+                                                     const v1::GetJobReportRequest* request,
+                                                     v1::JobReport* response) {
+  return Unary(context, "GetJobReport", [&]() -> absl::Status {
+    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
+    if (request->worst() < 0) {
+      return InvalidRequest(absl::StrCat("worst: must be >= 0, got ", request->worst()));
+    }
+    absl::StatusOr<v1::JobReport> report = scheduler_->Report(request->id(), request->worst());
+    if (!report.ok()) return report.status();
+    *response = *std::move(report);
+    return absl::OkStatus();
+  });
+}
+
+void QuantService::BeginShutdown() {
+  std::lock_guard<std::mutex> lock(watches_mu_);
+  shutting_down_ = true;
+  for (WatchReactor* watch : watches_) watch->Stop();
+}
+
+bool QuantService::AddWatch(WatchReactor* watch) {
+  std::lock_guard<std::mutex> lock(watches_mu_);
+  if (shutting_down_) return false;
+  watches_.insert(watch);
+  return true;
+}
+
+void QuantService::RemoveWatch(WatchReactor* watch) {
+  std::lock_guard<std::mutex> lock(watches_mu_);
+  watches_.erase(watch);
+}
+
+}  // namespace quantd::api

@@ -1,0 +1,90 @@
+// QuantService: the quantd.v1.QuantService gRPC service (callback API) over the scheduler.
+//
+// Reads (GetJob, ListJobs, WatchJob) come from the scheduler's JobBoard and never wait on the
+// store; the other RPCs call the scheduler. Every error is the absl::Status code and message as
+// a grpc::Status, with the machine-readable reason (scheduler::ReasonOf) in the trailing metadata
+// key "quantd-reason"; no exception crosses the RPC boundary (one becomes INTERNAL).
+//
+// WatchJob streams are coalescing: a stream has at most one write in flight and, when it
+// completes, writes the newest snapshot if it differs from the last one written, so a slow client
+// sees fewer messages, never a growing queue.
+#ifndef QUANTD_SERVER_API_QUANT_SERVICE_H_
+#define QUANTD_SERVER_API_QUANT_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "quantd/v1/quantd.grpc.pb.h"
+#include "server/metrics/metrics.h"
+#include "server/scheduler/scheduler.h"
+
+namespace quantd::api {
+
+// The trailing-metadata key of the reason (quantd.proto).
+inline constexpr char kReasonKey[] = "quantd-reason";
+
+class QuantService final : public v1::QuantService::CallbackService {
+ public:
+  // Neither pointer is owned; `metrics` may be nullptr.
+  QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics);
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request, v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerWriteReactor<v1::Job>* WatchJob(grpc::CallbackServerContext* context,
+                                              const v1::WatchJobRequest* request) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* context,
+                                      const v1::ResumeJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const v1::DeleteJobRequest* request,
+                                      v1::DeleteJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobReport(grpc::CallbackServerContext* context,
+                                         const v1::GetJobReportRequest* request,
+                                         v1::JobReport* response) override;
+
+  // Ends every open WatchJob stream with UNAVAILABLE (reason SHUTTING_DOWN) and refuses new
+  // ones, so that the server's shutdown does not wait for them. Called before Server::Shutdown.
+  void BeginShutdown();
+
+ private:
+  class WatchReactor;
+
+  // Runs `body` (exceptions become INTERNAL), records the outcome and finishes the call.
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* method,
+                                  const std::function<absl::Status()>& body);
+  // Counts one finished RPC in the metrics.
+  void Record(const char* method, absl::StatusCode code);
+
+  // Registers a new stream; false once BeginShutdown ran.
+  bool AddWatch(WatchReactor* watch);
+  // Forgets a stream that is done.
+  void RemoveWatch(WatchReactor* watch);
+
+  scheduler::Scheduler* const scheduler_;  // the engine; not owned
+  metrics::Metrics* const metrics_;        // not owned; nullptr = no metrics
+
+  std::mutex watches_mu_;            // guards the members below; taken before a stream's own mutex
+  std::set<WatchReactor*> watches_;  // open WatchJob streams
+  bool shutting_down_ = false;       // BeginShutdown ran
+};
+
+// The absl::Status as a grpc::Status (same code and message).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace quantd::api
+
+#endif  // QUANTD_SERVER_API_QUANT_SERVICE_H_

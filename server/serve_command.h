@@ -1,0 +1,60 @@
+// `quantd serve`: the job daemon. A gRPC API (api/server.h) over a scheduler (scheduler/
+// scheduler.h) that runs jobs from the SQLite database <state-dir>/quantd.db on one worker per
+// device, with Prometheus metrics on their own address.
+//
+//   quantd serve [--config FILE] [--listen ADDR]... [--metrics-listen ADDR] [--state-dir DIR]
+//                [--devices auto|LIST] [--cpu-workers N] [--cpu-threads N]
+//                [--host-memory-bytes N] [--queue-limit N] [--shutdown-grace-seconds S]
+//
+// --config FILE is a JSON object with the same settings in snake_case (listen: a string or an
+// array); flags override it. Once serving, <state-dir>/serve.json holds
+// {"pid": N, "listen": [bound addresses], "metrics_listen": "host:port" or ""}; it is removed on a
+// clean exit. <state-dir>/quantd.lock (flock) keeps a second daemon off the same state dir.
+// SIGTERM/SIGINT: stop accepting RPCs, give running tasks the shutdown grace to stop, exit 0; jobs
+// that were RUNNING resume by themselves at the next start.
+//
+// Exit codes: 0 clean shutdown; 1 could not start (address in use, state dir unusable, database
+// newer than this binary, another daemon holds the state dir); 2 usage or config error.
+#ifndef QUANTD_SERVER_SERVE_COMMAND_H_
+#define QUANTD_SERVER_SERVE_COMMAND_H_
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace quantd {
+
+struct ServeConfig {
+  std::vector<std::string> listen = {"127.0.0.1:50051"};  // gRPC addresses; "unix:/path" too
+  std::string metrics_listen = "127.0.0.1:9464";          // "none": no metrics endpoint
+  std::string state_dir = "./quantd-state";
+  std::vector<std::string> devices;  // "cpu" / "cuda:N" entries; empty = auto
+  int cpu_workers = 2;               // CPU workers when auto finds no CUDA device
+  int cpu_threads = 0;               // threads per CPU kernel call; 0 = all cores
+  int64_t host_memory_bytes = 0;     // host-memory budget; 0 = none
+  int queue_limit = 64;              // PENDING jobs at most
+  double shutdown_grace_seconds = 30;
+};
+
+// Applies the settings of the JSON config file at `path` to `config`. InvalidArgument naming the
+// file and the key for unknown keys and wrong types; an unreadable file names the path.
+absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config);
+// Range checks of the merged settings; InvalidArgument naming the setting.
+absl::Status ValidateServeConfig(const ServeConfig& config);
+
+// Runs the daemon until SIGTERM/SIGINT; returns the exit code.
+int ServeMain(const ServeConfig& config);
+
+// Registers the `serve` subcommand; its callback stores the exit code in `rc`.
+void AddServeCommand(CLI::App& app, int& rc);
+
+}  // namespace quantd
+
+#endif  // QUANTD_SERVER_SERVE_COMMAND_H_

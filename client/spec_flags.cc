@@ -1,0 +1,210 @@
+#include "client/spec_flags.h"
+
+#include <stdint.h>
+
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "server/checkpoint/atomic_file.h"
+
+namespace quantd::client {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using nlohmann::json;
+
+absl::Status FieldError(const std::string& origin, const std::string& field,
+                        const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", field, "' ", what));
+}
+
+// Sets the fields of `message` from `object`, whose keys are the proto's field names. `prefix`
+// ("calibration.") names the enclosing field in errors. JSON null means "not set".
+absl::Status ReadObject(const json& object, const std::string& prefix, const std::string& origin,
+                        google::protobuf::Message* message) {
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    const std::string name = prefix + it.key();
+    const json& value = it.value();
+    const FieldDescriptor* field = message->GetDescriptor()->FindFieldByName(it.key());
+    if (field == nullptr) return FieldError(origin, name, "is not a known field");
+    if (value.is_null()) continue;
+    if (field->is_repeated()) {  // include, exclude, devices: lists of strings
+      // "devices": "auto" is the default, every device of the daemon (an empty list).
+      if (name == "devices" && value.is_string() && value.get<std::string>() == "auto") continue;
+      if (!value.is_array()) return FieldError(origin, name, "must be an array of strings");
+      reflection->ClearField(message, field);
+      for (const json& item : value) {
+        if (!item.is_string()) return FieldError(origin, name, "must be an array of strings");
+        reflection->AddString(message, field, item.get<std::string>());
+      }
+      continue;
+    }
+    switch (field->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_STRING:
+        if (!value.is_string()) return FieldError(origin, name, "must be a string");
+        reflection->SetString(message, field, value.get<std::string>());
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        if (!value.is_number_integer()) return FieldError(origin, name, "must be an integer");
+        if (value.is_number_unsigned() &&
+            value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          return FieldError(origin, name, "is out of range");
+        }
+        reflection->SetInt64(message, field, value.get<int64_t>());
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        if (!value.is_boolean()) return FieldError(origin, name, "must be true or false");
+        reflection->SetBool(message, field, value.get<bool>());
+        break;
+      case FieldDescriptor::CPPTYPE_MESSAGE: {
+        if (!value.is_object()) return FieldError(origin, name, "must be an object");
+        absl::Status s =
+            ReadObject(value, name + ".", origin, reflection->MutableMessage(message, field));
+        if (!s.ok()) return s;
+        break;
+      }
+      default:  // JobSpec has no other field types
+        return FieldError(origin, name, "has a type quantctl cannot read");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `path` made absolute against the current directory ("" stays "").
+absl::StatusOr<std::string> Absolute(const std::string& path, const char* field) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot make '", path, "' absolute: ", ec.message()));
+  }
+  return abs.lexically_normal().string();
+}
+
+}  // namespace
+
+void AddSpecFlags(CLI::App* cmd, SpecFlags* f) {
+  cmd->add_option("--spec", f->spec_file,
+                  "JSON job spec as `quantd run` takes it; the flags below override its fields");
+  cmd->add_option_function<std::string>(
+      "--source", [f](const std::string& v) { f->source = v; }, "source checkpoint directory");
+  cmd->add_option_function<std::string>(
+      "--output", [f](const std::string& v) { f->output = v; }, "output directory");
+  cmd->add_option_function<std::string>(
+      "--recipe", [f](const std::string& v) { f->recipe = v; }, "experts | full");
+  cmd->add_option_function<std::vector<std::string>>(
+      "--include", [f](const std::vector<std::string>& v) { f->include = v; },
+      "module glob of a custom recipe (repeatable)");
+  cmd->add_option_function<std::vector<std::string>>(
+      "--exclude", [f](const std::vector<std::string>& v) { f->exclude = v; },
+      "module glob to leave unquantized (repeatable)");
+  cmd->add_option_function<std::string>(
+      "--weight-format", [f](const std::string& v) { f->weight_format = v; },
+      "nvfp4 | w4a16_nvfp4");
+  cmd->add_option_function<std::string>(
+      "--expert-cast", [f](const std::string& v) { f->expert_cast = v; }, "lossless | requantize");
+  cmd->add_option_function<std::string>(
+      "--export-format", [f](const std::string& v) { f->export_format = v; },
+      "modelopt | compressed-tensors");
+  cmd->add_option_function<std::string>(
+      "--kv-cache", [f](const std::string& v) { f->kv_cache = v; }, "none | fp8_cast | fp8");
+  cmd->add_option_function<std::string>(
+      "--materialize-bf16", [f](const std::string& v) { f->materialize_bf16 = v; },
+      "directory for a BF16 copy of the source");
+  cmd->add_option_function<std::string>(
+      "--amax-file", [f](const std::string& v) { f->amax_file = v; },
+      "JSON {module: input_amax} from an earlier calibration");
+  cmd->add_option_function<std::string>(
+      "--dataset", [f](const std::string& v) { f->dataset = v; }, "calibration dataset");
+  cmd->add_option_function<int64_t>(
+      "--num-samples", [f](const int64_t& v) { f->num_samples = v; }, "calibration samples");
+  cmd->add_option_function<int64_t>(
+      "--seq-len", [f](const int64_t& v) { f->seq_len = v; }, "calibration sequence length");
+  cmd->add_flag("--calibrate-all-experts", f->calibrate_all_experts,
+                "calibrate every routed expert");
+  cmd->add_option_function<std::vector<std::string>>(
+      "--device", [f](const std::vector<std::string>& v) { f->devices = v; },
+      "cpu | cuda:N (repeatable); default: every device of the daemon");
+  cmd->add_option_function<int64_t>(
+      "--host-memory-bytes", [f](const int64_t& v) { f->host_memory_bytes = v; },
+      "host memory budget of the job");
+}
+
+absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON: ", e.what()));
+  }
+  if (!doc.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not a JSON object"));
+  v1::JobSpec spec;
+  absl::Status s = ReadObject(doc, "", origin, &spec);
+  if (!s.ok()) return s;
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
+  v1::JobSpec spec;
+  if (!f.spec_file.empty()) {
+    absl::StatusOr<std::string> text = checkpoint::ReadFile(f.spec_file);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read --spec file: ", text.status().message()));
+    }
+    absl::StatusOr<v1::JobSpec> parsed = ParseSpecJson(*text, f.spec_file);
+    if (!parsed.ok()) return parsed.status();
+    spec = *std::move(parsed);
+  }
+  v1::CalibrationSpec* cal = spec.mutable_calibration();
+  if (f.source) spec.set_source(*f.source);
+  if (f.output) spec.set_output(*f.output);
+  if (f.recipe) spec.set_recipe(*f.recipe);
+  if (f.include) spec.mutable_include()->Assign(f.include->begin(), f.include->end());
+  if (f.exclude) spec.mutable_exclude()->Assign(f.exclude->begin(), f.exclude->end());
+  if (f.weight_format) spec.set_weight_format(*f.weight_format);
+  if (f.expert_cast) spec.set_expert_cast(*f.expert_cast);
+  if (f.export_format) spec.set_export_format(*f.export_format);
+  if (f.kv_cache) spec.set_kv_cache(*f.kv_cache);
+  if (f.materialize_bf16) spec.set_materialize_bf16(*f.materialize_bf16);
+  if (f.amax_file) cal->set_amax_file(*f.amax_file);
+  if (f.dataset) cal->set_dataset(*f.dataset);
+  if (f.num_samples) cal->set_num_samples(*f.num_samples);
+  if (f.seq_len) cal->set_seq_len(*f.seq_len);
+  if (f.calibrate_all_experts) cal->set_calibrate_all_experts(true);
+  if (f.devices) spec.mutable_devices()->Assign(f.devices->begin(), f.devices->end());
+  if (f.host_memory_bytes) spec.set_host_memory_bytes(*f.host_memory_bytes);
+
+  if (spec.source().empty()) {
+    return absl::InvalidArgumentError("submit needs --source (or \"source\" in the --spec file)");
+  }
+  if (spec.output().empty()) {
+    return absl::InvalidArgumentError("submit needs --output (or \"output\" in the --spec file)");
+  }
+  // Paths are the daemon's; make relative ones absolute against this directory.
+  struct PathField {
+    const char* name;
+    std::string* value;
+  };
+  const PathField paths[] = {{"source", spec.mutable_source()},
+                             {"output", spec.mutable_output()},
+                             {"materialize_bf16", spec.mutable_materialize_bf16()},
+                             {"calibration.amax_file", cal->mutable_amax_file()},
+                             {"calibration.dataset", cal->mutable_dataset()}};
+  for (const PathField& p : paths) {
+    absl::StatusOr<std::string> abs = Absolute(*p.value, p.name);
+    if (!abs.ok()) return abs.status();
+    *p.value = *std::move(abs);
+  }
+  return spec;
+}
+
+}  // namespace quantd::client

@@ -1,0 +1,57 @@
+// The job spec of `quantctl submit`: an optional --spec file (the JSON of `quantd run`) with the
+// spec flags merged over it. Only keys and JSON types are checked here; the daemon validates the
+// values (and names the field when one is wrong).
+#ifndef QUANTD_CLIENT_SPEC_FLAGS_H_
+#define QUANTD_CLIENT_SPEC_FLAGS_H_
+
+#include <stdint.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "quantd/v1/quantd.pb.h"
+
+namespace quantd::client {
+
+// The submit flags; a flag that was not given leaves the spec file's value.
+struct SpecFlags {
+  std::string spec_file;                            // --spec; "" = none
+  std::optional<std::string> source;                // --source
+  std::optional<std::string> output;                // --output
+  std::optional<std::string> recipe;                // --recipe
+  std::optional<std::vector<std::string>> include;  // --include, repeatable
+  std::optional<std::vector<std::string>> exclude;  // --exclude, repeatable
+  std::optional<std::string> weight_format;         // --weight-format
+  std::optional<std::string> expert_cast;           // --expert-cast
+  std::optional<std::string> export_format;         // --export-format
+  std::optional<std::string> kv_cache;              // --kv-cache
+  std::optional<std::string> materialize_bf16;      // --materialize-bf16
+  std::optional<std::string> amax_file;             // --amax-file
+  std::optional<std::string> dataset;               // --dataset
+  std::optional<int64_t> num_samples;               // --num-samples
+  std::optional<int64_t> seq_len;                   // --seq-len
+  bool calibrate_all_experts = false;               // --calibrate-all-experts (sets true)
+  std::optional<std::vector<std::string>> devices;  // --device, repeatable
+  std::optional<int64_t> host_memory_bytes;         // --host-memory-bytes
+};
+
+// Registers the flags above on `cmd`; `flags` must outlive the parse.
+void AddSpecFlags(CLI::App* cmd, SpecFlags* flags);
+
+// Parses a JSON spec (keys as in server/pipeline/job_spec.h: the proto's field names; "devices"
+// may be "auto"). Unknown keys and wrong JSON types are InvalidArgument naming `origin` and the
+// key, e.g. "spec.json: field 'calibration.seq_len' must be an integer".
+absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin);
+
+// The --spec file (if any) with the given flags merged over it. Relative paths (source, output,
+// materialize_bf16, amax_file, dataset) become absolute against the current directory, since the
+// daemon runs elsewhere. InvalidArgument when the file cannot be read or parsed, or when source
+// or output is missing.
+absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& flags);
+
+}  // namespace quantd::client
+
+#endif  // QUANTD_CLIENT_SPEC_FLAGS_H_

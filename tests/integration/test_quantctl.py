@@ -1,0 +1,297 @@
+"""quantctl against a real `quantd serve` on loopback (README "quantctl"): submit --watch to a
+verified checkpoint, the JSON and table outputs, and the exit codes scripts rely on.
+
+quantctl is $QUANTD_BUILD_DIR/client/quantctl, next to the quantd binary of conftest's `qd`.
+"""
+
+import json
+import os
+import pty
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+WATCH_TIMEOUT = 300  # seconds for a tiny-fixture job, generous for a loaded machine
+
+
+class Quantctl:
+    def __init__(self, binary, server):
+        self.binary = str(binary)
+        self.server = server
+
+    def cmd(self, *args, server=True):
+        prefix = ["--server", self.server] if server else []
+        return [self.binary, *prefix, *[str(a) for a in args]]
+
+    def run(self, *args, server=True, env_extra=None, timeout=WATCH_TIMEOUT):
+        env = dict(os.environ)
+        env.pop("QUANTD_SERVER", None)
+        env.update(env_extra or {})
+        return subprocess.run(self.cmd(*args, server=server), capture_output=True, text=True,
+                              timeout=timeout, env=env)
+
+    def run_ok(self, *args, **kw):
+        proc = self.run(*args, **kw)
+        assert proc.returncode == 0, (proc.args, proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    def json(self, *args):
+        return json.loads(self.run_ok("-o", "json", *args).stdout)
+
+
+def closed_port():
+    """A loopback port nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def daemon(qd, tmp_path_factory):
+    """`quantd serve` on a TCP port and a unix socket; SIGTERM at teardown must exit 0."""
+    root = tmp_path_factory.mktemp("serve")
+    state = root / "state"
+    sock = root / "q.sock"
+    log = open(root / "serve.log", "w")
+    proc = subprocess.Popen(
+        qd.cmd("serve", "--state-dir", state, "--listen", "127.0.0.1:0", "--listen",
+               f"unix:{sock}", "--metrics-listen", "none", "--devices", "cpu"),
+        stdout=log, stderr=subprocess.STDOUT)
+    serve_json = state / "serve.json"
+    deadline = time.monotonic() + 60
+    while not serve_json.exists():
+        assert proc.poll() is None, (root / "serve.log").read_text()
+        assert time.monotonic() < deadline, "quantd serve did not write serve.json in 60 s"
+        time.sleep(0.05)
+    info = json.loads(serve_json.read_text())
+    tcp = next(a for a in info["listen"] if not a.startswith("unix:"))
+    yield {"tcp": tcp, "unix": f"unix:{sock}", "log": root / "serve.log"}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, (root / "serve.log").read_text()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def qc(qd, daemon):
+    binary = Path(qd.binary).parents[1] / "client" / "quantctl"
+    assert binary.is_file(), f"{binary} is missing: build quantctl first"
+    return Quantctl(binary, daemon["tcp"])
+
+
+@pytest.fixture(scope="module")
+def finished(qd, qc, source, tmp_path_factory):
+    """One W4A16 job submitted with --watch: (job id, output dir, the quantctl process)."""
+    out = tmp_path_factory.mktemp("w4a16") / "out"
+    proc = qc.run_ok("submit", "--source", source["dir"], "--output", out,
+                     "--weight-format", "w4a16_nvfp4", "--watch")
+    m = re.match(r"job (\d+) (PENDING|RUNNING)\n", proc.stdout)
+    assert m, proc.stdout
+    return int(m.group(1)), out, proc
+
+
+def test_submit_watch_ends_with_a_verified_checkpoint(qd, finished):
+    job_id, out, proc = finished
+    qd.run_ok("verify", out)
+    lines = proc.stdout.splitlines()
+    # Not a TTY: plain lines, one per change, no cursor movement.
+    assert "\x1b" not in proc.stdout
+    assert lines[-1] == f"job {job_id} SUCCEEDED"
+    assert len(lines) == len(set(lines)), "a plain line was printed twice"
+    for kind in ("inspect", "quantize", "export", "verify"):
+        done = [ln for ln in lines if ln.startswith(kind + " ") and "done" in ln]
+        assert len(done) == 1, (kind, lines)
+        assert re.fullmatch(kind + r" +\[#{20}\]  (\d+)/\1 tasks.*  done in \d+s", done[0])
+
+
+def test_get_json_is_proto3_json(qc, finished):
+    job_id, out, _ = finished
+    job = qc.json("get", job_id)
+    assert job["id"] == str(job_id)
+    assert job["state"] == "SUCCEEDED"
+    assert job["spec"]["weightFormat"] == "w4a16_nvfp4"
+    assert job["spec"]["output"] == str(out)
+    assert job["lastError"] == ""
+    assert [s["kind"] for s in job["stages"]] == ["inspect", "quantize", "export", "verify"]
+    assert all(s["state"] == "SUCCEEDED" and s["tasksDone"] == s["tasksTotal"]
+               for s in job["stages"])
+
+
+def test_get_table(qc, finished):
+    job_id, _, _ = finished
+    lines = qc.run_ok("get", job_id).stdout.splitlines()
+    assert lines[0] == f"job {job_id} SUCCEEDED"
+    assert [ln.split()[0] for ln in lines[1:]] == ["inspect", "quantize", "export", "verify"]
+
+
+def test_list_by_state(qc, finished):
+    job_id, _, _ = finished
+    jobs = qc.json("list", "--state", "SUCCEEDED")["jobs"]
+    assert str(job_id) in [j["id"] for j in jobs]
+    assert {j["state"] for j in jobs} == {"SUCCEEDED"}
+    assert qc.json("list", "--state", "paused", "--page-size", 1) == {"jobs": [],
+                                                                       "nextPageToken": ""}
+    table = qc.run_ok("list").stdout.splitlines()
+    assert table[0].split() == ["ID", "STATE", "STAGE", "OUTPUT"]
+    assert any(ln.split()[:2] == [str(job_id), "SUCCEEDED"] for ln in table[1:])
+
+
+def test_report_table_and_json(qc, finished, source):
+    job_id, _, _ = finished
+    text = qc.run_ok("report", job_id, "--worst", 3).stdout
+    lines = text.splitlines()
+    assert re.fullmatch(rf"job {job_id} SUCCEEDED  \d+ tensors  min SQNR \S+ dB  mean SQNR \S+ dB",
+                        lines[0])
+    heading = lines.index("TENSOR" + lines[2][len("TENSOR"):])
+    assert lines[heading].split("  ")[-3:] == ["REL RMSE", "SQNR dB", "MAX ABS ERR"]
+    assert len([ln for ln in lines if ln.startswith("layers.")]) == 3
+    n = source["shards"]
+    assert f"rule checks: {n} of {n} passed" in lines
+    assert len([ln for ln in lines if ln.startswith("  PASS  verify model-")]) == n
+    report = qc.json("report", job_id, "--worst", 2)
+    assert report["jobId"] == str(job_id) and report["state"] == "SUCCEEDED"
+    assert len(report["tensors"]) == 2 and len(report["rules"]) == n
+    assert all(r["passed"] for r in report["rules"])
+
+
+def test_watch_finished_job(qc, finished):
+    job_id, _, _ = finished
+    plain = qc.run_ok("watch", job_id).stdout.splitlines()
+    # One snapshot: the header and the four stages, once each.
+    assert plain[0] == f"job {job_id} SUCCEEDED"
+    assert [ln.split()[0] for ln in plain[1:]] == ["inspect", "quantize", "export", "verify"]
+    lines = qc.run_ok("-o", "json", "watch", job_id).stdout.splitlines()
+    assert lines and json.loads(lines[-1])["state"] == "SUCCEEDED"
+
+
+def test_watch_on_a_tty_redraws_in_place(qc, finished):
+    job_id, _, _ = finished
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(qc.cmd("watch", job_id), stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    text = out.decode()
+    assert text.startswith("\r\x1b[J")
+    assert f"job {job_id} SUCCEEDED" in text
+
+
+def test_unix_socket_and_env_server(qc, daemon, finished):
+    job_id, _, _ = finished
+    proc = qc.run_ok("get", job_id, server=False, env_extra={"QUANTD_SERVER": daemon["unix"]})
+    assert proc.stdout.startswith(f"job {job_id} SUCCEEDED\n")
+    proc = qc.run_ok("get", job_id, server=False, env_extra={"QUANTD_SERVER": daemon["tcp"]})
+    assert proc.stdout.startswith(f"job {job_id} SUCCEEDED\n")
+    # --server wins over the environment.
+    env = {"QUANTD_SERVER": f"127.0.0.1:{closed_port()}"}
+    qc.run_ok("get", job_id, env_extra=env)
+
+
+def test_spec_file_flags_and_request_id(qd, qc, source, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"source": str(source["dir"]), "output": str(tmp_path / "unused"),
+                                "weight_format": "w4a16_nvfp4", "devices": "auto"}))
+    args = ["--spec", spec, "--output", tmp_path / "out", "--request-id", "quantctl-test-1"]
+    first = json.loads(qc.run_ok("-o", "json", "submit", *args).stdout)
+    assert first["spec"]["output"] == str(tmp_path / "out")
+    assert first["requestId"] == "quantctl-test-1"
+    # The same request id: the same job.
+    again = json.loads(qc.run_ok("-o", "json", "submit", *args).stdout)
+    assert again["id"] == first["id"]
+    assert qc.run("watch", first["id"]).returncode == 0
+    qd.run_ok("verify", tmp_path / "out")
+
+
+def test_failed_job_exits_1_then_resume_and_delete(qc, tmp_path):
+    proc = qc.run("submit", "--source", tmp_path / "missing", "--output", tmp_path / "out",
+                  "--watch")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    job_id = int(re.match(r"job (\d+) PENDING\n", proc.stdout).group(1))
+    lines = proc.stdout.splitlines()
+    assert re.fullmatch(rf"job {job_id} FAILED( \(\w+\))?", lines[-2]), lines
+    assert lines[-1].startswith(f"last error: {tmp_path / 'missing'}: ")
+    # "job <id> <STATE>", then the reason when there is one.
+    assert re.fullmatch(rf"job {job_id} PENDING( \(\w+\))?\n", qc.run_ok("resume", job_id).stdout)
+    assert qc.run("watch", job_id).returncode == 1
+    assert qc.run_ok("delete", job_id).stdout == f"job {job_id} deleted\n"
+    assert qc.run("get", job_id).returncode == 3
+
+
+def test_not_found_exits_3(qc):
+    proc = qc.run("get", 999)
+    assert proc.returncode == 3
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("quantctl: NOT_FOUND: ") and "999" in proc.stderr
+    assert qc.run("watch", 999).returncode == 3
+    assert qc.run("report", 999).returncode == 3
+
+
+def test_bad_spec_field_exits_2_naming_the_field(qc, source, tmp_path):
+    proc = qc.run("submit", "--source", source["dir"], "--output", tmp_path / "out",
+                  "--weight-format", "nvfp5")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("quantctl: INVALID_ARGUMENT: ")
+    assert "weight_format" in proc.stderr
+
+
+def test_cancel_finished_job_exits_4(qc, finished):
+    job_id, _, _ = finished
+    proc = qc.run("cancel", job_id)
+    assert proc.returncode == 4
+    assert proc.stderr.startswith("quantctl: FAILED_PRECONDITION: ")
+    assert qc.run("resume", job_id).returncode == 4
+
+
+def test_usage_errors_exit_2_before_any_rpc(qc, tmp_path):
+    unreachable = f"127.0.0.1:{closed_port()}"
+    env = {"QUANTD_SERVER": unreachable}
+    for args in (["submit", "--output", tmp_path], ["submit", "--source", tmp_path],
+                 ["submit", "--spec", tmp_path / "missing.json"], ["get", "seven"],
+                 ["list", "--state", "DONE"], ["frobnicate"], ["-o", "yaml", "get", 1]):
+        proc = qc.run(*args, server=False, env_extra=env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith("quantctl: INVALID_ARGUMENT: "), (args, proc.stderr)
+
+
+def test_unreachable_daemon_exits_5_within_the_timeout(qc):
+    server = f"127.0.0.1:{closed_port()}"
+    for args in (["get", 1], ["watch", 1], ["list"]):
+        start = time.monotonic()
+        proc = qc.run("--server", server, "--timeout", 3, *args, server=False, timeout=30)
+        assert proc.returncode == 5, (args, proc.stderr)
+        assert time.monotonic() - start < 3 + 2
+        assert proc.stderr.startswith("quantctl: UNAVAILABLE: ") and server in proc.stderr
+
+
+def test_silent_server_exits_5_at_the_deadline(qc):
+    """A socket that accepts connections but never answers: the deadline ends the call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        server = "127.0.0.1:%d" % s.getsockname()[1]
+        for args in (["get", 1], ["watch", 1]):
+            start = time.monotonic()
+            proc = qc.run("--server", server, "--timeout", 1, *args, server=False, timeout=30)
+            elapsed = time.monotonic() - start
+            assert proc.returncode == 5, (args, proc.stderr)
+            assert proc.stderr.startswith("quantctl: DEADLINE_EXCEEDED: "), (args, proc.stderr)
+            assert 1 <= elapsed < 1 + 2, (args, elapsed)
+        # Ctrl-C while watching: exit 130 at once (nothing is cancelled: quantctl just leaves).
+        proc = subprocess.Popen(qc.cmd("--server", server, "--timeout", 60, "watch", 1,
+                                       server=False), stderr=subprocess.PIPE)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 130

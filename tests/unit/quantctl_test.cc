@@ -1,0 +1,368 @@
+// quantctl's pieces without a daemon: the progress view (TTY and plain), the report table, the
+// exit codes, the submit spec (file + flags) and the JSON form of a Job.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/exit_codes.h"
+#include "client/job_json.h"
+#include "client/progress_view.h"
+#include "client/report_view.h"
+#include "client/spec_flags.h"
+#include "tests/unit/test_dirs.h"
+
+namespace quantd::client {
+namespace {
+
+google::protobuf::Timestamp At(int64_t seconds, int32_t nanos = 0) {
+  google::protobuf::Timestamp t;
+  t.set_seconds(seconds);
+  t.set_nanos(nanos);
+  return t;
+}
+
+// Job 7 in its quantize stage: inspect done, quantize at 140.2 of 805.3 GB, export and verify
+// pending (verify counts bytes in MB).
+v1::Job RunningJob() {
+  v1::Job job;
+  job.set_id(7);
+  job.set_state(v1::RUNNING);
+  job.set_current_stage("quantize");
+  v1::StageProgress* inspect = job.add_stages();
+  inspect->set_kind("inspect");
+  inspect->set_state(v1::StageProgress::SUCCEEDED);
+  inspect->set_tasks_done(1);
+  inspect->set_tasks_total(1);
+  *inspect->mutable_start_time() = At(1000);
+  *inspect->mutable_end_time() = At(1002, 400'000'000);
+  v1::StageProgress* quantize = job.add_stages();
+  quantize->set_kind("quantize");
+  quantize->set_state(v1::StageProgress::RUNNING);
+  quantize->set_tasks_done(12);
+  quantize->set_tasks_total(48);
+  quantize->set_bytes_done(140'200'000'000);
+  quantize->set_bytes_total(805'300'000'000);
+  quantize->set_bytes_per_second(2.31e9);
+  quantize->set_eta_seconds(288);
+  v1::StageProgress* exp = job.add_stages();
+  exp->set_kind("export");
+  exp->set_state(v1::StageProgress::PENDING);
+  exp->set_tasks_total(4);
+  v1::StageProgress* verify = job.add_stages();
+  verify->set_kind("verify");
+  verify->set_state(v1::StageProgress::PENDING);
+  verify->set_tasks_total(4);
+  verify->set_bytes_total(12'500'000);
+  return job;
+}
+
+const char kHeader[] = "job 7 RUNNING";
+const char kInspect[] = "inspect    [####################]  1/1 tasks  done in 2s";
+// 140.2 / 805.3 of 20 columns = 3.48: three '#'.
+const char kQuantize[] =
+    "quantize   [###.................]  12/48 tasks  140.2/805.3 GB  2.31 GB/s  ETA 4m48s";
+const char kExport[] = "export     [....................]  0/4 tasks";
+const char kVerify[] = "verify     [....................]  0/4 tasks  0.0/12.5 MB";
+
+TEST(ProgressViewTest, FormatsHeaderAndStages) {
+  v1::Job job = RunningJob();
+  EXPECT_EQ(JobLines(job),
+            (std::vector<std::string>{kHeader, kInspect, kQuantize, kExport, kVerify}));
+  job.set_reason("pausing");
+  job.set_task_retries(2);
+  job.set_last_error("quantize layers.0: EAGAIN");
+  job.mutable_stages(1)->set_state(v1::StageProgress::FAILED);
+  job.mutable_stages(1)->clear_eta_seconds();
+  EXPECT_EQ(FormatJobHeader(job), "job 7 RUNNING (pausing)  retries 2");
+  // Not running: no rate, no ETA.
+  EXPECT_EQ(FormatStageLine(job.stages(1)),
+            "quantize   [###.................]  12/48 tasks  140.2/805.3 GB  failed");
+  EXPECT_EQ(JobLines(job).back(), "last error: quantize layers.0: EAGAIN");
+}
+
+TEST(ProgressViewTest, TtyRedrawsInPlace) {
+  std::ostringstream out;
+  ProgressView view(&out, /*tty=*/true, /*width=*/0);
+  v1::Job job = RunningJob();
+  view.Show(job);
+  job.mutable_stages(1)->set_tasks_done(13);
+  view.Show(job);
+  const std::string lines =
+      absl::StrCat(kHeader, "\n", kInspect, "\n", "%Q", "\n", kExport, "\n", kVerify, "\n");
+  std::string first = lines;
+  first.replace(first.find("%Q"), 2, kQuantize);
+  std::string second = lines;
+  second.replace(second.find("%Q"), 2,
+                 "quantize   [###.................]  13/48 tasks  140.2/805.3 GB  2.31 GB/s  "
+                 "ETA 4m48s");
+  // The first drawing starts where the cursor is; the second moves up over the five lines.
+  EXPECT_EQ(out.str(), absl::StrCat("\r\x1b[J", first, "\x1b[5A\r\x1b[J", second));
+}
+
+TEST(ProgressViewTest, TtyCutsLinesToTheTerminalWidth) {
+  std::ostringstream out;
+  ProgressView view(&out, /*tty=*/true, /*width=*/40);
+  view.Show(RunningJob());
+  EXPECT_EQ(out.str(),
+            absl::StrCat("\r\x1b[J", kHeader, "\n", "inspect    [####################]  1/1 \n",
+                         "quantize   [###.................]  12/4\n",
+                         "export     [....................]  0/4 \n",
+                         "verify     [....................]  0/4 \n"));
+}
+
+TEST(ProgressViewTest, PlainPrintsOnlyChangedLines) {
+  std::ostringstream out;
+  ProgressView view(&out, /*tty=*/false, /*width=*/0);
+  v1::Job job = RunningJob();
+  view.Show(job);
+  // Bytes and rate move: no new line until a task finishes.
+  job.mutable_stages(1)->set_bytes_done(150'000'000'000);
+  job.mutable_stages(1)->set_bytes_per_second(2.5e9);
+  view.Show(job);
+  job.mutable_stages(1)->set_tasks_done(13);
+  view.Show(job);
+  job.set_reason("pausing");
+  view.Show(job);
+  job.set_state(v1::PAUSED);
+  job.clear_reason();
+  job.set_last_error("paused by request");
+  job.mutable_stages(1)->set_state(v1::StageProgress::PENDING);
+  view.Show(job);
+  EXPECT_EQ(
+      out.str(),
+      absl::StrCat(kHeader, "\n", kInspect, "\n", kQuantize, "\n", kExport, "\n", kVerify, "\n",
+                   // 150 / 805.3 of 20 = 3.73
+                   "quantize   [###.................]  13/48 tasks  150.0/805.3 GB  "
+                   "2.50 GB/s  ETA 4m48s\n",
+                   "job 7 RUNNING (pausing)\n", "job 7 PAUSED\n",
+                   "quantize   [###.................]  13/48 tasks  150.0/805.3 GB\n",
+                   "last error: paused by request\n"));
+}
+
+TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {
+  v1::JobReport r;
+  r.set_job_id(7);
+  r.set_state(v1::SUCCEEDED);
+  r.set_tensors_total(48);
+  r.set_min_sqnr_db(18.5149);
+  r.set_mean_sqnr_db(19.874);
+  v1::TensorStats* t = r.add_tensors();
+  t->set_tensor("layers.1.ffn.experts.3.w2.weight");
+  t->set_rel_rmse(0.11873);
+  t->set_sqnr_db(18.5149);
+  t->set_max_abs_err(0.042113);
+  t = r.add_tensors();
+  t->set_tensor("layers.0.attn.wq_a.weight");
+  t->set_rel_rmse(0.0958);
+  t->set_sqnr_db(20.37);
+  t->set_max_abs_err(0.5);
+  v1::RuleCheck* c = r.add_rules();
+  c->set_name("verify model-00001-of-00002.safetensors");
+  c->set_passed(true);
+  c = r.add_rules();
+  c->set_name("verify model-00002-of-00002.safetensors");
+  c->set_message("tensor-layout a.weight: bad shape\nindex: b.weight missing\n");
+  EXPECT_EQ(FormatReport(r),
+            "job 7 SUCCEEDED  48 tensors  min SQNR 18.51 dB  mean SQNR 19.87 dB\n"
+            "\n"
+            "TENSOR                            REL RMSE  SQNR dB  MAX ABS ERR\n"
+            "layers.1.ffn.experts.3.w2.weight    0.1187    18.51      0.04211\n"
+            "layers.0.attn.wq_a.weight           0.0958    20.37          0.5\n"
+            "\n"
+            "rule checks: 1 of 2 passed\n"
+            "  PASS  verify model-00001-of-00002.safetensors\n"
+            "  FAIL  verify model-00002-of-00002.safetensors\n"
+            "        tensor-layout a.weight: bad shape\n"
+            "        index: b.weight missing\n");
+}
+
+TEST(ReportViewTest, SaysWhatIsNotThereYet) {
+  v1::JobReport r;
+  r.set_job_id(8);
+  r.set_state(v1::RUNNING);
+  EXPECT_EQ(FormatReport(r),
+            "job 8 RUNNING  no tensor statistics yet\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
+}
+
+TEST(ExitCodesTest, EveryStatusCode) {
+  const std::vector<std::pair<grpc::StatusCode, int>> expected = {
+      {grpc::StatusCode::OK, 0},
+      {grpc::StatusCode::CANCELLED, 7},
+      {grpc::StatusCode::UNKNOWN, 7},
+      {grpc::StatusCode::INVALID_ARGUMENT, 2},
+      {grpc::StatusCode::DEADLINE_EXCEEDED, 5},
+      {grpc::StatusCode::NOT_FOUND, 3},
+      {grpc::StatusCode::ALREADY_EXISTS, 4},
+      {grpc::StatusCode::PERMISSION_DENIED, 7},
+      {grpc::StatusCode::RESOURCE_EXHAUSTED, 6},
+      {grpc::StatusCode::FAILED_PRECONDITION, 4},
+      {grpc::StatusCode::ABORTED, 7},
+      {grpc::StatusCode::OUT_OF_RANGE, 7},
+      {grpc::StatusCode::UNIMPLEMENTED, 7},
+      {grpc::StatusCode::INTERNAL, 7},
+      {grpc::StatusCode::UNAVAILABLE, 5},
+      {grpc::StatusCode::DATA_LOSS, 7},
+      {grpc::StatusCode::UNAUTHENTICATED, 7},
+  };
+  ASSERT_EQ(expected.size(), 17u);  // codes 0..16
+  for (const auto& [code, exit_code] : expected) {
+    EXPECT_EQ(ExitCodeForStatus(code), exit_code) << "code " << code;
+  }
+}
+
+TEST(ExitCodesTest, WatchedJobFinalStates) {
+  EXPECT_EQ(ExitCodeForFinalState(v1::SUCCEEDED), 0);
+  EXPECT_EQ(ExitCodeForFinalState(v1::FAILED), 1);
+  EXPECT_EQ(ExitCodeForFinalState(v1::CANCELLED), 1);
+  EXPECT_EQ(ExitCodeForFinalState(v1::PAUSED), 1);
+}
+
+class SpecFlagsTest : public testing_util::TempDirTest {
+ protected:
+  std::string WriteSpec(const std::string& text) {
+    const std::string path = dir_ + "/spec.json";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  // `quantctl submit ARGS...` parsed into a spec.
+  absl::StatusOr<v1::JobSpec> Parse(std::vector<std::string> args) {
+    CLI::App app;
+    SpecFlags flags;
+    AddSpecFlags(&app, &flags);
+    std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+    app.parse(args);
+    return BuildSpec(flags);
+  }
+};
+
+TEST_F(SpecFlagsTest, FlagsOverrideTheSpecFile) {
+  const std::string spec = WriteSpec(R"({
+      "source": "/models/v4", "output": "/out/a", "recipe": "full",
+      "include": ["layers.*"], "exclude": ["lm_head"], "weight_format": "nvfp4",
+      "kv_cache": "fp8", "materialize_bf16": null,
+      "calibration": {"amax_file": "/a.json", "num_samples": 64, "calibrate_all_experts": false},
+      "devices": "auto", "host_memory_bytes": 1000})");
+  absl::StatusOr<v1::JobSpec> s =
+      Parse({"--spec", spec, "--output", "rel/out", "--weight-format", "w4a16_nvfp4", "--exclude",
+             "a", "--exclude", "b", "--num-samples", "128", "--seq-len", "512",
+             "--calibrate-all-experts", "--device", "cpu", "--device", "cuda:0"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->source(), "/models/v4");
+  EXPECT_EQ(s->output(), (std::filesystem::current_path() / "rel/out").string());
+  EXPECT_EQ(s->recipe(), "full");
+  EXPECT_EQ(std::vector<std::string>(s->include().begin(), s->include().end()),
+            std::vector<std::string>{"layers.*"});
+  EXPECT_EQ(std::vector<std::string>(s->exclude().begin(), s->exclude().end()),
+            (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(s->weight_format(), "w4a16_nvfp4");
+  EXPECT_EQ(s->expert_cast(), "");  // not given anywhere: the daemon's default
+  EXPECT_EQ(s->kv_cache(), "fp8");
+  EXPECT_EQ(s->materialize_bf16(), "");
+  EXPECT_EQ(s->calibration().amax_file(), "/a.json");
+  EXPECT_EQ(s->calibration().num_samples(), 128);
+  EXPECT_EQ(s->calibration().seq_len(), 512);
+  EXPECT_TRUE(s->calibration().calibrate_all_experts());
+  EXPECT_EQ(std::vector<std::string>(s->devices().begin(), s->devices().end()),
+            (std::vector<std::string>{"cpu", "cuda:0"}));
+  EXPECT_EQ(s->host_memory_bytes(), 1000);
+}
+
+TEST_F(SpecFlagsTest, FlagsAloneMakeASpec) {
+  absl::StatusOr<v1::JobSpec> s = Parse({"--source", "/src", "--output", "/out/../dst"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->source(), "/src");
+  EXPECT_EQ(s->output(), "/dst");
+  EXPECT_EQ(s->devices_size(), 0);
+}
+
+TEST_F(SpecFlagsTest, ErrorsNameTheKey) {
+  struct Case {
+    std::string json;
+    std::string error;  // after "<spec path>: "
+  };
+  const std::vector<Case> cases = {
+      {R"({"source": "/s", "weight_fmt": "nvfp4"})", "field 'weight_fmt' is not a known field"},
+      {R"({"calibration": {"samples": 3}})", "field 'calibration.samples' is not a known field"},
+      {R"({"source": 5})", "field 'source' must be a string"},
+      {R"({"calibration": {"num_samples": "64"}})",
+       "field 'calibration.num_samples' must be an integer"},
+      {R"({"host_memory_bytes": 1.5})", "field 'host_memory_bytes' must be an integer"},
+      {R"({"host_memory_bytes": 9223372036854775808})",
+       "field 'host_memory_bytes' is out of range"},
+      {R"({"calibration": {"calibrate_all_experts": 1}})",
+       "field 'calibration.calibrate_all_experts' must be true or false"},
+      {R"({"devices": "cpu"})", "field 'devices' must be an array of strings"},
+      {R"({"include": ["a", 2]})", "field 'include' must be an array of strings"},
+      {R"({"calibration": []})", "field 'calibration' must be an object"},
+      {R"(["source"])", "not a JSON object"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = WriteSpec(c.json);
+    absl::StatusOr<v1::JobSpec> s = Parse({"--spec", path, "--source", "/s", "--output", "/o"});
+    ASSERT_FALSE(s.ok()) << c.json;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.status().message(), absl::StrCat(path, ": ", c.error)) << c.json;
+  }
+  const std::string bad = WriteSpec("{\"source\": ");
+  absl::StatusOr<v1::JobSpec> s = Parse({"--spec", bad});
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StartsWith(s.status().message(), absl::StrCat(bad, ": not valid JSON: ")))
+      << s.status();
+}
+
+TEST_F(SpecFlagsTest, UnreadableFileAndMissingPaths) {
+  const std::string missing = dir_ + "/missing.json";
+  absl::StatusOr<v1::JobSpec> s = Parse({"--spec", missing});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(), absl::StrCat("cannot read --spec file: ", missing,
+                                               ": cannot open: No such file or directory"));
+
+  s = Parse({"--output", "/o"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(), "submit needs --source (or \"source\" in the --spec file)");
+  s = Parse({"--spec", WriteSpec(R"({"source": "/s"})")});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(), "submit needs --output (or \"output\" in the --spec file)");
+}
+
+TEST(JobJsonTest, EnumNamesAndLowerCamelCase) {
+  v1::Job job = RunningJob();
+  job.mutable_spec()->set_source("/src");
+  absl::StatusOr<std::string> text = MessageToJson(job);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->find('\n'), std::string::npos);  // one line per message
+  const nlohmann::json j = nlohmann::json::parse(*text);
+  EXPECT_EQ(j["state"], "RUNNING");
+  EXPECT_EQ(j["id"], "7");  // proto3 JSON spells int64 as a string
+  EXPECT_EQ(j["currentStage"], "quantize");
+  EXPECT_FALSE(j.contains("current_stage"));
+  // Zero and empty fields are printed too.
+  EXPECT_EQ(j["lastError"], "");
+  EXPECT_EQ(j["taskRetries"], "0");
+  EXPECT_EQ(j["stages"][1]["kind"], "quantize");
+  EXPECT_EQ(j["stages"][1]["state"], "RUNNING");
+  EXPECT_EQ(j["stages"][1]["tasksDone"], "12");
+  EXPECT_EQ(j["stages"][1]["bytesPerSecond"], 2.31e9);
+  EXPECT_EQ(j["stages"][1]["etaSeconds"], 288);
+  EXPECT_FALSE(j["stages"][2].contains("etaSeconds"));  // optional and unset
+  EXPECT_EQ(j["stages"][0]["startTime"], "1970-01-01T00:16:40Z");
+  EXPECT_EQ(j["spec"]["source"], "/src");
+  EXPECT_EQ(j["spec"]["weightFormat"], "");
+  EXPECT_EQ(j["spec"]["hostMemoryBytes"], "0");
+}
+
+}  // namespace
+}  // namespace quantd::client

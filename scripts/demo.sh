@@ -1,22 +1,62 @@
 #!/usr/bin/env bash
-# The main job on the built-in example: writes the tiny DeepSeek-V4-format checkpoint (FP8
-# attention, MXFP4 routed experts), converts its routed experts to NVFP4 with NVIDIA's V4 recipe
-# (resumable: state in a SQLite file), and checks the result against the export rules.
+# The main job on the built-in example, through the daemon: writes the tiny DeepSeek-V4-format
+# checkpoint (FP8 attention, MXFP4 routed experts), starts `quantd serve` on loopback (state in a
+# SQLite file under $OUT/state, stopped with SIGTERM when the script exits), submits a job that
+# converts the routed experts to NVFP4 with NVIDIA's V4 recipe and follows it with
+# `quantctl submit --watch`, prints the job's report, and checks the result against the export
+# rules.
 # Expects scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${QUANTD_BUILD_DIR:-$PWD/build}
 QUANTD=$BUILD_DIR/server/quantd
+QUANTCTL=$BUILD_DIR/client/quantctl
 OUT=${1:-${TMPDIR:-/tmp}/quantd-demo}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 "$QUANTD" mkfixture --arch deepseek-v4 --preset tiny --seed 1 "$OUT/source"
 "$QUANTD" inspect "$OUT/source"
+
+# The daemon picks free ports (port 0) and writes them to serve.json once it is ready.
+"$QUANTD" serve --state-dir "$OUT/state" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+  2> "$OUT/serve.log" &
+DAEMON=$!
+stop_daemon() {
+  kill -TERM "$DAEMON" 2> /dev/null && wait "$DAEMON" || true
+}
+trap stop_daemon EXIT
+for _ in $(seq 300); do
+  [[ -f "$OUT/state/serve.json" ]] && break
+  if ! kill -0 "$DAEMON" 2> /dev/null; then
+    cat "$OUT/serve.log" >&2
+    echo "demo: quantd serve exited before it was ready" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+if [[ ! -f "$OUT/state/serve.json" ]]; then
+  cat "$OUT/serve.log" >&2
+  echo "demo: quantd serve was not ready after 30 s" >&2
+  exit 1
+fi
+read -r SERVER METRICS < <(python3 -c '
+import json, sys
+ready = json.load(open(sys.argv[1]))
+print(ready["listen"][0], ready["metrics_listen"])' "$OUT/state/serve.json")
+echo "quantd serve: gRPC on $SERVER, metrics on http://$METRICS/metrics, log in $OUT/serve.log"
+
 # Weights-only NVFP4 (W4A16): W4A4 needs calibrated input amax, which the calibration stage will
-# provide; until then `calibration.amax_file` supplies it.
-cat > "$OUT/job.json" <<JSON
-{"source": "$OUT/source", "output": "$OUT/nvfp4", "recipe": "experts",
- "weight_format": "w4a16_nvfp4", "expert_cast": "lossless", "export_format": "modelopt"}
-JSON
-"$QUANTD" run --state "$OUT/state.db" "$OUT/job.json"
+# provide; until then `--amax-file` supplies it.
+"$QUANTCTL" --server "$SERVER" submit --source "$OUT/source" --output "$OUT/nvfp4" \
+  --recipe experts --weight-format w4a16_nvfp4 --expert-cast lossless --export-format modelopt \
+  --watch
+JOB=$("$QUANTCTL" --server "$SERVER" -o json list | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["jobs"][-1]["id"])')
+"$QUANTCTL" --server "$SERVER" report "$JOB"
 "$QUANTD" verify "$OUT/nvfp4"
+
+# A clean shutdown exits 0.
+trap - EXIT
+kill -TERM "$DAEMON"
+wait "$DAEMON"

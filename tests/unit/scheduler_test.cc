@@ -237,9 +237,9 @@ TEST_F(SchedulerTest, ShutdownLeavesTheJobRunningAndTheNextStartFinishesIt) {
     auto store = store::JobStore::Open(dir_ + "/state.db");
     ASSERT_TRUE(store.ok());
     EXPECT_EQ((*store)->GetJob(id)->state, store::JobState::kRunning);
-    for (const store::TaskRow& t : *(*store)->ListTasks(id)) {
-      EXPECT_NE(t.state, store::TaskState::kLeased) << t.name;
-    }
+    auto tasks = (*store)->ListTasks(id);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const store::TaskRow& t : *tasks) EXPECT_NE(t.state, store::TaskState::kLeased) << t.name;
   }
   auto s = Start({"cpu"});
   auto done = s->WaitUntilStopped(id, nullptr);

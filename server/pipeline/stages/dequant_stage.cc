@@ -79,14 +79,13 @@ absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const Dequant
   absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> writer =
       CreateShardWriter(path, std::move(specs));
   if (!writer.ok()) return writer.status();
-  std::vector<uint8_t> staging;  // host copy of decoded values (backends on device memory)
   for (const OutputEntry& e : entries) {
     if (absl::Status s = CheckCancelled(ctx, task.shard); !s.ok()) return s;
     absl::Status status;
     if (e.module.empty()) {
       status = AppendChunked(**writer, e.source->data, e.source->size);
     } else {
-      status = AppendDecodedWeight(ctx, **writer, e.module, &staging);
+      status = AppendDecodedWeight(ctx, **writer, e.module);
     }
     if (!status.ok()) return status;
     ReleaseSource(ctx, e.source);

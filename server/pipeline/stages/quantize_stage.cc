@@ -208,7 +208,7 @@ absl::Status QuantizeRun::QuantizeGroup(const std::vector<std::string>& group) {
 absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
                                      const OutputEntry& entry) {
   if (!entry.bf16_module.empty()) {
-    absl::Status s = AppendDecodedWeight(ctx_, writer, entry.bf16_module, &staging_);
+    absl::Status s = AppendDecodedWeight(ctx_, writer, entry.bf16_module);
     if (!s.ok()) return s;
     AddProgress(ctx_, FindLinear(*ctx_.inventory, entry.bf16_module)->bytes);
     return absl::OkStatus();

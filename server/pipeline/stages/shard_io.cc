@@ -238,15 +238,27 @@ absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* da
   return absl::OkStatus();
 }
 
+absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w) {
+  absl::StatusOr<DenseWeight> dense = DecodeWeight(backend, w);
+  if (!dense.ok()) return dense.status();
+  HostWeight out;
+  out.dense = std::move(*dense);
+  absl::StatusOr<const void*> host =
+      ToHost(backend, out.dense.tensor.data, out.dense.bytes, &out.staging);
+  if (!host.ok()) return WeightError(w, host.status());
+  out.data = *host;
+  return out;
+}
+
 absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
-                                 const std::string& module, std::vector<uint8_t>* staging) {
+                                 const std::string& module) {
   absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, module);
   if (!w.ok()) return w.status();
-  absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *w);
-  if (!dense.ok()) return dense.status();
-  absl::StatusOr<const void*> host = ToHost(*ctx.backend, dense->tensor.data, dense->bytes, staging);
-  if (!host.ok()) return host.status();
-  if (absl::Status s = AppendChunked(writer, *host, dense->bytes); !s.ok()) return s;
+  absl::StatusOr<HostWeight> decoded = DecodeWeightToHost(*ctx.backend, *w);
+  if (!decoded.ok()) return decoded.status();
+  if (absl::Status s = AppendChunked(writer, decoded->data, decoded->dense.bytes); !s.ok()) {
+    return s;
+  }
   ReleaseSource(ctx, *w);
   return absl::OkStatus();
 }

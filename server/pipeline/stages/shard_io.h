@@ -76,16 +76,23 @@ struct DenseWeight {
 };
 absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w);
 
+// DecodeWeight's values readable from host memory (in place on a host backend).
+struct HostWeight {
+  DenseWeight dense;             // the decoded values, in backend memory
+  std::vector<uint8_t> staging;  // their host copy when the backend computes on device memory
+  const void* data = nullptr;    // host view of the values: dense.tensor.data or staging
+};
+absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w);
+
 // Creates the directory of `path` (and its parents) and a writer for `path` declaring `tensors`
 // in the given order, with __metadata__ {"format": "pt"}.
 absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
     const std::string& path, std::vector<checkpoint::TensorSpec> tensors);
 // Streams `size` bytes of host memory into the writer in large chunks.
 absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size);
-// Appends the weight of `module` decoded to BF16 (DecodeWeight) and releases its source pages;
-// *staging holds the host copy when the backend computes on device memory.
+// Appends the weight of `module` decoded to BF16 (DecodeWeight) and releases its source pages.
 absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
-                                 const std::string& module, std::vector<uint8_t>* staging);
+                                 const std::string& module);
 // Finishes the writer (fsync, rename) and describes the file: path, size, SHA-256.
 absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
                                        const std::string& path);

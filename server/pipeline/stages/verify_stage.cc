@@ -76,15 +76,11 @@ absl::Status CheckBf16Module(const StageContext& ctx, const std::string& module,
                              const TensorView& written, std::vector<Violation>* out) {
   absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, module);
   if (!w.ok()) return w.status();
-  absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *w);
-  if (!dense.ok()) return dense.status();
-  std::vector<uint8_t> staging;
-  absl::StatusOr<const void*> host =
-      ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
-  if (!host.ok()) return host.status();
-  const uint16_t* want = static_cast<const uint16_t*>(*host);
+  absl::StatusOr<HostWeight> decoded = DecodeWeightToHost(*ctx.backend, *w);
+  if (!decoded.ok()) return decoded.status();
+  const uint16_t* want = static_cast<const uint16_t*>(decoded->data);
   const uint16_t* got = reinterpret_cast<const uint16_t*>(written.data);
-  const size_t n = dense->bytes / 2;
+  const size_t n = decoded->dense.bytes / 2;
   for (size_t i = 0; i < n; ++i) {
     if (want[i] == got[i]) continue;
     out->push_back({kRuleShardContents, written.name,
@@ -130,16 +126,13 @@ absl::StatusOr<store::TensorStatsRow> ModuleStats(const StageContext& ctx,
                                                   const Nvfp4ModuleViews& out) {
   absl::StatusOr<SourceWeight> source = FindSourceWeight(ctx, module);
   if (!source.ok()) return source.status();
-  absl::StatusOr<DenseWeight> dense = DecodeWeight(*ctx.backend, *source);
-  if (!dense.ok()) return dense.status();
-  std::vector<uint8_t> staging;
-  absl::StatusOr<const void*> ref_data =
-      ToHost(*ctx.backend, dense->tensor.data, dense->bytes, &staging);
-  if (!ref_data.ok()) return WeightError(*source, ref_data.status());
-  const bool bf16 = dense->tensor.type == kernels::FloatType::kBF16;
+  absl::StatusOr<HostWeight> decoded = DecodeWeightToHost(*ctx.backend, *source);
+  if (!decoded.ok()) return decoded.status();
+  const void* ref_data = decoded->data;
+  const bool bf16 = decoded->dense.tensor.type == kernels::FloatType::kBF16;
 
-  const int64_t rows = dense->tensor.rows;
-  const int64_t cols = dense->tensor.cols;
+  const int64_t rows = decoded->dense.tensor.rows;
+  const int64_t cols = decoded->dense.tensor.cols;
   const int64_t chunk_rows = std::max<int64_t>(1, kChunkElements / cols);
   std::vector<float> ref, got;
   ErrorStats stats;
@@ -150,11 +143,11 @@ absl::StatusOr<store::TensorStatsRow> ModuleStats(const StageContext& ctx,
     got.resize(static_cast<size_t>(n));
     const float* ref_rows;
     if (bf16) {
-      const uint16_t* src = static_cast<const uint16_t*>(*ref_data) + r0 * cols;
+      const uint16_t* src = static_cast<const uint16_t*>(ref_data) + r0 * cols;
       for (int64_t i = 0; i < n; ++i) ref[i] = formats::Bf16ToFloat(src[i]);
       ref_rows = ref.data();
     } else {
-      ref_rows = static_cast<const float*>(*ref_data) + r0 * cols;
+      ref_rows = static_cast<const float*>(ref_data) + r0 * cols;
     }
     absl::Status s = DecodeOutputRows(*ctx.backend, out, cols, r0, r1, got.data());
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(out.name, ": ", s.message()));

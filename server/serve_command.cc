@@ -307,6 +307,8 @@ int ServeMain(const ServeConfig& config) {
   options.cpu_threads = config.cpu_threads;
   options.queue_limit = config.queue_limit;
   options.host_memory_bytes = config.host_memory_bytes;
+  // Kernels saturate the cores; a little lower priority keeps the API responsive under load.
+  options.worker_nice = 5;
   options.metrics = metrics.get();
   options.log = [](int64_t job_id, const std::string& kind, const std::string& message) {
     spdlog::info("job {} {}: {}", job_id, kind, message);

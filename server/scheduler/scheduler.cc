@@ -1,6 +1,8 @@
 #include "server/scheduler/scheduler.h"
 
+#include <errno.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -588,6 +590,14 @@ void Scheduler::Impl::Release(ActiveJob& job) {
 
 void Scheduler::Impl::WorkerLoop(int index) {
   Worker& worker = *workers_[index];
+  if (options_.worker_nice != 0) {
+    // PRIO_PROCESS with a thread id changes only that thread on Linux. Lowering the priority needs
+    // no privilege; a failure leaves it as it was, which is harmless.
+    const id_t self = static_cast<id_t>(gettid());
+    errno = 0;
+    const int current = getpriority(PRIO_PROCESS, self);
+    if (errno == 0) setpriority(PRIO_PROCESS, self, current + options_.worker_nice);
+  }
   while (std::optional<Work> work = worker.queue.Pop()) {
     const uint64_t half = static_cast<uint64_t>(work->task.bytes_total) / 2;
     const bool kill_mid = work->kill_mid;

@@ -48,6 +48,10 @@ struct SchedulerOptions {
   int64_t host_memory_bytes = 0;  // a job whose spec asks for more is refused; 0 = no limit
   // quantd run: its --device choice replaces the spec's devices, so every job uses every worker.
   bool ignore_spec_devices = false;
+  // Added to the nice value of each worker thread (Linux keeps it per thread, and the kernel
+  // threads a worker starts inherit it), so that a host whose cores the kernels saturate still
+  // answers RPCs promptly. 0 leaves the priority alone.
+  int worker_nice = 0;
   int64_t lease_ms = 60'000;        // a task lease; renewed every lease_ms / 3 while it runs
   metrics::Metrics* metrics = nullptr;  // not owned; nullptr = no metrics
   // Receives one line per state change, task retry or failure (job id, event kind, message);

@@ -5,10 +5,15 @@
 #include "server/scheduler/scheduler.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "server/fixture/fixture.h"
 #include "server/scheduler/job_proto.h"
@@ -247,6 +252,41 @@ TEST_F(SchedulerTest, ShutdownLeavesTheJobRunningAndTheNextStartFinishesIt) {
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->last_error();
   EXPECT_EQ(done->reason(), "");
   EXPECT_EQ(done->task_retries(), 0);
+}
+
+// Threads of this process whose nice value (field 19 of /proc/self/task/<tid>/stat) is `nice`.
+int ThreadsWithNice(int nice) {
+  int n = 0;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // The command name (field 2) may hold spaces; the fields after its closing ')' do not.
+    std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i <= 19 && rest >> field; ++i) {
+      if (i == 19 && std::stoi(field) == nice) ++n;
+    }
+  }
+  return n;
+}
+
+TEST_F(SchedulerTest, WorkerThreadsRunAtTheirNiceValue) {
+  auto store = store::JobStore::Open(dir_ + "/state.db");
+  ASSERT_TRUE(store.ok());
+  SchedulerOptions options;
+  options.devices = {"cpu", "cpu", "cpu"};
+  options.worker_nice = 7;
+  const int base = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  if (base + 7 > 19) GTEST_SKIP() << "the test runs at nice " << base;
+  ASSERT_EQ(ThreadsWithNice(base + 7), 0);
+  auto s = Scheduler::Start(std::move(*store), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Each worker lowers its own priority as it starts; the other threads keep theirs.
+  for (int i = 0; i < 100 && ThreadsWithNice(base + 7) < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(ThreadsWithNice(base + 7), 3);
+  EXPECT_GE(ThreadsWithNice(base), 2);  // this thread and the scheduler thread
 }
 
 }  // namespace

@@ -381,6 +381,42 @@ TEST_F(VerifyRulesTest, HfQuantConfigMixedPrecisionCoversEveryModule) {
   EXPECT_EQ(r.layout, "modelopt-mixed");
 }
 
+TEST_F(VerifyRulesTest, BlockQuantizedModulesNeedTheMixedLayout) {
+  // An FP8-block attention projection and an MXFP4 one left next to NVFP4 modules: a plain
+  // ModelOpt config cannot describe them; a MIXED_PRECISION one (which keeps the FP8 config)
+  // can.
+  Checkpoint c = Good();
+  c.shards[1].push_back({"model.layers.0.self_attn.o_proj.weight", Dtype::kF8E4M3, {32, 32},
+                         std::string(32 * 32, '\x38')});
+  c.shards[1].push_back({"model.layers.0.self_attn.o_proj.weight_scale_inv", Dtype::kF32, {1, 1},
+                         F32Bytes(1)});
+  c.shards[1].push_back({"model.layers.0.mlp.shared.weight", Dtype::kI8, {32, 16},
+                         std::string(32 * 16, '\x11')});
+  c.shards[1].push_back({"model.layers.0.mlp.shared.scale", Dtype::kF8E8M0, {32, 1},
+                         std::string(32, '\x7f')});
+  VerifyReport r = Verify(c);
+  ExpectViolations(r, {{kRuleUndescribedFormat, "model.layers.0.self_attn.o_proj"},
+                       {kRuleUndescribedFormat, "model.layers.0.mlp.shared"}});
+  EXPECT_EQ(Message(r, 0),
+            "is stored as FP8 blocks with its weight_scale_inv, but the config describes only "
+            "NVFP4 modules: readers load it as an unquantized BF16 linear");
+  EXPECT_EQ(Message(r, 1),
+            "is stored as MXFP4 with its scale, but the config describes only NVFP4 modules: "
+            "readers load it as an unquantized BF16 linear");
+
+  const json layer = {{"quant_algo", "NVFP4"}, {"group_size", 16}};
+  const json layers = {{"model.layers.0", layer}};
+  c.hf_quant_config["quantization"]["quant_algo"] = "MIXED_PRECISION";
+  c.hf_quant_config["quantization"]["quantized_layers"] = layers;
+  c.config["quantization_config"]["quant_algo"] = "MIXED_PRECISION";
+  c.config["quantization_config"]["quantized_layers"] = layers;
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  r = Verify(c);
+  EXPECT_TRUE(r.ok()) << FormatViolations(r.violations);
+  EXPECT_EQ(r.layout, "modelopt-mixed");
+}
+
 TEST_F(VerifyRulesTest, ConfigQuantization) {
   Checkpoint c = Good();
   c.config["quantization_config"]["quant_algo"] = "FP8";

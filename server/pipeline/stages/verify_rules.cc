@@ -743,6 +743,30 @@ store::TensorStatsRow ErrorStats::Row(const std::string& tensor) const {
   return row;
 }
 
+// Outside the mixed layout the config describes only the NVFP4 modules, and readers build every
+// other linear as an unquantized BF16 one: an FP8-block or MXFP4 weight left with its scales
+// would be loaded as garbage or refused.
+void CheckUndescribedBlockFormats(const std::vector<const TensorView*>& tensors,
+                                  std::vector<Violation>* out) {
+  std::set<std::string> names;
+  for (const TensorView* t : tensors) names.insert(t->name);
+  for (const TensorView* t : tensors) {
+    if (!absl::EndsWith(t->name, ".weight")) continue;
+    if (t->dtype != Dtype::kF8E4M3 && t->dtype != Dtype::kI8) continue;
+    const std::string module = t->name.substr(0, t->name.size() - strlen(".weight"));
+    for (const char* scale : {".scale", ".weight_scale_inv"}) {
+      if (names.count(module + scale) == 0) continue;
+      out->push_back({kRuleUndescribedFormat, module,
+                      absl::StrCat("is stored ",
+                                   t->dtype == Dtype::kI8 ? "as MXFP4" : "as FP8 blocks",
+                                   " with its ", scale + 1,
+                                   ", but the config describes only NVFP4 modules: readers load "
+                                   "it as an unquantized BF16 linear")});
+      break;
+    }
+  }
+}
+
 absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir) {
   if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   VerifyReport report;
@@ -775,7 +799,11 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir) {
   // Without a usable config, a checkpoint is W4A4 when any module has an input scale.
   CheckNvfp4Modules(modules, facts.w4a4.value_or(report.input_scales > 0), &out);
   CheckPartialFusion(modules, shards->where, &out);
-  if (facts.mixed) CheckQuantizedLayers(modules, facts.quantized_layers, &out);
+  if (facts.mixed) {
+    CheckQuantizedLayers(modules, facts.quantized_layers, &out);
+  } else {
+    CheckUndescribedBlockFormats(shards->tensors, &out);
+  }
   CheckExcludes(modules, facts.excludes, compressed_tensors, &out);
   return report;
 }

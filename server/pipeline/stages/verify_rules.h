@@ -21,6 +21,9 @@
 //   exclude-matches-quantized  no exclude_modules / ignore entry matches a quantized module
 //                       (ModelOpt entries as vLLM reads them: fnmatch, or substring for an entry
 //                       without wildcards; compressed-tensors entries: exact name or "re:" regex)
+//   undescribed-format  outside the MIXED_PRECISION layout, no linear is left block-quantized
+//                       (an F8_E4M3 or I8 weight with a `.scale` / `.weight_scale_inv` sibling):
+//                       readers take every module outside the NVFP4 config as BF16
 //   index               model.safetensors.index.json agrees with the shards (every tensor listed
 //                       once, in the shard that holds it; metadata.total_size = tensor bytes)
 //   shard-contents      (verify stage only) the output shard holds exactly the planned tensors
@@ -51,6 +54,7 @@ inline constexpr char kRuleFusedPartners[] = "fused-partners";
 inline constexpr char kRuleHfQuantConfig[] = "hf-quant-config";
 inline constexpr char kRuleConfigQuantization[] = "config-quantization";
 inline constexpr char kRuleExcludeMatchesQuantized[] = "exclude-matches-quantized";
+inline constexpr char kRuleUndescribedFormat[] = "undescribed-format";
 inline constexpr char kRuleIndex[] = "index";
 inline constexpr char kRuleShardContents[] = "shard-contents";
 

@@ -103,11 +103,13 @@ void ProgressView::Redraw(const v1::Job& job) {
 }
 
 void ProgressView::PrintChanges(const v1::Job& job) {
+  // A job that stopped (finished, failed, paused) says so after its last stage lines.
+  const bool stopped = job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+                       job.state() == v1::CANCELLED || job.state() == v1::PAUSED;
   const std::string header = FormatJobHeader(job);
-  if (last_["job"] != header) {
-    *out_ << header << "\n";
-    last_["job"] = header;
-  }
+  const bool header_changed = last_["job"] != header;
+  last_["job"] = header;
+  if (header_changed && !stopped) *out_ << header << "\n";
   for (const v1::StageProgress& s : job.stages()) {
     const std::string key = StageChangeKey(s);
     auto it = last_.find(s.kind());
@@ -119,6 +121,7 @@ void ProgressView::PrintChanges(const v1::Job& job) {
     *out_ << "last error: " << job.last_error() << "\n";
     last_["error"] = job.last_error();
   }
+  if (header_changed && stopped) *out_ << header << "\n";
 }
 
 }  // namespace quantd::client

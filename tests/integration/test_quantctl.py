@@ -161,9 +161,9 @@ def test_report_table_and_json(qc, finished, source):
 def test_watch_finished_job(qc, finished):
     job_id, _, _ = finished
     plain = qc.run_ok("watch", job_id).stdout.splitlines()
-    # One snapshot: the header and the four stages, once each.
-    assert plain[0] == f"job {job_id} SUCCEEDED"
-    assert [ln.split()[0] for ln in plain[1:]] == ["inspect", "quantize", "export", "verify"]
+    # One snapshot: the four stages once each, then the job's final state.
+    assert plain[-1] == f"job {job_id} SUCCEEDED"
+    assert [ln.split()[0] for ln in plain[:-1]] == ["inspect", "quantize", "export", "verify"]
     lines = qc.run_ok("-o", "json", "watch", job_id).stdout.splitlines()
     assert lines and json.loads(lines[-1])["state"] == "SUCCEEDED"
 
@@ -221,8 +221,8 @@ def test_failed_job_exits_1_then_resume_and_delete(qc, tmp_path):
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     job_id = int(re.match(r"job (\d+) PENDING\n", proc.stdout).group(1))
     lines = proc.stdout.splitlines()
-    assert re.fullmatch(rf"job {job_id} FAILED( \(\w+\))?", lines[-2]), lines
-    assert lines[-1].startswith(f"last error: {tmp_path / 'missing'}: ")
+    assert lines[-2].startswith(f"last error: {tmp_path / 'missing'}: "), lines
+    assert re.fullmatch(rf"job {job_id} FAILED( \(\w+\))?", lines[-1]), lines
     # "job <id> <STATE>", then the reason when there is one.
     assert re.fullmatch(rf"job {job_id} PENDING( \(\w+\))?\n", qc.run_ok("resume", job_id).stdout)
     assert qc.run("watch", job_id).returncode == 1

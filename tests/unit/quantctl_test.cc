@@ -143,9 +143,10 @@ TEST(ProgressViewTest, PlainPrintsOnlyChangedLines) {
                    // 150 / 805.3 of 20 = 3.73
                    "quantize   [###.................]  13/48 tasks  150.0/805.3 GB  "
                    "2.50 GB/s  ETA 4m48s\n",
-                   "job 7 RUNNING (pausing)\n", "job 7 PAUSED\n",
+                   "job 7 RUNNING (pausing)\n",
+                   // A stopped job's state comes after its final stage lines.
                    "quantize   [###.................]  13/48 tasks  150.0/805.3 GB\n",
-                   "last error: paused by request\n"));
+                   "last error: paused by request\n", "job 7 PAUSED\n"));
 }
 
 TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {

@@ -11,7 +11,8 @@
 // {"pid": N, "listen": [bound addresses], "metrics_listen": "host:port" or ""}; it is removed on a
 // clean exit. <state-dir>/quantd.lock (flock) keeps a second daemon off the same state dir.
 // SIGTERM/SIGINT: stop accepting RPCs, give running tasks the shutdown grace to stop, exit 0; jobs
-// that were RUNNING resume by themselves at the next start.
+// that were RUNNING resume by themselves at the next start. Worker threads (and the kernel threads
+// they start) run at nice +5, so RPCs are answered promptly while the kernels saturate the cores.
 //
 // Exit codes: 0 clean shutdown; 1 could not start (address in use, state dir unusable, database
 // newer than this binary, another daemon holds the state dir); 2 usage or config error.

@@ -1,10 +1,12 @@
 // AVX2 (+FMA, F16C) row kernels, 8 float lanes at a time. Run only where SupportedSimdLevels()
 // lists kAvx2.
 //
-// The same approach as row_kernels_avx512.cc (element pairs, exact integer tricks, bad rows
-// handed to the reference), except that NVFP4 quantization always divides. AVX2 has no byte or
-// 16-bit masked loads and stores, so partial vectors at the end of a row go through a
-// zero-padded copy. Shared inline code must not be called here (see simd_common.h).
+// The same approach as row_kernels_avx512.cc (element pairs, exact integer tricks, reciprocals
+// where they provably give the quotient's E2M1 code, NVFP4 decoding by table, bad rows handed to
+// the reference), except that NVFP4 quantization divides a whole block wherever the shortcut is
+// in doubt. AVX2 has no byte or 16-bit masked loads and stores, so partial vectors at the end of
+// a row go through a zero-padded copy. Shared inline code must not be called here (see
+// simd_common.h).
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -119,14 +121,6 @@ __m256i FloatToE2m1(__m256 x) {
   ord = _mm256_sub_epi32(ord, AsInt(_mm256_cmp_ps(m, _mm256_set1_ps(3.5f), _CMP_GE_OQ)));
   ord = _mm256_sub_epi32(ord, AsInt(_mm256_cmp_ps(m, _mm256_set1_ps(5.0f), _CMP_GT_OQ)));
   return _mm256_or_si256(ord, _mm256_and_si256(AsInt(negative), Set1(0x8)));
-}
-
-// The 16 E2M1 codes of 8 packed bytes: elements 0-7 in *lo, 8-15 in *hi (low 4 bits of a lane).
-void UnpackNibbles8(const uint8_t* p, __m256i* lo, __m256i* hi) {
-  __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  w = _mm_or_si128(w, _mm_slli_epi16(w, 4));  // byte pair (low nibble, high nibble) per byte
-  *lo = _mm256_cvtepu8_epi32(w);
-  *hi = _mm256_cvtepu8_epi32(_mm_srli_si128(w, 8));
 }
 
 // The largest of 8 lanes, all below 2^31.
@@ -421,8 +415,79 @@ int64_t BlockAbsMax16Rows(const DenseTensor& src, float* out, int64_t row_begin,
   return reference::BlockAbsMax16Rows(src, out, bad / src.cols, row_end);
 }
 
+// ---- NVFP4 quantization (see row_kernels_avx512.cc for why each step is exact) ----------------
+//
+// Each block's elements are divided by d through a reciprocal biased up by 2^-21, giving q" at
+// most 17 bit steps above q = RN(x / d); where no multiple of 2^21 lies within 32 steps below
+// |q"| (or at it), q's code is the code of |q"|'s 2^21-step bucket, with q"'s sign. A block with
+// a zero or subnormal element, or with a quotient near such a boundary, is divided exactly.
+
+// E2M1 magnitude by bucket index (|q| bits >> 21) - 499, clamped to [0, 19]: indices 0-15 and
+// 16-19, as bytes for _mm256_shuffle_epi8 (in both 128-bit lanes).
+__m256i BucketCodesLow() {
+  return _mm256_setr_epi8(0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 0, 1, 1, 1, 1, 1, 1, 2, 2,
+                          2, 3, 3, 4, 4, 5, 5);
+}
+__m256i BucketCodesHigh() {
+  return _mm256_setr_epi8(6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 7, 7, 7, 7, 7, 7, 7,
+                          7, 7, 7, 7, 7, 7, 7);
+}
+
+// formats::Nvfp4Encode of 8 lanes, exactly: a division where x is normal; for zero and subnormal
+// x, code 8 exactly when x < 0 and 2k > d, k = |x| / 2^-149 (row_kernels_avx512.cc).
+__m256i EncodeExact(__m256 x, __m256 d) {
+  const __m256i tiny =
+      _mm256_cmpeq_epi32(_mm256_and_si256(AsInt(x), Set1(0x7F800000)), _mm256_setzero_si256());
+  const __m256i code =
+      FloatToE2m1(_mm256_div_ps(_mm256_blendv_ps(x, _mm256_set1_ps(1.0f), AsFloat(tiny)), d));
+  const __m256i k = _mm256_and_si256(AsInt(x), Set1(0x7FFFFFFF));
+  const __m256i negative =
+      _mm256_andnot_si256(_mm256_cmpeq_epi32(k, _mm256_setzero_si256()),
+                          _mm256_cmpgt_epi32(_mm256_setzero_si256(), AsInt(x)));
+  const __m256 nonzero_q = _mm256_cmp_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(k, k)), d, _CMP_GT_OQ);
+  const __m256i tiny_code = _mm256_and_si256(_mm256_and_si256(negative, AsInt(nonzero_q)), Set1(8));
+  return _mm256_blendv_epi8(code, tiny_code, tiny);
+}
+
+// formats::Nvfp4Encode of one block (LoadBlock lanes): lane j gives packed byte j (low 8 bits; the
+// rest 0). `r` is the biased reciprocal of d per lane, `d` d itself.
+__m256i EncodeBlock(__m256 even, __m256 odd, __m256 r, __m256 d) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i exponent = Set1(0x7F800000);
+  const __m256i tiny = _mm256_cmpeq_epi32(_mm256_min_epu32(_mm256_and_si256(AsInt(even), exponent),
+                                                           _mm256_and_si256(AsInt(odd), exponent)),
+                                          zero);
+  if (_mm256_testz_si256(tiny, tiny)) {
+    const __m256i qe = AsInt(_mm256_mul_ps(even, r));
+    const __m256i qo = AsInt(_mm256_mul_ps(odd, r));
+    const __m256i low21 = Set1(0x1FFFE0);  // near: bits 5-20 all zero
+    const __m256i near = _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(qe, low21), zero),
+                                         _mm256_cmpeq_epi32(_mm256_and_si256(qo, low21), zero));
+    if (_mm256_testz_si256(near, near)) {
+      // Top halves of q" in element order, their bucket indices and codes.
+      const __m256i words = _mm256_blend_epi16(_mm256_srli_epi32(qe, 16), qo, 0xAA);
+      const __m256i index = _mm256_min_epu16(
+          _mm256_subs_epu16(
+              _mm256_srli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x7FFF)), 5),
+              _mm256_set1_epi16(499)),
+          _mm256_set1_epi16(19));
+      const __m256i magnitude = _mm256_blendv_epi8(_mm256_shuffle_epi8(BucketCodesLow(), index),
+                                                   _mm256_shuffle_epi8(BucketCodesHigh(), index),
+                                                   _mm256_slli_epi16(index, 3));
+      // magnitude | (sign bit >> 12 & 8), then word 2j + 16 * word 2j+1 per lane.
+      const __m256i codes = _mm256_or_si256(
+          magnitude, _mm256_and_si256(_mm256_srli_epi16(words, 12), _mm256_set1_epi16(8)));
+      return _mm256_madd_epi16(codes, Set1(0x00100001));
+    }
+  }
+  return _mm256_or_si256(EncodeExact(even, d), _mm256_slli_epi32(EncodeExact(odd, d), 4));
+}
+
 int64_t Nvfp4QuantizeRows(const DenseTensor& src, float scale_2, const Nvfp4Out& dst,
                           int64_t row_begin, int64_t row_end) {
+  // EncodeExact's rule for tiny x and the reciprocals need scale_2 in [2^-100, 2^100].
+  if (!(scale_2 >= 0x1p-100f && scale_2 <= 0x1p100f))
+    return reference::Nvfp4QuantizeRows(src, scale_2, dst, row_begin, row_end);
   const __m256 scale_div = _mm256_set1_ps(6.0f * scale_2);  // formats::Nvfp4BlockScale's divisor
   const __m256 lo = _mm256_set1_ps(0x1p-9f);
   const __m256 hi = _mm256_set1_ps(448.0f);
@@ -445,14 +510,15 @@ int64_t Nvfp4QuantizeRows(const DenseTensor& src, float scale_2, const Nvfp4Out&
         _mm_store_si128(reinterpret_cast<__m128i*>(bytes), LanesToBytes(scale_bytes));
         memcpy(dst.scales + block, bytes, n);
         const __m256 unit = _mm256_mul_ps(E4m3ToFloat(scale_bytes), _mm256_set1_ps(scale_2));
+        const __m256 recip = _mm256_mul_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), unit),
+                                           _mm256_set1_ps(1.0f + 0x1p-21f));
         // formats::Nvfp4Encode: lane j of a block gives packed byte j.
         for (int b = 0; b < n; ++b) {
-          const __m256 d = _mm256_permutevar8x32_ps(unit, Set1(b));
-          const __m256i lo_nibble = FloatToE2m1(_mm256_div_ps(even[b], d));
-          const __m256i hi_nibble = FloatToE2m1(_mm256_div_ps(odd[b], d));
+          const __m256i lane = Set1(b);
           _mm_storel_epi64(
               reinterpret_cast<__m128i*>(dst.data + (block + b) * kNvfp4BlockSize / 2),
-              LanesToBytes(_mm256_or_si256(lo_nibble, _mm256_slli_epi32(hi_nibble, 4))));
+              LanesToBytes(EncodeBlock(even[b], odd[b], _mm256_permutevar8x32_ps(recip, lane),
+                                       _mm256_permutevar8x32_ps(unit, lane))));
         }
         return true;
       });
@@ -460,35 +526,100 @@ int64_t Nvfp4QuantizeRows(const DenseTensor& src, float scale_2, const Nvfp4Out&
   return reference::Nvfp4QuantizeRows(src, scale_2, dst, bad / src.cols, row_end);
 }
 
+// formats::Nvfp4Decode(code, b, scale_2) for every scale byte b and code: for BF16 output, row b
+// of `lo` and of `hi` hold the low and the high bytes of the 16 codes' BF16 values (RNE); for
+// F32 output, row b of `f32` holds the 16 values.
+struct DecodeTable {
+  alignas(32) uint8_t lo[256][16];
+  alignas(32) uint8_t hi[256][16];
+  alignas(32) float f32[256][16];
+};
+
+void BuildDecodeTable(float scale_2, FloatType type, DecodeTable* t) {
+  const __m256 magnitudes = E2m1Magnitudes();
+  const __m256i codes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // Low bytes of 8 words, then their high bytes.
+  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  alignas(32) float scales[256];
+  for (int b = 0; b < 256; b += 8) {
+    _mm256_store_ps(scales + b, E4m3ToFloat(_mm256_add_epi32(codes, Set1(b))));
+  }
+  for (int b = 0; b < 256; ++b) {
+    const __m256 s = _mm256_set1_ps(scales[b]);
+    const __m256 scale = _mm256_set1_ps(scale_2);
+    const __m256 positive = _mm256_mul_ps(_mm256_mul_ps(E2m1ToFloat(magnitudes, codes), s), scale);
+    const __m256 negative = _mm256_mul_ps(
+        _mm256_mul_ps(E2m1ToFloat(magnitudes, _mm256_add_epi32(codes, Set1(8))), s), scale);
+    if (type == FloatType::kF32) {
+      _mm256_store_ps(t->f32[b], positive);
+      _mm256_store_ps(t->f32[b] + 8, negative);
+      continue;
+    }
+    const __m128i first = _mm_shuffle_epi8(FloatToBf16(positive), split);
+    const __m128i second = _mm_shuffle_epi8(FloatToBf16(negative), split);
+    _mm_store_si128(reinterpret_cast<__m128i*>(t->lo[b]), _mm_unpacklo_epi64(first, second));
+    _mm_store_si128(reinterpret_cast<__m128i*>(t->hi[b]), _mm_unpackhi_epi64(first, second));
+  }
+}
+
+// The E2M1 codes of packed bytes as bytes in element order: byte 2j the low nibble of packed byte
+// j, byte 2j+1 its high nibble, from `words` holding one packed byte per 16-bit word.
+__m256i NibbleIndex(__m256i words) {
+  return _mm256_and_si256(_mm256_or_si256(words, _mm256_slli_epi16(words, 4)),
+                          _mm256_set1_epi16(0x0F0F));
+}
+
+// Every output value is one of 16 per scale byte, so each is looked up in a table of them.
 void Nvfp4DequantRows(const Nvfp4Tensor& src, const DenseOut& dst, int64_t row_begin,
                       int64_t row_end) {
   const int64_t blocks_per_row = src.cols / kNvfp4BlockSize;
   const int64_t end = row_end * blocks_per_row;
-  const __m256 magnitudes = E2m1Magnitudes();
-  const __m256 scale_2 = _mm256_set1_ps(src.scale_2);
-  alignas(32) float scale[8];  // float(block scale) of each block in the group
-  for (int64_t g = row_begin * blocks_per_row; g < end; g += 8) {
-    const int n = static_cast<int>(MinI64(8, end - g));
-    _mm256_store_ps(scale, E4m3ToFloat(_mm256_cvtepu8_epi32(LoadBytes8(src.scales + g, n))));
-    for (int b = 0; b < n; ++b) {
-      const int64_t block = g + b;
-      const __m256 s = _mm256_set1_ps(scale[b]);
-      // formats::Nvfp4Decode: (e2m1 * float(scale)) * scale_2
-      if (dst.type == FloatType::kBF16) {
-        const __m256i x =
-            _mm256_cvtepu8_epi32(LoadBytes8(src.data + block * kNvfp4BlockSize / 2, 8));
-        const __m256 even = _mm256_mul_ps(_mm256_mul_ps(E2m1ToFloat(magnitudes, x), s), scale_2);
-        const __m256 odd = _mm256_mul_ps(
-            _mm256_mul_ps(E2m1ToFloat(magnitudes, _mm256_srli_epi32(x, 4)), s), scale_2);
-        StoreBf16Pair(static_cast<uint16_t*>(dst.data) + block * kNvfp4BlockSize, even, odd, false);
-        continue;
+  const uint8_t* scales = src.scales;
+  const uint8_t* data = src.data;
+  DecodeTable table;
+  BuildDecodeTable(src.scale_2, dst.type, &table);
+  int64_t b = row_begin * blocks_per_row;
+  if (dst.type == FloatType::kBF16) {
+    uint16_t* out = static_cast<uint16_t*>(dst.data);
+    // Two blocks at a time, one per 128-bit lane; the table rows' bytes are picked by code.
+    for (; b < end; b += 2) {
+      const bool pair = b + 2 <= end;
+      const uint8_t second = scales[pair ? b + 1 : b];
+      const __m256i index = NibbleIndex(_mm256_cvtepu8_epi16(
+          pair ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + b * 8))
+               : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + b * 8))));
+      const __m256i lo = _mm256_shuffle_epi8(
+          _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(table.lo[second]),
+                              reinterpret_cast<const __m128i*>(table.lo[scales[b]])),
+          index);
+      const __m256i hi = _mm256_shuffle_epi8(
+          _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(table.hi[second]),
+                              reinterpret_cast<const __m128i*>(table.hi[scales[b]])),
+          index);
+      const __m256i first_half = _mm256_unpacklo_epi8(lo, hi);   // elements 0-7 of each block
+      const __m256i second_half = _mm256_unpackhi_epi8(lo, hi);  // elements 8-15
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * kNvfp4BlockSize),
+                          _mm256_permute2x128_si256(first_half, second_half, 0x20));
+      if (pair) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (b + 1) * kNvfp4BlockSize),
+                            _mm256_permute2x128_si256(first_half, second_half, 0x31));
       }
-      __m256i lo, hi;
-      UnpackNibbles8(src.data + block * kNvfp4BlockSize / 2, &lo, &hi);
-      StoreDense8(dst, block * kNvfp4BlockSize,
-                  _mm256_mul_ps(_mm256_mul_ps(E2m1ToFloat(magnitudes, lo), s), scale_2));
-      StoreDense8(dst, block * kNvfp4BlockSize + 8,
-                  _mm256_mul_ps(_mm256_mul_ps(E2m1ToFloat(magnitudes, hi), s), scale_2));
+    }
+    return;
+  }
+  float* out = static_cast<float*>(dst.data);
+  for (; b < end; ++b) {
+    const __m128i index = _mm256_castsi256_si128(NibbleIndex(
+        _mm256_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + b * 8)))));
+    const __m256 lo = _mm256_load_ps(table.f32[scales[b]]);
+    const __m256 hi = _mm256_load_ps(table.f32[scales[b]] + 8);
+    for (int h = 0; h < 2; ++h) {
+      // Codes 0-7 from the first 8 values, 8-15 from the rest (bit 3, moved to the sign bit).
+      const __m256i codes = _mm256_cvtepu8_epi32(h == 0 ? index : _mm_srli_si128(index, 8));
+      const __m256 v =
+          _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, codes), _mm256_permutevar8x32_ps(hi, codes),
+                           AsFloat(_mm256_slli_epi32(codes, 28)));
+      _mm256_storeu_ps(out + b * kNvfp4BlockSize + 8 * h, v);
     }
   }
 }

@@ -5,10 +5,11 @@
 // result are the reference's, in its order; integer tricks stand in only where they are exact
 // (E4M3 decoding by moving bits, abs-max on bit patterns, E4M3 / E2M1 rounding with integer adds,
 // BF16 truncation where a value is known to be exact in BF16). NVFP4 quantization avoids most
-// divisions: it estimates each quotient with a reciprocal and accepts the estimate's code only
-// where the code is the same a few bit steps either side of it (see EncodePairFast); elsewhere it
-// divides. A row with bad input goes to the reference from that row on, which finds the exact
-// first bad element. Shared inline code must not be called here (see simd_common.h).
+// divisions: it estimates each quotient with a reciprocal and takes the estimate's code only
+// where it provably is the quotient's (see "NVFP4 quantization"); elsewhere it divides. NVFP4
+// decoding looks its values up in a table. A row with bad input goes to the reference from that
+// row on, which finds the exact first bad element. Shared inline code must not be called here
+// (see simd_common.h).
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -19,6 +20,9 @@
 
 namespace quantd::kernels::cpu {
 namespace {
+
+// For small helpers of the hot loops that GCC would otherwise call out of line.
+#define QUANTD_INLINE __attribute__((always_inline)) inline
 
 __m512i Set1(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 __m512 AsFloat(__m512i v) { return _mm512_castsi512_ps(v); }
@@ -72,24 +76,6 @@ __m512 E4m3ToFloat(__m512i b) {
   return AsFloat(_mm512_or_si512(v, sign));
 }
 
-// formats::FloatToE4m3 on 16 lanes; the code bytes come back in the low byte of each lane.
-__m512i FloatToE4m3(__m512 f) {
-  const __m512i denorm_magic = Set1(141u << 23);
-  __m512i bits = AsInt(f);
-  const __m512i sign = _mm512_and_si512(bits, Set1(0x80000000u));
-  bits = _mm512_xor_si512(bits, sign);
-  const __mmask16 nan = _mm512_cmpge_epu32_mask(bits, Set1(1087u << 20));
-  const __mmask16 subnormal = _mm512_cmplt_epu32_mask(bits, Set1(121u << 23));
-  const __m512i denorm =
-      _mm512_sub_epi32(AsInt(_mm512_add_ps(AsFloat(bits), AsFloat(denorm_magic))), denorm_magic);
-  const __m512i mant_odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), Set1(1));
-  __m512i normal = _mm512_add_epi32(bits, Set1((static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu));
-  normal = _mm512_srli_epi32(_mm512_add_epi32(normal, mant_odd), 20);
-  __m512i r = _mm512_mask_mov_epi32(normal, subnormal, denorm);
-  r = _mm512_mask_mov_epi32(r, nan, Set1(0x7F));
-  return _mm512_or_si512(_mm512_and_si512(r, Set1(0xFF)), _mm512_srli_epi32(sign, 24));
-}
-
 // formats::FloatToE2m1 on 16 lanes holding non-NaN values, without a compare per threshold:
 // m >= 1 rounds to one mantissa bit with an integer add (as FloatToE4m3 does to three) and
 // saturates at code 7; m < 1 rounds on E2M1's subnormal grid of 0.5 by adding 2^22, whose ulp is
@@ -120,23 +106,6 @@ __m128i UnpackNibbles8(const uint8_t* p) {
 // and `odd` (1, 3, .. 31): then lane j of both covers the byte pair / BF16 pair j of the
 // output, and results need no cross-lane packing. For two 16-element blocks, lanes 0-7 hold the
 // first block and lanes 8-15 the second.
-
-// Elements 2j and 2j+1 of 32 BF16 or F32 values at flat index i, as floats.
-void LoadPair(const DenseTensor& t, int64_t i, __m512* even, __m512* odd) {
-  if (t.type == FloatType::kBF16) {
-    const __m512i w = _mm512_loadu_si512(static_cast<const uint16_t*>(t.data) + i);
-    *even = AsFloat(_mm512_slli_epi32(w, 16));
-    *odd = AsFloat(_mm512_and_si512(w, Set1(0xFFFF0000u)));
-    return;
-  }
-  const float* p = static_cast<const float*>(t.data) + i;
-  const __m512 a = _mm512_loadu_ps(p);
-  const __m512 b = _mm512_loadu_ps(p + 16);
-  const __m512i two_j =
-      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  *even = _mm512_permutex2var_ps(a, two_j, b);
-  *odd = _mm512_permutex2var_ps(a, _mm512_add_epi32(two_j, Set1(1)), b);
-}
 
 // u + 0x7FFF + (bit 16 of u): BF16 round-to-nearest-even of a non-NaN float, in the high half.
 __m512i RoundForBf16(__m512 v) {
@@ -241,6 +210,9 @@ int64_t Mxfp4DequantRows(const Mxfp4Tensor& src, const DenseOut& dst, int64_t ro
   return -1;
 }
 
+// How far ahead of its reads AbsMaxRows prefetches (it streams whole tensors; measured).
+constexpr int64_t kAbsMaxPrefetchBytes = 8192;
+
 int64_t AbsMaxRows(const DenseTensor& src, int64_t row_begin, int64_t row_end, float* amax) {
   const int64_t cols = src.cols;
   if (src.type == FloatType::kF32) {
@@ -248,6 +220,8 @@ int64_t AbsMaxRows(const DenseTensor& src, int64_t row_begin, int64_t row_end, f
     __m512i m = _mm512_setzero_si512();
     for (int64_t r = row_begin; r < row_end; ++r) {
       for (int64_t c = 0; c < cols; c += 16) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + r * cols + c) + kAbsMaxPrefetchBytes,
+                     _MM_HINT_T0);
         const __m512i v = _mm512_maskz_loadu_epi32(Mask16(cols - c), p + r * cols + c);
         m = _mm512_max_epu32(m, _mm512_and_si512(v, Set1(0x7FFFFFFF)));
       }
@@ -264,6 +238,7 @@ int64_t AbsMaxRows(const DenseTensor& src, int64_t row_begin, int64_t row_end, f
     const uint16_t* row = p + r * cols;
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + c) + kAbsMaxPrefetchBytes, _MM_HINT_T0);
       m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(row + c), Set1(0x7FFF7FFF)));
     }
     if (c < cols) {
@@ -282,139 +257,112 @@ int64_t AbsMaxRows(const DenseTensor& src, int64_t row_begin, int64_t row_end, f
 }
 
 // ---- groups of 16 NVFP4 blocks -----------------------------------------------------------------
+//
+// The hot loops are written once for BF16 and F32 input (kType) and inlined whole, so that each
+// compiles to straight code with its values in registers.
 
 constexpr int kGroupBlocks = 16;
 constexpr int64_t kGroupElements = kGroupBlocks * kNvfp4BlockSize;
 
+template <FloatType kType>
+constexpr int64_t kElementSize = kType == FloatType::kF32 ? 4 : 2;
+
 // Two vectors whose 128-bit lanes hold partial maxima of blocks: returns, per 128-bit lane,
 // [a's lanes 0+1 | a's 2+3 | b's 0+1 | b's 2+3] for kLanes, or per dword pair within each 128-bit
 // lane for kDwords. Each step halves the partials per block and doubles the blocks per vector.
-__m512i MaxLanePairs(__m512i a, __m512i b) {
-  return _mm512_max_epu32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+// `max` is max_epu32 (dword partials) or max_epu16 (word partials).
+template <__m512i (*max)(__m512i, __m512i)>
+QUANTD_INLINE __m512i MaxLanePairs(__m512i a, __m512i b) {
+  return max(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+             _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-__m512i MaxDwordPairs(__m512i a, __m512i b) {
-  return _mm512_max_epu32(
-      AsInt(_mm512_shuffle_ps(AsFloat(a), AsFloat(b), _MM_SHUFFLE(2, 0, 2, 0))),
-      AsInt(_mm512_shuffle_ps(AsFloat(a), AsFloat(b), _MM_SHUFFLE(3, 1, 3, 1))));
+template <__m512i (*max)(__m512i, __m512i)>
+QUANTD_INLINE __m512i MaxDwordPairs(__m512i a, __m512i b) {
+  return max(AsInt(_mm512_shuffle_ps(AsFloat(a), AsFloat(b), _MM_SHUFFLE(2, 0, 2, 0))),
+             AsInt(_mm512_shuffle_ps(AsFloat(a), AsFloat(b), _MM_SHUFFLE(3, 1, 3, 1))));
 }
+// The same per qword pair.
+QUANTD_INLINE __m512i MaxQwordPairsU16(__m512i a, __m512i b) {
+  return _mm512_max_epu16(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+__m512i MaxU32(__m512i a, __m512i b) { return _mm512_max_epu32(a, b); }
+__m512i MaxU16(__m512i a, __m512i b) { return _mm512_max_epu16(a, b); }
 
-// The 256 elements of 16 blocks from flat index `first`, as pairs of blocks (LoadPair) in
-// even[k] / odd[k] for blocks 2k and 2k+1, and each block's max |x| as float bits, lane j for
-// block j.
-__m512i LoadGroup(const DenseTensor& t, int64_t first, __m512 even[8], __m512 odd[8]) {
-  const __m512i abs = Set1(0x7FFFFFFF);
-  __m512i m[8];  // pair k: lanes 0-7 hold block 2k's elements, 8-15 block 2k+1's
-  for (int k = 0; k < 8; ++k) {
-    LoadPair(t, first + 32 * k, &even[k], &odd[k]);
-    m[k] = _mm512_max_epu32(_mm512_and_si512(AsInt(even[k]), abs),
-                            _mm512_and_si512(AsInt(odd[k]), abs));
+// Max |x| of each of the 16 blocks at p as float bits, lane j for block j.
+template <FloatType kType>
+QUANTD_INLINE __m512i GroupAbsMax(const uint8_t* p) {
+  // Which block dword p of each 128-bit lane L ends up holding: 4p + L.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512i t[4];
+  if constexpr (kType == FloatType::kBF16) {
+    // |x| as words; 128-bit lane L of t[i] holds 8 partials of block 4i + L, of u[j] 4 of blocks
+    // 8j + L and 8j + 4 + L, of v 2 of blocks L, 4 + L, 8 + L and 12 + L.
+    __m512i m[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      m[k] = _mm512_and_si512(_mm512_loadu_si512(p + 64 * k), Set1(0x7FFF7FFF));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) t[i] = MaxLanePairs<MaxU16>(m[2 * i], m[2 * i + 1]);
+    const __m512i v =
+        MaxDwordPairs<MaxU16>(MaxQwordPairsU16(t[0], t[1]), MaxQwordPairsU16(t[2], t[3]));
+    // Each dword's larger word, in its high half: the BF16 max as float bits.
+    const __m512i high =
+        _mm512_and_si512(_mm512_max_epu16(v, _mm512_slli_epi32(v, 16)), Set1(0xFFFF0000u));
+    return _mm512_permutexvar_epi32(order, high);
+  } else {
+    // |x| as dwords; lanes 0-7 of m[k] hold partials of block 2k, 8-15 of block 2k+1; 128-bit
+    // lane L of t[i] holds 4 partials of block 4i + L, of u[j] 2 of blocks 8j + L and
+    // 8j + 4 + L, of v one of blocks L, 4 + L, 8 + L and 12 + L.
+    __m512i m[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m512i a = _mm512_and_si512(_mm512_loadu_si512(p + 128 * k), Set1(0x7FFFFFFF));
+      const __m512i b = _mm512_and_si512(_mm512_loadu_si512(p + 128 * k + 64), Set1(0x7FFFFFFF));
+      m[k] = _mm512_max_epu32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) t[i] = MaxLanePairs<MaxU32>(m[2 * i], m[2 * i + 1]);
+    const __m512i v =
+        MaxDwordPairs<MaxU32>(MaxDwordPairs<MaxU32>(t[0], t[1]), MaxDwordPairs<MaxU32>(t[2], t[3]));
+    return _mm512_permutexvar_epi32(order, v);
   }
-  // 128-bit lane L of t[i] holds 4 partials of block 4i + L; of u[j], dword pair p of block
-  // 8j + 4p + L; of v, dword p is block 4p + L.
-  __m512i t4[4];
-  for (int i = 0; i < 4; ++i) t4[i] = MaxLanePairs(m[2 * i], m[2 * i + 1]);
-  const __m512i u0 = MaxDwordPairs(t4[0], t4[1]);
-  const __m512i u1 = MaxDwordPairs(t4[2], t4[3]);
-  const __m512i v = MaxDwordPairs(u0, u1);
-  return _mm512_permutexvar_epi32(
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
 }
 
-// One group of up to 16 blocks of a flat range [begin, end) (a multiple of 16 elements): the
-// tensor (or a copy) to read it from, its first element there, its block count, and its first
-// block in the tensor.
+// One group of up to 16 blocks of a flat range: where its elements are read, its block count,
+// and its first block in the tensor.
 struct GroupRef {
-  DenseTensor view;
-  int64_t first = 0;
-  int n = 0;
-  int64_t block = 0;
+  const uint8_t* p;
+  int n;
+  int64_t block;
 };
 
-// Group `index` of [begin, end). A last group of fewer than 16 blocks is copied into the zeroed
-// `tail` buffer (kGroupElements F32s), which then is its view, so that reads stay in bounds.
-GroupRef Group(const DenseTensor& t, int64_t begin, int64_t end, int64_t index, uint8_t* tail) {
+// Group `index` of the flat range [begin, end) (a multiple of 16 elements). A last group of
+// fewer than 16 blocks is copied into the zeroed `tail` buffer (kGroupElements F32s) and read
+// there, so that reads stay in bounds.
+template <FloatType kType>
+QUANTD_INLINE GroupRef Group(const void* data, int64_t begin, int64_t end, int64_t index,
+                             uint8_t* tail) {
   const int64_t first = begin + index * kGroupElements;
-  const int n = static_cast<int>(MinI64(kGroupBlocks, (end - first) / kNvfp4BlockSize));
-  if (n == kGroupBlocks) return {t, first, n, first / kNvfp4BlockSize};
-  const size_t element_size = t.type == FloatType::kF32 ? 4 : 2;
-  memset(tail, 0, kGroupElements * element_size);
-  memcpy(tail, static_cast<const uint8_t*>(t.data) + first * element_size,
-         (end - first) * element_size);
-  return {{tail, t.type, 1, kGroupElements}, 0, n, first / kNvfp4BlockSize};
+  const uint8_t* p = static_cast<const uint8_t*>(data) + first * kElementSize<kType>;
+  if (end - first >= kGroupElements) return {p, kGroupBlocks, first / kNvfp4BlockSize};
+  memset(tail, 0, kGroupElements * kElementSize<kType>);
+  memcpy(tail, p, (end - first) * kElementSize<kType>);
+  return {tail, static_cast<int>((end - first) / kNvfp4BlockSize), first / kNvfp4BlockSize};
 }
 
 int64_t GroupCount(int64_t begin, int64_t end) {
   return (end - begin + kGroupElements - 1) / kGroupElements;
 }
 
-// E2M1 magnitude code by bucket: index (|q| bits >> 21) - 499, clamped to [0, 19], i.e. by the
-// exponent and two mantissa bits from 0.1875 up. Every threshold (0.25, 0.75, ... 5) starts a
-// bucket, so this is formats::FloatToE2m1's magnitude for every |q| that is not a threshold.
-alignas(64) const uint16_t kE2m1ByBucket[32] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5,
-                                                6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7};
-
-// kE2m1ByBucket of 32 words holding the top halves of |q| bit patterns (or anything >= 0x8000).
-__m512i BucketCodes(__m512i abs_words) {
-  const __m512i bucket =
-      _mm512_min_epu16(_mm512_subs_epu16(_mm512_srli_epi16(abs_words, 5), _mm512_set1_epi16(499)),
-                       _mm512_set1_epi16(19));
-  return _mm512_permutexvar_epi16(bucket, _mm512_load_si512(kE2m1ByBucket));
-}
-
-// Top halves of the dwords of a pair of vectors as words in element order: word 2j from
-// even's lane j, word 2j+1 from odd's.
-__m512i TopWords(__m512i even, __m512i odd) {
-  return _mm512_mask_blend_epi16(0xAAAAAAAA, _mm512_srli_epi32(even, 16), odd);
-}
-
-// formats::Nvfp4Encode of a pair of blocks (LoadPair lanes) without a division, given
-// recip = RN(1/d) per lane. q' = RN(x * recip) is within 1.5 * 2^-23 relative of x / d, so the
-// reference's q = RN(x / d) lies within 6 bit steps of q' (3 within a binade; within 2 for
-// subnormal q'). Where no bucket boundary (multiple of 2^21) lies within 8 steps of |q'|, q is in
-// q''s bucket and is no threshold, so its E2M1 magnitude is the bucket's code; its sign is q''s
-// (q' is then at least 8 steps from 0, so q is not 0 either). Near a boundary the code is still
-// q''s if it is the same 8 steps below and above (the boundary is no threshold: a power of two
-// or an E2M1 value). Returns false, leaving *bytes alone, when some lane of the pair fails this.
-// Blocks known to be all zero (`zero_blocks`: bit 0 the first, bit 1 the second) are exempt
-// and get code 0 (x = +-0 gives q = +-0, which encodes as 0).
-bool EncodePairFast(__m512 even, __m512 odd, __m512 recip, unsigned zero_blocks, __m512i* bytes) {
-  static constexpr __mmask16 kZeroLanes[4] = {0, 0x00FF, 0xFF00, 0xFFFF};
-  static constexpr __mmask32 kZeroWords[4] = {0, 0x0000FFFF, 0xFFFF0000, 0xFFFFFFFF};
-  const __m512i qe = AsInt(_mm512_mul_ps(even, recip));
-  const __m512i qo = AsInt(_mm512_mul_ps(odd, recip));
-  const __m512i steps = Set1(8);
-  // Bits 4-20 of q' + 8 all zero: a multiple of 2^21 lies in (|q'| - 8, |q'| + 8].
-  const __m512i low21 = Set1(0x1FFFF0);
-  const __mmask16 near = _mm512_testn_epi32_mask(_mm512_add_epi32(qe, steps), low21) |
-                         _mm512_testn_epi32_mask(_mm512_add_epi32(qo, steps), low21);
-  if ((near & ~kZeroLanes[zero_blocks]) != 0) {
-    const __m512i abs_e = _mm512_and_si512(qe, Set1(0x7FFFFFFF));
-    const __m512i abs_o = _mm512_and_si512(qo, Set1(0x7FFFFFFF));
-    const __m512i below =
-        BucketCodes(TopWords(_mm512_sub_epi32(abs_e, steps), _mm512_sub_epi32(abs_o, steps)));
-    const __m512i above =
-        BucketCodes(TopWords(_mm512_add_epi32(abs_e, steps), _mm512_add_epi32(abs_o, steps)));
-    if ((_mm512_cmpneq_epi16_mask(below, above) & ~kZeroWords[zero_blocks]) != 0) return false;
-  }
-  const __m512i words = TopWords(qe, qo);
-  const __m512i magnitude = BucketCodes(_mm512_and_si512(words, Set1(0x7FFF7FFF)));
-  // magnitude | (sign bit >> 12 & 8)
-  const __m512i codes = _mm512_ternarylogic_epi32(magnitude, _mm512_srli_epi16(words, 12),
-                                                  _mm512_set1_epi16(8), 0xF8);
-  // Low byte of lane j: lo | hi << 4.
-  *bytes = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~kZeroLanes[zero_blocks]),
-                                  _mm512_or_si512(codes, _mm512_srli_epi32(codes, 12)));
-  return true;
-}
-
-int64_t BlockAbsMax16Rows(const DenseTensor& src, float* out, int64_t row_begin, int64_t row_end) {
+template <FloatType kType>
+int64_t BlockAbsMax16Range(const DenseTensor& src, float* out, int64_t row_begin, int64_t row_end) {
   const int64_t begin = row_begin * src.cols, end = row_end * src.cols;
   alignas(64) uint8_t tail[kGroupElements * sizeof(float)];
   for (int64_t i = 0; i < GroupCount(begin, end); ++i) {
-    const GroupRef g = Group(src, begin, end, i, tail);
-    __m512 even[8], odd[8];
-    const __m512i amax = LoadGroup(g.view, g.first, even, odd);
+    const GroupRef g = Group<kType>(src.data, begin, end, i, tail);
+    const __m512i amax = GroupAbsMax<kType>(g.p);
     if (_mm512_cmpge_epu32_mask(amax, Set1(0x7F800000)) != 0) {
       return reference::BlockAbsMax16Rows(src, out, (g.block * kNvfp4BlockSize) / src.cols,
                                           row_end);
@@ -424,117 +372,344 @@ int64_t BlockAbsMax16Rows(const DenseTensor& src, float* out, int64_t row_begin,
   return -1;
 }
 
-// Per-call constants of Nvfp4QuantizeRows.
+int64_t BlockAbsMax16Rows(const DenseTensor& src, float* out, int64_t row_begin, int64_t row_end) {
+  return src.type == FloatType::kBF16
+             ? BlockAbsMax16Range<FloatType::kBF16>(src, out, row_begin, row_end)
+             : BlockAbsMax16Range<FloatType::kF32>(src, out, row_begin, row_end);
+}
+
+// ---- NVFP4 quantization -------------------------------------------------------------------------
+//
+// formats::Nvfp4Encode divides x by d = float(scale) * scale_2, q = RN(x / d). Here
+// q" = RN(x * r) with r = RN(RN(1 / d) * (1 + 2^-21)) stands in for it, and lies at most 17 bit
+// steps above q, never below: x * r = (x / d)(1 + p) with p between 2^-21 - 3u and 2^-21 + 3u
+// (u = 2^-24, three roundings), so above x / d by less than 10.01 steps of its binade (or, where
+// a power of two 2^k lies between, by up to 10.01 steps of 2^k's lower binade and 5.01 of its
+// upper one), and rounding both ends moves neither across the other. (Subnormal quotients: at
+// most 6 steps.) E2M1 codes change only at multiples of 2^21 in the bit pattern of |q|
+// ("buckets": every rounding threshold is one, and so is 0). Where none lies within 32 steps
+// below |q"| (or at it), q is in |q"|'s bucket, is no threshold and is not 0: its code is the
+// bucket's, with q"'s sign. Where one lies ("near") that is no threshold nor 0, q is in one of
+// the two buckets it separates, whose codes are the same, and |q"| is in the upper one. Pairs of
+// blocks with any other element go to EncodeExact, which divides as the reference does.
+//
+// Zero and subnormal elements ("tiny") are never multiplied (each instruction with a subnormal
+// operand or result costs a microcode assist of about 100 cycles). With scale_2 >= 2^-100, such
+// an x has |x / d| < 2^-126 / (2^-9 * scale_2) <= 2^-17: magnitude 0, and code 8 exactly when
+// x < 0 and RN(|x| / d) != 0, i.e. when |x| = k * 2^-149 > d * 2^-150 (a tie rounds to 0), i.e.
+// when 2k > d, where float(2k) is exact (k < 2^23). Where d < 2 that is just k != 0.
+//
+// Branches taken at random cost far more than the work they skip here (a mispredicted branch
+// discards the next group's preparation too), so only rare cases branch.
+
+// E2M1 magnitude code by bucket index (|q| bits >> 21) - 499, clamped to [0, 19], i.e. by the
+// exponent and two mantissa bits from 0.1875 up. Every threshold (0.25, 0.75, ... 5) starts a
+// bucket, so this is formats::FloatToE2m1's magnitude for every |q| that is not a threshold.
+// Entries 32 + i are those for a |q"| near the start of bucket i, with bit 7 set where that start
+// is a threshold or 0 (bucket 0 starts below 0.1875).
+alignas(64) const uint16_t kE2m1ByBucket[64] = {
+    0,    1,    1,    1, 1,    1, 1,    2,     // buckets 0-7: |q| below 0.875
+    2,    2,    3,    3, 4,    4, 5,    5,     // 8-15: below 3.5
+    6,    6,    7,    7, 7,    7, 7,    7,     // 16-19: from 3.5 (20-31 unused)
+    7,    7,    7,    7, 7,    7, 7,    7,     //
+    0x80, 0x81, 1,    1, 1,    1, 1,    0x82,  // 32 + i: near the start of bucket i
+    2,    2,    0x83, 3, 0x84, 4, 0x85, 5,     //
+    0x86, 6,    0x87, 7, 7,    7, 7,    7,     //
+    7,    7,    7,    7, 7,    7, 7,    7};
+
+// Per-call constants of Nvfp4QuantizeRows. The fixed ones are made opaque to the compiler: GCC
+// otherwise rebuilds each with a broadcast (a shuffle-port instruction) every time it is used.
 struct QuantConstants {
-  __m512 scale_div;              // 6 * scale_2, formats::Nvfp4BlockScale's divisor
-  __m512 scale_div_recip;        // RN(1 / scale_div)
-  alignas(64) float recip[128];  // E4M3 code c (0..127) -> RN(1 / (float(c) * scale_2))
+  __m512 scale_2;         // weight_scale_2
+  __m512 scale_div;       // D = 6 * scale_2, formats::Nvfp4BlockScale's divisor
+  __m512i floor_bits;     // max(2^-126, D * 2^-124): below it m / D < 2^-28, above >= 2^-124
+  bool tiny_may_vanish;   // D >= 2: a block max below floor_bits may divide to 0
+  __m512 one;             // 1.0f
+  __m512 two;             // 2.0f
+  __m512 scale_lo;        // 2^-9, the smallest block scale
+  __m512 scale_hi;        // 448, the largest
+  __m512 magic;           // 2^14: adding it rounds to E4M3's subnormal grid of 2^-9
+  __m512i e4m3_normal;    // bits of 2^-6, E4M3's smallest normal
+  __m512i low20;          // 0x7FFFF per dword
+  __m512i high12;         // 0xFFF00000 per dword
+  __m512 recip_up;        // 1 + 2^-21, the upward bias of EncodePair's reciprocals
+  __m512i exponent;       // 0x7F800000 per dword
+  __m512i bf16_exponent;  // 0x7F80 per word
+  __m512i high_words;     // 0xFFFF0000 per dword
+  __m512i sign_bit;       // 0x80000000 per dword
+  __m512i abs_words;      // 0x7FFF per word
+  __m512i low5;           // 0x001F per word
+  __m512i high11_words;   // 0xFFE0 per word
+  __m512i bias;           // 499 per word
+  __m512i last;           // 19 per word
+  __m512i near_index;     // 32 per word
+  __m512i table_lo;       // kE2m1ByBucket[0, 32)
+  __m512i table_hi;       // kE2m1ByBucket[32, 64)
+  __m512i doubt;          // 0x80 per word
+  __m512i code_bits;      // 7 per word
+  __m512i nibbles;        // words 1 and 16 per dword, for madd
+  __m512i tiny_quotient;  // bits of 1.125 * 2^-126
 };
 
-void InitQuantConstants(float scale_2, QuantConstants* k) {
-  k->scale_div = _mm512_set1_ps(6.0f * scale_2);
-  k->scale_div_recip = _mm512_div_ps(_mm512_set1_ps(1.0f), k->scale_div);
-  for (int c = 0; c < 128; c += 16) {
-    const __m512i codes = _mm512_add_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), Set1(c));
-    const __m512 unit = _mm512_mul_ps(E4m3ToFloat(codes), _mm512_set1_ps(scale_2));
-    _mm512_store_ps(k->recip + c, _mm512_div_ps(_mm512_set1_ps(1.0f), unit));
+QuantConstants MakeQuantConstants(float scale_2) {
+  const float scale_div = 6.0f * scale_2;
+  const float floor = scale_div >= 0.25f ? scale_div * 0x1p-124f : 0x1p-126f;
+  uint32_t floor_bits;
+  memcpy(&floor_bits, &floor, sizeof(floor_bits));
+  QuantConstants k = {_mm512_set1_ps(scale_2),
+                      _mm512_set1_ps(scale_div),
+                      Set1(floor_bits),
+                      scale_div >= 2.0f,
+                      _mm512_set1_ps(1.0f),
+                      _mm512_set1_ps(2.0f),
+                      _mm512_set1_ps(0x1p-9f),
+                      _mm512_set1_ps(448.0f),
+                      _mm512_set1_ps(0x1p14f),
+                      Set1(121u << 23),
+                      Set1(0x7FFFF),
+                      Set1(0xFFF00000u),
+                      _mm512_set1_ps(1.0f + 0x1p-21f),
+                      Set1(0x7F800000),
+                      Set1(0x7F807F80),
+                      Set1(0xFFFF0000u),
+                      Set1(0x80000000u),
+                      Set1(0x7FFF7FFF),
+                      Set1(0x001F001F),
+                      Set1(0xFFE0FFE0u),
+                      Set1(0x01F301F3),
+                      Set1(0x00130013),
+                      Set1(0x00200020),
+                      _mm512_load_si512(kE2m1ByBucket),
+                      _mm512_load_si512(kE2m1ByBucket + 32),
+                      Set1(0x00800080),
+                      Set1(0x00070007),
+                      Set1(0x00100001),
+                      Set1(0x00900000)};
+  asm(""
+      : "+v"(k.one), "+v"(k.two), "+v"(k.scale_lo), "+v"(k.scale_hi), "+v"(k.magic),
+        "+v"(k.e4m3_normal), "+v"(k.low20), "+v"(k.high12), "+v"(k.recip_up), "+v"(k.exponent));
+  asm(""
+      : "+v"(k.bf16_exponent), "+v"(k.high_words), "+v"(k.sign_bit), "+v"(k.abs_words),
+        "+v"(k.low5), "+v"(k.high11_words), "+v"(k.bias), "+v"(k.last), "+v"(k.near_index),
+        "+v"(k.table_lo));
+  asm(""
+      : "+v"(k.table_hi), "+v"(k.doubt), "+v"(k.code_bits), "+v"(k.nibbles), "+v"(k.tiny_quotient));
+  return k;
+}
+
+// Elements 2j and 2j+1 of the 32 values at p, as floats (see "element pairs"). Returns whether
+// one of them is tiny (exponent field 0).
+template <FloatType kType>
+QUANTD_INLINE bool LoadPair(const uint8_t* p, const QuantConstants& k, __m512* even, __m512* odd) {
+  if constexpr (kType == FloatType::kBF16) {
+    const __m512i w = _mm512_loadu_si512(p);
+    *even = AsFloat(_mm512_slli_epi32(w, 16));
+    *odd = AsFloat(_mm512_and_si512(w, k.high_words));
+    return _mm512_testn_epi16_mask(w, k.bf16_exponent) != 0;
+  } else {
+    const __m512 a = _mm512_loadu_ps(p);
+    const __m512 b = _mm512_loadu_ps(p + 64);
+    const __m512i two_j =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    *even = _mm512_permutex2var_ps(a, two_j, b);
+    *odd = _mm512_permutex2var_ps(a, _mm512_add_epi32(two_j, Set1(1)), b);
+    return !_kortestz_mask16_u8(_mm512_testn_epi32_mask(AsInt(a), k.exponent),
+                                _mm512_testn_epi32_mask(AsInt(b), k.exponent));
   }
 }
 
-// formats::Nvfp4BlockScale's clamp of s (already 1 where it was 0) to [2^-9, 448], then its
-// E4M3 byte.
-__m512i ClampedE4m3(__m512 s) {
-  const __m512 lo = _mm512_set1_ps(0x1p-9f);
-  const __m512 hi = _mm512_set1_ps(448.0f);
-  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, lo, _CMP_LT_OQ), lo);
-  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, hi, _CMP_GT_OQ), hi);
-  return FloatToE4m3(s);
+// formats::Nvfp4BlockScale's last steps for 16 quotients s > 0 (1 where the quotient was 0):
+// clamp to [2^-9, 448], round to E4M3 (to nearest even; on the subnormal grid of 2^-9 below
+// 2^-6). Returns the bytes and writes the values of the scales as floats to *value.
+QUANTD_INLINE __m512i RoundScales(__m512 s, const QuantConstants& k, __m512* value) {
+  s = _mm512_min_ps(_mm512_max_ps(s, k.scale_lo), k.scale_hi);
+  const __m512i bits = AsInt(s);
+  // Normal: add half an E4M3 ulp less one, plus the kept mantissa's last bit, and truncate.
+  const __m512i odd = _mm512_srli_epi32(_mm512_slli_epi32(bits, 11), 31);
+  const __m512i rounded =
+      _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(bits, k.low20), odd), k.high12);
+  const __m512i normal_byte = _mm512_srli_epi32(_mm512_sub_epi32(rounded, Set1(120u << 23)), 20);
+  const __m512 shifted = _mm512_add_ps(s, k.magic);
+  const __mmask16 subnormal = _mm512_cmplt_epu32_mask(bits, k.e4m3_normal);
+  *value = _mm512_mask_sub_ps(AsFloat(rounded), subnormal, shifted, k.magic);
+  return _mm512_mask_sub_epi32(normal_byte, subnormal, AsInt(shifted), AsInt(k.magic));
 }
 
-// formats::Nvfp4BlockScale of 16 block maxima (float bits). The quotient m / (6 * scale_2) is
-// estimated as m * RN(1 / (6 * scale_2)), within 6 bit steps of the true RN quotient (see
-// EncodePairFast); the byte is monotone in the quotient, so where it is the same 8 steps below
-// and above the estimate it is the reference's. Otherwise (rare: near E4M3 rounding ties, at the
-// clamp's ends, for tiny maxima) the lanes are divided exactly.
-__m512i BlockScales(__m512i amax, const QuantConstants& k) {
-  const __m512 m = AsFloat(amax);
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __mmask16 zero = _mm512_cmpeq_epi32_mask(amax, _mm512_setzero_si512());
-  const __m512i estimate =
-      AsInt(_mm512_mask_mov_ps(_mm512_mul_ps(m, k.scale_div_recip), zero, one));
-  const __m512i below = ClampedE4m3(AsFloat(_mm512_sub_epi32(estimate, Set1(8))));
-  const __m512i above = ClampedE4m3(AsFloat(_mm512_add_epi32(estimate, Set1(8))));
-  if (_mm512_cmpneq_epi32_mask(below, above) == 0) return above;
-  const __m512 s = _mm512_div_ps(m, k.scale_div);
-  return ClampedE4m3(
-      _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_EQ_OQ), one));
+// formats::Nvfp4BlockScale of 16 finite block maxima m (float bits): returns the scale bytes
+// and writes float(scale) to *value. It divides max(m, floor) by D instead of m, which gives the
+// same scale wherever the quotient is not 0 (below floor it is < 2^-28 and clamps to 2^-9), and
+// has no subnormal operand or result. The quotient is 0 for m = 0 (scale 1), and for m > 0 only
+// if D >= 2; those lanes are divided as the reference does.
+QUANTD_INLINE __m512i BlockScales(__m512i amax, const QuantConstants& k, __m512* value) {
+  const __mmask16 zero = _mm512_testn_epi32_mask(amax, amax);
+  __m512 s = _mm512_div_ps(AsFloat(_mm512_max_epu32(amax, k.floor_bits)), k.scale_div);
+  s = _mm512_mask_mov_ps(s, zero, k.one);
+  if (k.tiny_may_vanish) {
+    const __mmask16 tiny = _mm512_mask_cmplt_epu32_mask(~zero, amax, k.floor_bits);
+    if (tiny != 0) {
+      const __m512 q = _mm512_div_ps(_mm512_mask_mov_ps(k.one, tiny, AsFloat(amax)), k.scale_div);
+      s = _mm512_mask_mov_ps(s, tiny, q);
+      s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_EQ_OQ), k.one);
+    }
+  }
+  return RoundScales(s, k, value);
 }
 
-// A group of blocks between its scales and its encoding (Nvfp4QuantizeRows).
-struct QuantGroup {
-  __m512 even[8];  // LoadGroup's pairs of blocks
-  __m512 odd[8];
-  __m512i scale_bytes;   // E4M3 scale of block j in lane j
-  __m512 recip;          // RN(1 / (float(scale) * scale_2))
-  unsigned zero_blocks;  // bit j: block j is all zero
-  int n;                 // blocks in the group
-  int64_t block;         // the group's first block in the tensor
+// Top halves of the dwords of a pair of vectors as words in element order: word 2j from even's
+// lane j, word 2j+1 from odd's.
+QUANTD_INLINE __m512i TopWords(__m512i even, __m512i odd, const QuantConstants& k) {
+  return _mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, k.high_words,
+                                   0xD8);  // c ? b : a
+}
+
+// The same for the bottom halves.
+QUANTD_INLINE __m512i BottomWords(__m512i even, __m512i odd, const QuantConstants& k) {
+  return _mm512_ternarylogic_epi32(even, _mm512_slli_epi32(odd, 16), k.high_words,
+                                   0xD8);  // c ? b : a
+}
+
+// formats::Nvfp4Encode of 16 lanes of a pair, exactly: a division where x is normal, the rule
+// for tiny x (see above) elsewhere. d > 0 is the lanes' divisor.
+__m512i EncodeExact(__m512 x, __m512 d) {
+  const __mmask16 tiny = _mm512_testn_epi32_mask(AsInt(x), Set1(0x7F800000));
+  const __m512i code =
+      FloatToE2m1(_mm512_div_ps(_mm512_mask_mov_ps(x, tiny, _mm512_set1_ps(1.0f)), d));
+  const __m512i k = _mm512_and_si512(AsInt(x), Set1(0x7FFFFFFF));
+  const __mmask16 negative =
+      _mm512_cmplt_epi32_mask(AsInt(x), _mm512_setzero_si512()) & _mm512_test_epi32_mask(k, k);
+  const __mmask16 nonzero_q =
+      _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(_mm512_add_epi32(k, k)), d, _CMP_GT_OQ);
+  return _mm512_mask_mov_epi32(code, tiny, _mm512_maskz_mov_epi32(negative & nonzero_q, Set1(8)));
+}
+
+// For tiny x where d < 2: a stand-in for q with q's code, 0 or 8 (see above): 1.125 * 2^-126,
+// in the lowest bucket and far from its start, with the sign bit of (x - 1) & x, which is set
+// exactly for negative x other than -0.
+QUANTD_INLINE __m512 TinyQuotient(__m512 x, const QuantConstants& k) {
+  const __m512i bits = AsInt(x);
+  const __m512i sign = _mm512_and_si512(_mm512_sub_epi32(bits, Set1(1)), bits);
+  return AsFloat(_mm512_ternarylogic_epi32(sign, k.sign_bit, k.tiny_quotient,
+                                           0xEA));  // (a & b) | c
+}
+
+// formats::Nvfp4Encode of a pair of blocks (LoadPair lanes): lane j gives packed byte j (low 8
+// bits; the rest 0). `r` holds the biased reciprocal of d per lane, `d` d itself; `tiny`: the
+// pair has a tiny element; `small_d`: every d of its group is below 2. Exact (see above).
+QUANTD_INLINE __m512i EncodePair(__m512 even, __m512 odd, bool tiny, bool small_d, __m512 r,
+                                 __m512 d, const QuantConstants& k) {
+  __m512 qe, qo;
+  if (!tiny) {
+    qe = _mm512_mul_ps(even, r);
+    qo = _mm512_mul_ps(odd, r);
+  } else {
+    if (!small_d) goto exact;
+    qe = _mm512_mask_mul_ps(TinyQuotient(even, k), _mm512_test_epi32_mask(AsInt(even), k.exponent),
+                            even, r);
+    qo = _mm512_mask_mul_ps(TinyQuotient(odd, k), _mm512_test_epi32_mask(AsInt(odd), k.exponent),
+                            odd, r);
+  }
+  {
+    // |q"| as words in element order; near: bits 5-20 all zero.
+    const __m512i high = TopWords(AsInt(qe), AsInt(qo), k);
+    const __m512i low = BottomWords(AsInt(qe), AsInt(qo), k);
+    const __mmask32 near =
+        _mm512_mask_testn_epi16_mask(_mm512_testn_epi16_mask(high, k.low5), low, k.high11_words);
+    __m512i index = _mm512_min_epu16(
+        _mm512_subs_epu16(_mm512_srli_epi16(_mm512_and_si512(high, k.abs_words), 5), k.bias),
+        k.last);
+    index = _mm512_mask_add_epi16(index, near, index, k.near_index);
+    const __m512i magnitude = _mm512_permutex2var_epi16(k.table_lo, index, k.table_hi);
+    if (_mm512_test_epi16_mask(magnitude, k.doubt) == 0) {
+      // magnitude | (sign bit >> 12 & 8), then word 2j + 16 * word 2j+1 per lane.
+      const __m512i codes = _mm512_ternarylogic_epi32(magnitude, _mm512_srli_epi16(high, 12),
+                                                      k.code_bits, 0xE4);  // c ? a : b
+      return _mm512_madd_epi16(codes, k.nibbles);
+    }
+  }
+exact:
+  return _mm512_or_si512(EncodeExact(even, d), _mm512_slli_epi32(EncodeExact(odd, d), 4));
+}
+
+// Four pairs' bytes (EncodePair) as 64 bytes in order.
+__m512i PackPairs(__m512i a, __m512i b, __m512i c, __m512i d) {
+  // Per 128-bit lane L: a's, b's, c's and d's dwords 4L..4L+3 as bytes.
+  const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
+  return _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), bytes);
+}
+
+// How many groups ahead of the one being prepared Nvfp4QuantizeRows prefetches (measured best
+// among 2, 6 and 16 on a [2048, 4096] tensor).
+constexpr int64_t kPrefetchGroups = 16;
+
+// A group with its block scales chosen and written (PrepareGroup), waiting to be encoded.
+struct ScaledGroup {
+  GroupRef g;
+  __m512 d;      // float(scale) * scale_2 of block j in lane j
+  __m512 r;      // RN(RN(1 / d) * (1 + 2^-21)), see EncodePair
+  bool small_d;  // every d < 2
 };
 
-// Loads group `g` and writes its block scales; false, writing nothing, if it holds a non-finite
-// value.
-bool PrepareGroup(const GroupRef& g, const QuantConstants& k, const Nvfp4Out& dst, QuantGroup* q) {
-  const __m512i amax = LoadGroup(g.view, g.first, q->even, q->odd);
+// Writes the block scales of group `g` and returns in *s what encoding it needs; false, writing
+// nothing, if the group holds a non-finite value.
+template <FloatType kType>
+QUANTD_INLINE bool PrepareGroup(const GroupRef& g, const QuantConstants& k, const Nvfp4Out& dst,
+                                ScaledGroup* s) {
+  // The hardware prefetchers alone leave part of the memory latency of a long tensor exposed.
+  for (int64_t line = 0; line < kGroupElements * kElementSize<kType>; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(g.p) +
+                     kPrefetchGroups * kGroupElements * kElementSize<kType> + line,
+                 _MM_HINT_T0);
+  }
+  const __m512i amax = GroupAbsMax<kType>(g.p);
   if (_mm512_cmpge_epu32_mask(amax, Set1(0x7F800000)) != 0) return false;
-  const __m512i scale_bytes = BlockScales(amax, k);
+  __m512 scale;
+  const __m512i scale_bytes = BlockScales(amax, k, &scale);
   _mm512_mask_cvtepi32_storeu_epi8(dst.scales + g.block, Mask16(g.n), scale_bytes);
-  q->scale_bytes = scale_bytes;
-  q->recip = _mm512_i32gather_ps(scale_bytes, k.recip, 4);
-  q->zero_blocks = _mm512_cmpeq_epi32_mask(amax, _mm512_setzero_si512());
-  q->n = g.n;
-  q->block = g.block;
+  s->g = g;
+  s->d = _mm512_mul_ps(scale, k.scale_2);
+  s->r = _mm512_mul_ps(_mm512_div_ps(k.one, s->d), k.recip_up);
+  s->small_d = _mm512_cmp_ps_mask(s->d, k.two, _CMP_LT_OQ) == 0xFFFF;
   return true;
 }
 
-// formats::Nvfp4Encode of a prepared group, a pair of blocks at a time: lane j gives packed
-// byte j.
-void EncodeGroup(const QuantGroup& q, float scale_2, const Nvfp4Out& dst) {
+// formats::Nvfp4Encode of a prepared group (its elements are read again, from cache).
+template <FloatType kType>
+QUANTD_INLINE void EncodeGroup(const ScaledGroup& s, const QuantConstants& k, const Nvfp4Out& dst) {
   const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  uint8_t* out = dst.data + q.block * kNvfp4BlockSize / 2;
-  for (int k = 0; 2 * k < q.n; ++k) {
-    const __m512i lanes = _mm512_add_epi32(pair_lanes, Set1(2 * k));
-    __m512i bytes;
-    if (!EncodePairFast(q.even[k], q.odd[k], _mm512_permutexvar_ps(lanes, q.recip),
-                        (q.zero_blocks >> (2 * k)) & 3, &bytes)) {
-      const __m512 unit = _mm512_mul_ps(E4m3ToFloat(q.scale_bytes), _mm512_set1_ps(scale_2));
-      const __m512 d = _mm512_permutexvar_ps(lanes, unit);
-      const __m512i lo_nibble = FloatToE2m1(_mm512_div_ps(q.even[k], d));
-      const __m512i hi_nibble = FloatToE2m1(_mm512_div_ps(q.odd[k], d));
-      bytes = _mm512_or_si512(lo_nibble, _mm512_slli_epi32(hi_nibble, 4));
-    }
-    _mm512_mask_cvtepi32_storeu_epi8(out + 16 * k, Mask16(2 * k + 2 <= q.n ? 16 : 8), bytes);
+  __m512i bytes[8];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) {
+    __m512 even, odd;
+    const bool tiny = LoadPair<kType>(s.g.p + 32 * p * kElementSize<kType>, k, &even, &odd);
+    const __m512i lanes = _mm512_add_epi32(pair_lanes, Set1(2 * p));
+    bytes[p] = EncodePair(even, odd, tiny, s.small_d, _mm512_permutexvar_ps(lanes, s.r),
+                          _mm512_permutexvar_ps(lanes, s.d), k);
   }
+  // 8 bytes per block: the first 64 hold blocks 0-7, the next 64 blocks 8-15.
+  const int n = s.g.n;
+  uint8_t* out = dst.data + s.g.block * kNvfp4BlockSize / 2;
+  const __mmask64 all = ~__mmask64{0};
+  const __mmask64 first = n >= 8 ? all : (__mmask64{1} << (8 * n)) - 1;
+  const __mmask64 second = n >= 16 ? all : n <= 8 ? 0 : (__mmask64{1} << (8 * n - 64)) - 1;
+  _mm512_mask_storeu_epi8(out, first, PackPairs(bytes[0], bytes[1], bytes[2], bytes[3]));
+  _mm512_mask_storeu_epi8(out + 64, second, PackPairs(bytes[4], bytes[5], bytes[6], bytes[7]));
 }
 
-int64_t Nvfp4QuantizeRows(const DenseTensor& src, float scale_2, const Nvfp4Out& dst,
-                          int64_t row_begin, int64_t row_end) {
-  // With scale_2 >= 2^-100 every divisor below is >= 2^-109 and finite, so no quotient is NaN,
-  // which FloatToE2m1 here relies on. Only all-but-zero tensors have a smaller scale_2.
-  if (!(scale_2 >= 0x1p-100f))
-    return reference::Nvfp4QuantizeRows(src, scale_2, dst, row_begin, row_end);
-  QuantConstants constants;
-  InitQuantConstants(scale_2, &constants);
+template <FloatType kType>
+int64_t Nvfp4QuantizeRange(const DenseTensor& src, float scale_2, const Nvfp4Out& dst,
+                           int64_t row_begin, int64_t row_end) {
+  const QuantConstants k = MakeQuantConstants(scale_2);
   const int64_t begin = row_begin * src.cols, end = row_end * src.cols;
   const int64_t count = GroupCount(begin, end);
-  alignas(64) uint8_t tail[kGroupElements * sizeof(float)];
-  QuantGroup groups[2];
+  alignas(64) uint8_t tail[kGroupElements * sizeof(float)];  // only the last group uses it
+  ScaledGroup groups[2];
   // Group i + 1 is prepared before group i is encoded, so that the latency of its scales
   // overlaps the encoding work.
   for (int64_t i = 0; i <= count; ++i) {
-    const bool ok =
-        i == count || PrepareGroup(Group(src, begin, end, i, tail), constants, dst, &groups[i % 2]);
-    if (i > 0) EncodeGroup(groups[(i - 1) % 2], scale_2, dst);
+    const bool ok = i == count || PrepareGroup<kType>(Group<kType>(src.data, begin, end, i, tail),
+                                                      k, dst, &groups[i % 2]);
+    if (i > 0) EncodeGroup<kType>(groups[(i - 1) % 2], k, dst);
     if (!ok) {
       return reference::Nvfp4QuantizeRows(src, scale_2, dst,
                                           (begin + i * kGroupElements) / src.cols, row_end);
@@ -543,36 +718,82 @@ int64_t Nvfp4QuantizeRows(const DenseTensor& src, float scale_2, const Nvfp4Out&
   return -1;
 }
 
+int64_t Nvfp4QuantizeRows(const DenseTensor& src, float scale_2, const Nvfp4Out& dst,
+                          int64_t row_begin, int64_t row_end) {
+  // The exactness arguments above need scale_2 in [2^-100, 2^100]: then every d is normal and
+  // finite, and so is RN(1/d). Only all-but-zero (or absurdly large) tensors have another.
+  if (!(scale_2 >= 0x1p-100f && scale_2 <= 0x1p100f))
+    return reference::Nvfp4QuantizeRows(src, scale_2, dst, row_begin, row_end);
+  return src.type == FloatType::kBF16
+             ? Nvfp4QuantizeRange<FloatType::kBF16>(src, scale_2, dst, row_begin, row_end)
+             : Nvfp4QuantizeRange<FloatType::kF32>(src, scale_2, dst, row_begin, row_end);
+}
+
+// ---- NVFP4 decoding ---------------------------------------------------------------------------
+
+// formats::Nvfp4Decode(code, b, scale_2) for every scale byte b and code: row b, entry code, as
+// BF16 (RNE) or F32 per `type`.
+void BuildDecodeTable(float scale_2, FloatType type, void* table) {
+  const __m512 values = E2m1Table();
+  for (int b = 0; b < 256; b += 16) {
+    const __m512 scales = E4m3ToFloat(_mm512_add_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), Set1(b)));
+    for (int j = 0; j < 16; ++j) {
+      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(values, _mm512_permutexvar_ps(Set1(j), scales)),
+                                     _mm512_set1_ps(scale_2));
+      if (type == FloatType::kBF16) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(table) + 16 * (b + j)),
+                           FloatToBf16(v));
+      } else {
+        _mm512_store_ps(static_cast<float*>(table) + 16 * (b + j), v);
+      }
+    }
+  }
+}
+
+// Every output value is one of 16 per scale byte, so each is looked up in a table of them.
 void Nvfp4DequantRows(const Nvfp4Tensor& src, const DenseOut& dst, int64_t row_begin,
                       int64_t row_end) {
   const int64_t blocks_per_row = src.cols / kNvfp4BlockSize;
   const int64_t end = row_end * blocks_per_row;
-  const __m512 table = E2m1Table();
-  const __m512 scale_2 = _mm512_set1_ps(src.scale_2);
-  const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  for (int64_t g = row_begin * blocks_per_row; g < end; g += kGroupBlocks) {
-    const int n = static_cast<int>(MinI64(kGroupBlocks, end - g));
-    const __m512 scales =
-        E4m3ToFloat(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(Mask16(n), src.scales + g)));
-    int b = 0;
-    // formats::Nvfp4Decode: (e2m1 * float(scale)) * scale_2, a pair of BF16 blocks at a time.
-    for (; dst.type == FloatType::kBF16 && b + 2 <= n; b += 2) {
-      const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(src.data + (g + b) * kNvfp4BlockSize / 2)));
-      const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(pair_lanes, Set1(b)), scales);
-      const __m512 even = _mm512_mul_ps(_mm512_mul_ps(_mm512_permutexvar_ps(x, table), s), scale_2);
-      const __m512 odd = _mm512_mul_ps(
-          _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), table), s), scale_2);
-      StoreBf16Pair(static_cast<uint16_t*>(dst.data) + (g + b) * kNvfp4BlockSize, even, odd, false);
+  const uint8_t* scales = src.scales;
+  const uint8_t* data = src.data;
+  alignas(64) float table[256 * 16];  // BuildDecodeTable's rows: F32, or BF16 in the first half
+  BuildDecodeTable(src.scale_2, dst.type, table);
+  int64_t b = row_begin * blocks_per_row;
+  if (dst.type == FloatType::kBF16) {
+    const uint16_t* rows = reinterpret_cast<const uint16_t*>(table);
+    uint16_t* out = static_cast<uint16_t*>(dst.data);
+    // Two blocks at a time. Word 2j of the index is packed byte j (its low nibble in bits 0-3;
+    // bit 4 is ignored, as each row is repeated), word 2j+1 its high nibble.
+    for (; b + 2 <= end; b += 2) {
+      const __m512i row_a = _mm512_broadcast_i64x4(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(rows + 16 * scales[b])));
+      const __m512i row_b = _mm512_broadcast_i64x4(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(rows + 16 * scales[b + 1])));
+      const __m512i x = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + b * kNvfp4BlockSize / 2)));
+      const __m512i index = _mm512_or_si512(x, _mm512_slli_epi32(x, 12));
+      const __m512i v = _mm512_mask_permutexvar_epi16(_mm512_permutexvar_epi16(index, row_a),
+                                                      0xFFFF0000, index, row_b);
+      _mm512_storeu_si512(out + b * kNvfp4BlockSize, v);
     }
-    for (; b < n; ++b) {
-      const __m512i w =
-          _mm512_cvtepu8_epi32(UnpackNibbles8(src.data + (g + b) * kNvfp4BlockSize / 2));
-      const __m512 s = _mm512_permutexvar_ps(Set1(b), scales);
-      StoreDense16(dst, (g + b) * kNvfp4BlockSize,
-                   _mm512_mul_ps(_mm512_mul_ps(_mm512_permutexvar_ps(w, table), s), scale_2),
-                   0xFFFF);
+    if (b < end) {
+      const __m256i row =
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(rows + 16 * scales[b]));
+      const __m256i x = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + b * kNvfp4BlockSize / 2)));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(out + b * kNvfp4BlockSize),
+          _mm256_permutexvar_epi16(_mm256_or_si256(x, _mm256_slli_epi32(x, 12)), row));
     }
+    return;
+  }
+  float* out = static_cast<float*>(dst.data);
+  for (; b < end; ++b) {
+    const __m512i codes = _mm512_cvtepu8_epi32(UnpackNibbles8(data + b * kNvfp4BlockSize / 2));
+    _mm512_storeu_ps(out + b * kNvfp4BlockSize,
+                     _mm512_permutexvar_ps(codes, _mm512_load_ps(table + 16 * scales[b])));
   }
 }
 

@@ -256,6 +256,7 @@ class Scheduler::Impl {
   BlockingQueue<std::function<void()>> inbox_;        // commands and task results
   std::thread thread_;                                // runs Loop
   bool stopping_ = false;                             // scheduler thread: Shutdown began
+  bool reconsider_ = true;                            // scheduler thread: StartJobs has news
   Clock::time_point stop_deadline_;                   // scheduler thread: grace ends
   int64_t last_renew_ms_ = 0;                         // scheduler thread
   int64_t last_metrics_ms_ = 0;                       // scheduler thread
@@ -363,7 +364,9 @@ void Scheduler::Impl::Loop() {
 }
 
 absl::Status Scheduler::Impl::Step() {
-  if (!stopping_) {
+  // Waiting jobs can only start after a submit, a resume or a release of workers.
+  if (!stopping_ && reconsider_) {
+    reconsider_ = false;
     if (absl::Status s = StartJobs(); !s.ok()) return s;
   }
   for (auto& [id, job] : active_) {
@@ -586,6 +589,7 @@ absl::Status Scheduler::Impl::MaybeFinish(ActiveJob& job, bool* finished) {
 void Scheduler::Impl::Release(ActiveJob& job) {
   for (int w : job.workers) workers_[w]->job_id = 0;
   job.workers.clear();
+  reconsider_ = true;
 }
 
 void Scheduler::Impl::WorkerLoop(int index) {
@@ -894,6 +898,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::DoSubmit(const std::string& request_id,
   absl::StatusOr<int64_t> id = store_->CreateJob(request_id, spec_json, NowMs(), created);
   if (!id.ok()) return id.status();
   Log(*id, "state", absl::StrCat("PENDING (submitted): ", spec.source, " -> ", spec.output));
+  reconsider_ = true;
   if (absl::Status s = Publish(*id); !s.ok()) return s;
   return *board_.Get(*id);
 }
@@ -959,6 +964,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::DoResume(int64_t job_id) {
   absl::StatusOr<int> reset = store_->ResetFailedTasks(job_id, NowMs());
   if (!reset.ok()) return reset.status();
   if (absl::Status s = SetState(job_id, JobState::kPending, "resumed", ""); !s.ok()) return s;
+  reconsider_ = true;
   return *board_.Get(job_id);
 }
 

@@ -9,7 +9,6 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/pipeline/job_spec.h"
@@ -57,8 +56,9 @@ int RunMain(const RunArgs& args) {
         absl::InvalidArgumentError(absl::StrCat("--threads must be >= 0, got ", args.threads)),
         kUsage);
   }
-  if (!args.device.empty() && args.device != "cpu" && args.device != "auto" &&
-      !absl::StartsWith(args.device, "cuda:")) {
+  int cuda_index = 0;
+  if (!args.device.empty() && args.device != "auto" &&
+      !pipeline::ParseDeviceName(args.device, &cuda_index)) {
     return Fail(absl::InvalidArgumentError(
                     absl::StrCat("--device ", args.device, ": expected cpu, cuda:N or auto")),
                 kUsage);

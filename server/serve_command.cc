@@ -22,9 +22,6 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +29,7 @@
 #include "server/api/server.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/metrics/metrics.h"
+#include "server/pipeline/job_spec.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/job_store.h"
 
@@ -102,14 +100,8 @@ class ConfigReader {
 };
 
 absl::Status CheckDevice(const std::string& device) {
-  if (device == "cpu") return absl::OkStatus();
-  if (absl::StartsWith(device, "cuda:") && device.size() > 5 && device.size() <= 8) {
-    bool digits = true;
-    for (size_t i = 5; i < device.size(); ++i) {
-      digits = digits && absl::ascii_isdigit(static_cast<unsigned char>(device[i]));
-    }
-    if (digits) return absl::OkStatus();
-  }
+  int index = 0;
+  if (pipeline::ParseDeviceName(device, &index)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("devices (--devices): \"", device, "\" is not cpu or cuda:N"));
 }
@@ -126,8 +118,7 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(const ServeConfig& confi
   }
   for (const std::string& device : config.devices) {
     int index = 0;
-    if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) &&
-        index >= cuda) {
+    if (pipeline::ParseDeviceName(device, &index) && index >= cuda) {
       return absl::FailedPreconditionError(
           absl::StrCat("device ", device, " does not exist (", cuda, " CUDA devices found)"));
     }

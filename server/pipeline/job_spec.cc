@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -124,9 +123,9 @@ absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
   if (!v->is_array() || v->empty()) {
     return r.Error("devices", "must be \"auto\" or a non-empty array like [\"cpu\", \"cuda:0\"]");
   }
-  static const std::regex kDevice("cpu|cuda:[0-9]{1,2}");
   for (const json& d : *v) {
-    if (!d.is_string() || !std::regex_match(d.get<std::string>(), kDevice)) {
+    int index = 0;
+    if (!d.is_string() || !ParseDeviceName(d.get<std::string>(), &index)) {
       return r.Error("devices", absl::StrCat("has ", d.dump(), "; expected \"cpu\" or \"cuda:N\""));
     }
     if (std::find(devices->begin(), devices->end(), d.get<std::string>()) != devices->end()) {
@@ -138,6 +137,21 @@ absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
 }
 
 }  // namespace
+
+bool ParseDeviceName(const std::string& name, int* cuda_index) {
+  if (name == "cpu") {
+    *cuda_index = -1;
+    return true;
+  }
+  if (name.rfind("cuda:", 0) != 0 || name.size() < 6 || name.size() > 7) return false;
+  int index = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    index = index * 10 + (name[i] - '0');
+  }
+  *cuda_index = index;
+  return true;
+}
 
 const char* RecipeKindName(RecipeKind k) { return kRecipeNames[static_cast<int>(k)]; }
 const char* WeightFormatName(WeightFormat f) { return kWeightFormatNames[static_cast<int>(f)]; }

@@ -62,6 +62,11 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
 // Canonical JSON (all fields, defaults spelled out); ParseJobSpec(ToJson(s)) == s.
 std::string JobSpecToJson(const JobSpec& spec);
 
+// Device names as specs, `quantd run --device` and `quantd serve --devices` spell them: "cpu", or
+// "cuda:N" with N of one or two decimal digits. Sets *cuda_index to N (-1 for "cpu"); false for
+// any other name.
+bool ParseDeviceName(const std::string& name, int* cuda_index);
+
 const char* RecipeKindName(RecipeKind k);
 const char* WeightFormatName(WeightFormat f);
 const char* ExpertCastName(ExpertCast c);

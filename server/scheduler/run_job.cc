@@ -10,8 +10,6 @@
 #include <mutex>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
 #include "server/checkpoint/sha256.h"
@@ -84,9 +82,7 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const RunOptions& options
   for (std::string& d : devices) {
     if (d == "auto") d = kernels::CudaDeviceCount() > 0 ? "cuda:0" : "cpu";
     int index = 0;
-    const bool cuda = absl::StartsWith(d, "cuda:") && absl::SimpleAtoi(d.substr(5), &index) &&
-                      index >= 0;
-    if (d != "cpu" && !cuda) {
+    if (!pipeline::ParseDeviceName(d, &index)) {
       return absl::InvalidArgumentError(
           absl::StrCat("device \"", d, "\": expected cpu, cuda:N or auto"));
     }

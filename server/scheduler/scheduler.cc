@@ -83,14 +83,13 @@ absl::StatusOr<std::optional<KillHook>> ParseKillHook(const char* value) {
 
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const std::string& device,
                                                               int cpu_threads) {
-  if (device == "cpu") return kernels::MakeCpuBackend({cpu_threads, kernels::SimdLevel::kAuto});
   int index = 0;
-  if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) &&
-      index >= 0) {
-    return kernels::MakeCudaBackend(index);
+  if (!pipeline::ParseDeviceName(device, &index)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", device, "\": expected cpu or cuda:N"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("device \"", device, "\": expected cpu or cuda:N"));
+  if (index < 0) return kernels::MakeCpuBackend({cpu_threads, kernels::SimdLevel::kAuto});
+  return kernels::MakeCudaBackend(index);
 }
 
 // "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task.

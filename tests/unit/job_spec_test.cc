@@ -90,12 +90,30 @@ TEST(JobSpecTest, BadInputNamesTheField) {
             "spec.json: field 'exclude' must be an array of strings");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "devices": ["gpu0"]})"),
             "spec.json: field 'devices' has \"gpu0\"; expected \"cpu\" or \"cuda:N\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "devices": ["cuda:100"]})"),
+            "spec.json: field 'devices' has \"cuda:100\"; expected \"cpu\" or \"cuda:N\"");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "devices": ["cpu", "cpu"]})"),
             "spec.json: field 'devices' lists \"cpu\" twice");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "host_memory_bytes": 1.5})"),
             "spec.json: field 'host_memory_bytes' must be a non-negative integer");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "a"})"),
             "spec.json: field 'output' must differ from 'source'");
+}
+
+TEST(DeviceNameTest, CpuOrCudaWithOneOrTwoDigits) {
+  int index = 7;
+  EXPECT_TRUE(ParseDeviceName("cpu", &index));
+  EXPECT_EQ(index, -1);
+  EXPECT_TRUE(ParseDeviceName("cuda:0", &index));
+  EXPECT_EQ(index, 0);
+  EXPECT_TRUE(ParseDeviceName("cuda:17", &index));
+  EXPECT_EQ(index, 17);
+  for (const char* bad : {"", "gpu", "CPU", "cuda", "cuda:", "cuda:100", "cuda:-1", "cuda:+1",
+                          "cuda:1a", "cuda: 1", " cpu", "cuda:0 "}) {
+    index = 7;
+    EXPECT_FALSE(ParseDeviceName(bad, &index)) << bad;
+    EXPECT_EQ(index, 7) << bad;
+  }
 }
 
 }  // namespace

@@ -120,7 +120,9 @@ TEST_P(PlanTest, QuantizeTasksCoverEveryTensorOnceAndKeepGroupsTogether) {
     }
     const bool mixed = GetParam() == fixture::Arch::kDeepseekV4 && std::string(recipe) == "experts";
     EXPECT_EQ(bf16_modules, mixed ? std::set<std::string>() : block_quantized_left);
-    if (!mixed) EXPECT_FALSE(bf16_modules.empty());
+    if (!mixed) {
+      EXPECT_FALSE(bf16_modules.empty());
+    }
   }
 }
 
@@ -169,13 +171,25 @@ INSTANTIATE_TEST_SUITE_P(Arches, PlanTest,
                          testing::Values(fixture::Arch::kDeepseekV4, fixture::Arch::kDeepseekV3));
 
 TEST(PlanPayloadTest, ShardTaskRoundTripsAndRejectsCorruption) {
-  ShardTask t{"model-00001-of-00002.safetensors", {"embed.weight"}, {"a.w1", "a.w3"}, {{"a.w1", "a.w3"}}};
+  ShardTask t{"model-00001-of-00002.safetensors", {"embed.weight"}, {"a.w1", "a.w3"},
+              {{"a.w1", "a.w3"}}, {"a.wo"}};
   auto back = ParseShardTask(ToJson(t));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->shard, t.shard);
   EXPECT_EQ(back->copy_tensors, t.copy_tensors);
   EXPECT_EQ(back->modules, t.modules);
   EXPECT_EQ(back->fusion_groups, t.fusion_groups);
+  EXPECT_EQ(back->bf16_modules, t.bf16_modules);
+  // Without BF16 modules the payload has no such key, as plans stored before it existed.
+  t.bf16_modules.clear();
+  EXPECT_EQ(ToJson(t).find("bf16_modules"), std::string::npos);
+  back = ParseShardTask(ToJson(t));
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->bf16_modules.empty());
+  EXPECT_FALSE(ParseShardTask(
+                   R"({"shard": "s", "copy_tensors": [], "modules": [], "fusion_groups": [],
+                       "bf16_modules": [1]})")
+                   .ok());
   EXPECT_FALSE(ParseShardTask("{\"shard\": 3}").ok());
   EXPECT_FALSE(ParseShardTask("not json").ok());
   EXPECT_FALSE(ParseDequantTask("{}").ok());

@@ -1,13 +1,10 @@
 #include "server/serve_command.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +28,7 @@
 #include "server/metrics/metrics.h"
 #include "server/pipeline/job_spec.h"
 #include "server/scheduler/scheduler.h"
+#include "server/store/file_lock.h"
 #include "server/store/job_store.h"
 
 namespace quantd {
@@ -126,23 +124,17 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(const ServeConfig& confi
   return config.devices;
 }
 
-// Takes <state-dir>/quantd.lock for the life of the process; returns the descriptor.
-absl::StatusOr<int> LockStateDir(const std::string& dir) {
+// Takes <state-dir>/quantd.lock; the lock is held while the returned FileLock lives.
+absl::StatusOr<std::unique_ptr<store::FileLock>> LockStateDir(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "quantd.lock").string();
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  bool held_elsewhere = false;
+  absl::StatusOr<std::unique_ptr<store::FileLock>> lock =
+      store::FileLock::Acquire(path, &held_elsewhere);
+  if (!lock.ok() && held_elsewhere) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another quantd serves the state dir ", dir, " (", path, " is locked)"));
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    close(fd);
-    if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("another quantd serves the state dir ", dir, " (", path, " is locked)"));
-    }
-    return absl::FailedPreconditionError(absl::StrCat("cannot lock ", path, ": ", strerror(err)));
-  }
-  return fd;
+  return lock;
 }
 
 // The settings as one log line.
@@ -268,8 +260,8 @@ int ServeMain(const ServeConfig& config) {
     return CannotStart(absl::FailedPreconditionError(
         absl::StrCat("cannot create the state dir ", config.state_dir, ": ", ec.message())));
   }
-  absl::StatusOr<int> lock_fd = LockStateDir(config.state_dir);  // held until the process exits
-  if (!lock_fd.ok()) return CannotStart(lock_fd.status());
+  absl::StatusOr<std::unique_ptr<store::FileLock>> lock = LockStateDir(config.state_dir);
+  if (!lock.ok()) return CannotStart(lock.status());
   const std::filesystem::path state_dir(config.state_dir);
   const std::string serve_json = (state_dir / "serve.json").string();
   std::filesystem::remove(serve_json, ec);  // a crashed daemon's; readers wait for the new one

@@ -1,11 +1,5 @@
 #include "server/scheduler/run_job.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <string.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -15,6 +9,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/pipeline/progress.h"
 #include "server/scheduler/scheduler.h"
+#include "server/store/file_lock.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
@@ -27,32 +22,6 @@ int64_t NowMs() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-// Closes the lock file (releasing the flock) when the run ends.
-class LockFile {
- public:
-  ~LockFile() {
-    if (fd_ >= 0) close(fd_);
-  }
-  absl::Status Lock(const std::string& state_path) {
-    // Two processes on one state file would requeue each other's leases and write the same .tmp
-    // files. The lock goes away with the process, however it ends.
-    const std::string path = state_path + ".lock";
-    fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create ", path, ": ", strerror(errno)));
-    }
-    if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("state file ", state_path, " is in use by another quantd run"));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  int fd_ = -1;  // the open lock file, -1 before Lock
-};
 
 // The job of this spec in the store: refuses a state file that holds another spec's job.
 absl::StatusOr<int64_t> FindOrCreateJob(store::JobStore& store, const RunOptions& options) {
@@ -120,8 +89,16 @@ std::string RunRequestId(const pipeline::JobSpec& spec) {
 absl::Status RunJob(const RunOptions& options) {
   absl::StatusOr<std::vector<std::string>> devices = WorkerDevices(options);
   if (!devices.ok()) return devices.status();
-  LockFile lock;
-  if (absl::Status s = lock.Lock(options.state_path); !s.ok()) return s;
+  // Two processes on one state file would requeue each other's leases and write the same .tmp
+  // files.
+  bool in_use = false;
+  absl::StatusOr<std::unique_ptr<store::FileLock>> lock =
+      store::FileLock::Acquire(options.state_path + ".lock", &in_use);
+  if (!lock.ok() && in_use) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state file ", options.state_path, " is in use by another quantd run"));
+  }
+  if (!lock.ok()) return lock.status();
   absl::StatusOr<std::unique_ptr<store::JobStore>> store =
       store::JobStore::Open(options.state_path);
   if (!store.ok()) return store.status();

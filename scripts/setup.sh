@@ -18,6 +18,10 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc   # the gRPC API
   prometheus-cpp-dev libspdlog-dev  # metrics and structured logs of quantd serve
   prometheus                        # promtool and a real Prometheus server for the metrics tests
+  libboost-dev                      # Boost.Asio: the scheduler's io_context, timers and signals
+  libpcre2-dev                      # the tokenizer's pre-tokenizer regexes (PCRE2 with JIT)
+  libopenblas-dev                   # CPU GEMM of the model forward
+  libsystemd-dev systemd            # sd_notify (Type=notify) and systemd-analyze for the unit files
   clang libclang-rt-14-dev          # libFuzzer for the bounded fuzz run
   python3 python3-venv python3-dev
   time procps                       # /usr/bin/time -v and pgrep for the pipeline benchmark

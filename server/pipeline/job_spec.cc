@@ -138,21 +138,6 @@ absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
 
 }  // namespace
 
-bool ParseDeviceName(const std::string& name, int* cuda_index) {
-  if (name == "cpu") {
-    *cuda_index = -1;
-    return true;
-  }
-  if (name.rfind("cuda:", 0) != 0 || name.size() < 6 || name.size() > 7) return false;
-  int index = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-    index = index * 10 + (name[i] - '0');
-  }
-  *cuda_index = index;
-  return true;
-}
-
 const char* RecipeKindName(RecipeKind k) { return kRecipeNames[static_cast<int>(k)]; }
 const char* WeightFormatName(WeightFormat f) { return kWeightFormatNames[static_cast<int>(f)]; }
 const char* ExpertCastName(ExpertCast c) { return kExpertCastNames[static_cast<int>(c)]; }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/compute/device_name.h"
 
 namespace quantd::pipeline {
 
@@ -62,10 +63,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
 // Canonical JSON (all fields, defaults spelled out); ParseJobSpec(ToJson(s)) == s.
 std::string JobSpecToJson(const JobSpec& spec);
 
-// Device names as specs, `quantd run --device` and `quantd serve --devices` spell them: "cpu", or
-// "cuda:N" with N of one or two decimal digits. Sets *cuda_index to N (-1 for "cpu"); false for
-// any other name.
-bool ParseDeviceName(const std::string& name, int* cuda_index);
+// Device names: "cpu" or "cuda:N" (server/compute/device_name.h).
+using compute::ParseDeviceName;
 
 const char* RecipeKindName(RecipeKind k);
 const char* WeightFormatName(WeightFormat f);

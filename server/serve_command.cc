@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "CLI/CLI.hpp"
@@ -26,6 +27,8 @@
 #include "server/api/server.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/metrics/metrics.h"
+#include "server/ops/serve_monitor.h"
+#include "server/ops/systemd_notify.h"
 #include "server/pipeline/job_spec.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
@@ -143,6 +146,35 @@ std::string Describe(const ServeConfig& config, const std::vector<std::string>& 
                       ", cpu threads ", config.cpu_threads, ", host memory budget ",
                       config.host_memory_bytes, " bytes, queue limit ", config.queue_limit,
                       ", shutdown grace ", config.shutdown_grace_seconds, " s");
+}
+
+// Logs a failed systemd notification; the daemon serves on regardless.
+void Notify(const std::string& state) {
+  if (absl::Status s = ops::SystemdNotify(state); !s.ok()) {
+    spdlog::warn("{}", std::string(s.message()));
+  }
+}
+
+// The housekeeping thread: disk-space samples and, under systemd's WatchdogSec=, the watchdog
+// pings that stop when the scheduler stops refreshing its metrics.
+std::unique_ptr<ops::ServeMonitor> StartMonitor(const ServeConfig& config,
+                                                const scheduler::Scheduler& scheduler,
+                                                metrics::Metrics* metrics) {
+  ops::ServeMonitorOptions options;
+  std::error_code ec;
+  options.state_dir = std::filesystem::absolute(config.state_dir, ec).string();
+  options.board = &scheduler.board();
+  options.metrics = metrics;
+  if (std::optional<std::chrono::microseconds> interval = ops::SystemdWatchdogInterval()) {
+    using std::chrono::duration_cast;
+    using std::chrono::milliseconds;
+    // Two pings per interval, as sd_watchdog_enabled(3) advises.
+    options.period = std::clamp(duration_cast<milliseconds>(*interval / 2), milliseconds(100),
+                                options.period);
+    options.max_heartbeat_age = duration_cast<milliseconds>(*interval);
+    options.watchdog = [] { Notify("WATCHDOG=1"); };
+  }
+  return ops::ServeMonitor::Start(std::move(options));
 }
 
 int Usage(const absl::Status& status) {
@@ -322,9 +354,13 @@ int ServeMain(const ServeConfig& config) {
                absl::StrJoin((*server)->bound_addresses(), ", "),
                metrics->listen_address().empty() ? "none" : metrics->listen_address(),
                Describe(config, *devices));
+  Notify("READY=1");
+  std::unique_ptr<ops::ServeMonitor> monitor = StartMonitor(config, **scheduler, metrics.get());
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  Notify("STOPPING=1");
+  monitor->Stop();
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(config.shutdown_grace_seconds * 1000)));
   spdlog::info("{}: shutting down (grace {} s)", strsignal(signal_number),

@@ -13,6 +13,9 @@
 // SIGTERM/SIGINT: stop accepting RPCs, give running tasks the shutdown grace to stop, exit 0; jobs
 // that were RUNNING resume by themselves at the next start. Worker threads (and the kernel threads
 // they start) run at nice +5, so RPCs are answered promptly while the kernels saturate the cores.
+// Under systemd (Type=notify, deploy/systemd/quantd.service) it sends READY=1 once serving,
+// STOPPING=1 at SIGTERM and, with WatchdogSec=, WATCHDOG=1 while the scheduler ticks
+// (ops/serve_monitor.h, which also samples the free disk space of the state and output dirs).
 //
 // Exit codes: 0 clean shutdown; 1 could not start (address in use, state dir unusable, database
 // newer than this binary, another daemon holds the state dir); 2 usage or config error.

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -139,12 +140,29 @@ class PrometheusMetrics final : public Metrics {
                   .Name("quantd_rpc_requests_total")
                   .Help("RPCs handled by method and gRPC status code.")
                   .Register(*registry_)),
+        heartbeat_(prometheus::BuildGauge()
+                       .Name("quantd_scheduler_heartbeat_timestamp_seconds")
+                       .Help("Unix time of the scheduler's last refresh of the job counts.")
+                       .Register(*registry_)),
+        disk_free_(prometheus::BuildGauge()
+                       .Name("quantd_disk_free_bytes")
+                       .Help("Bytes available on the file system under the state dir or the "
+                             "unfinished jobs' outputs.")
+                       .Register(*registry_)),
+        disk_size_(prometheus::BuildGauge()
+                       .Name("quantd_disk_size_bytes")
+                       .Help("Size of the file system under the state dir or the unfinished "
+                             "jobs' outputs.")
+                       .Register(*registry_)),
         read_bytes_total_(read_bytes_.Add({})),
         written_bytes_total_(written_bytes_.Add({})),
         calibration_samples_total_(calibration_samples_.Add({})),
-        queue_depth_value_(queue_depth_.Add({})) {
+        queue_depth_value_(queue_depth_.Add({})),
+        heartbeat_value_(heartbeat_.Add({})),
+        heartbeat_time_(absl::Now()) {
     build_info_.Add({{"version", version}, {"cuda", cuda ? "true" : "false"}}).Set(1);
-    start_time_.Add({}).Set(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    start_time_.Add({}).Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
+    heartbeat_value_.Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
     for (const char* state : kJobStates) job_series_[state] = &jobs_.Add({{"state", state}});
     for (const char* stage : kStages) {
       for (const char* state : kTaskStates) {
@@ -184,6 +202,8 @@ class PrometheusMetrics final : public Metrics {
       const auto it = by_state.find(state);
       gauge->Set(it == by_state.end() ? 0 : static_cast<double>(it->second));
     }
+    heartbeat_time_ = absl::Now();
+    heartbeat_value_.Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
   }
 
   void SetQueueDepth(int64_t pending) override {
@@ -246,6 +266,24 @@ class PrometheusMetrics final : public Metrics {
     rpcs_.Add({{"method", method}, {"code", code}}).Increment();
   }
 
+  void SetDiskSpace(const std::string& dir, int64_t free_bytes, int64_t size_bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    disk_free_.Add({{"dir", dir}}).Set(static_cast<double>(free_bytes));
+    disk_size_.Add({{"dir", dir}}).Set(static_cast<double>(size_bytes));
+  }
+
+  void ClearDiskSpace(const std::string& dir) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Family::Remove takes the series, so look it up by its labels first.
+    if (disk_free_.Has({{"dir", dir}})) disk_free_.Remove(&disk_free_.Add({{"dir", dir}}));
+    if (disk_size_.Has({{"dir", dir}})) disk_size_.Remove(&disk_size_.Add({{"dir", dir}}));
+  }
+
+  absl::Time scheduler_heartbeat() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heartbeat_time_;
+  }
+
   std::string Exposition() const override {
     return prometheus::TextSerializer().Serialize(registry_->Collect());
   }
@@ -271,13 +309,19 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Family<prometheus::Counter>& job_failures_;
   prometheus::Family<prometheus::Counter>& calibration_samples_;
   prometheus::Family<prometheus::Counter>& rpcs_;
+  prometheus::Family<prometheus::Gauge>& heartbeat_;
+  prometheus::Family<prometheus::Gauge>& disk_free_;
+  prometheus::Family<prometheus::Gauge>& disk_size_;
   // The unlabelled series of the families above.
   prometheus::Counter& read_bytes_total_;
   prometheus::Counter& written_bytes_total_;
   prometheus::Counter& calibration_samples_total_;
   prometheus::Gauge& queue_depth_value_;
+  prometheus::Gauge& heartbeat_value_;
 
-  std::mutex mu_;  // guards job_series_ and task_series_ (and makes each Set* call atomic)
+  // Guards job_series_, task_series_ and heartbeat_time_; makes each Set*/Clear* call atomic.
+  mutable std::mutex mu_;
+  absl::Time heartbeat_time_ ABSL_GUARDED_BY(mu_);  // the last SetJobCounts, else creation
   std::map<std::string, prometheus::Gauge*> job_series_;  // state -> its quantd_jobs series
   // (stage, task state) -> its quantd_tasks series.
   std::map<std::pair<std::string, std::string>, prometheus::Gauge*> task_series_;

@@ -18,6 +18,10 @@
 //   quantd_job_failures_total{reason}                       counter: reason = the job's reason
 //   quantd_calibration_samples_total                        counter
 //   quantd_rpc_requests_total{method,code}                  counter: method = RPC name, code = gRPC code name
+//   quantd_scheduler_heartbeat_timestamp_seconds            gauge: Unix time of the scheduler's
+//                                                           last SetJobCounts (start until then)
+//   quantd_disk_free_bytes{dir}                             gauge: dir = state or output
+//   quantd_disk_size_bytes{dir}                             gauge: the same file systems' sizes
 //
 // Thread-safe: every method may be called from any thread.
 #ifndef QUANTD_SERVER_METRICS_METRICS_H_
@@ -31,6 +35,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace quantd::metrics {
 
@@ -44,7 +49,8 @@ class Metrics {
                                                         const std::string& version, bool cuda);
   virtual ~Metrics() = default;
 
-  // Replaces the per-state job counts (states missing from `by_state` read 0).
+  // Replaces the per-state job counts (states missing from `by_state` read 0). The scheduler calls
+  // it from its loop every second, so the time of the last call is the scheduler's heartbeat.
   virtual void SetJobCounts(const std::map<std::string, int64_t>& by_state) = 0;
   virtual void SetQueueDepth(int64_t pending) = 0;
   // Replaces the task counts: (stage kind, task state) -> count. Pairs missing read 0.
@@ -61,6 +67,14 @@ class Metrics {
   virtual void JobFailed(const std::string& reason) = 0;
   virtual void AddCalibrationSamples(uint64_t n) = 0;
   virtual void RpcHandled(const std::string& method, const std::string& code) = 0;
+  // The free and total bytes of the file system under a directory kind: "state" (the daemon's
+  // state dir) or "output" (the fullest file system among the unfinished jobs' outputs).
+  virtual void SetDiskSpace(const std::string& dir, int64_t free_bytes, int64_t size_bytes) = 0;
+  // Drops the series of `dir` (no unfinished job has an output to watch).
+  virtual void ClearDiskSpace(const std::string& dir) = 0;
+
+  // When SetJobCounts last ran (the scheduler's heartbeat); the creation time until then.
+  virtual absl::Time scheduler_heartbeat() const = 0;
 
   // The current metrics in the Prometheus text exposition format (what a scrape returns).
   virtual std::string Exposition() const = 0;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::metrics {
@@ -131,6 +133,51 @@ TEST(MetricsTest, SetJobCountsReplacesEveryState) {
   EXPECT_TRUE(HasLine(m->Exposition(), "quantd_queue_depth 7"));
   m->SetQueueDepth(0);
   EXPECT_TRUE(HasLine(m->Exposition(), "quantd_queue_depth 0"));
+}
+
+TEST(MetricsTest, SchedulerHeartbeatIsTheLastSetJobCounts) {
+  const absl::Time before = absl::Now();
+  const auto m = Metrics::Create("1", false);
+  const absl::Time created = m->scheduler_heartbeat();
+  EXPECT_GE(created, before);
+  const auto seconds = [&m] {
+    const std::vector<std::string> lines =
+        LinesWithPrefix(m->Exposition(), "quantd_scheduler_heartbeat_timestamp_seconds ");
+    EXPECT_EQ(lines.size(), 1u);
+    return lines.empty() ? 0.0 : std::stod(lines[0].substr(lines[0].find(' ') + 1));
+  };
+  // Until the first refresh: the creation time, which is also the start time.
+  const std::vector<std::string> start =
+      LinesWithPrefix(m->Exposition(), "quantd_process_start_time_seconds ");
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_EQ(seconds(), std::stod(start[0].substr(start[0].find(' ') + 1)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  m->SetQueueDepth(1);  // other setters are no heartbeat
+  EXPECT_EQ(m->scheduler_heartbeat(), created);
+  m->SetJobCounts({});
+  const absl::Time refreshed = m->scheduler_heartbeat();
+  EXPECT_GE(refreshed - created, absl::Milliseconds(20));
+  // The exposition prints 16 significant digits: the microsecond survives.
+  EXPECT_NEAR(seconds(), absl::ToDoubleSeconds(refreshed - absl::UnixEpoch()), 2e-6);
+}
+
+TEST(MetricsTest, DiskSpaceSeriesAreSetAndCleared) {
+  const auto m = Metrics::Create("1", false);
+  EXPECT_TRUE(LinesWithPrefix(m->Exposition(), "quantd_disk_").empty());
+  m->ClearDiskSpace("output");  // nothing to clear
+  m->SetDiskSpace("state", 1000, 4000);
+  m->SetDiskSpace("output", 5, 10);
+  m->SetDiskSpace("output", 6, 12);
+  std::string text = m->Exposition();
+  EXPECT_TRUE(HasLine(text, "quantd_disk_free_bytes{dir=\"state\"} 1000")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_disk_size_bytes{dir=\"state\"} 4000"));
+  EXPECT_TRUE(HasLine(text, "quantd_disk_free_bytes{dir=\"output\"} 6"));
+  EXPECT_TRUE(HasLine(text, "quantd_disk_size_bytes{dir=\"output\"} 12"));
+  m->ClearDiskSpace("output");
+  text = m->Exposition();
+  EXPECT_EQ(LinesWithPrefix(text, "quantd_disk_free_bytes{").size(), 1u) << text;
+  EXPECT_EQ(LinesWithPrefix(text, "quantd_disk_size_bytes{").size(), 1u) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_disk_free_bytes{dir=\"state\"} 1000"));
 }
 
 TEST(MetricsTest, SetTaskCountsReplacesEveryPair) {
@@ -323,6 +370,7 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
   m->JobFailed("corrupt input");
   m->AddCalibrationSamples(8);
   m->RpcHandled("WatchJob", "CANCELLED");
+  m->SetDiskSpace("state", 1 << 30, 1LL << 40);
   const std::string text = m->Exposition();
   // Every family of the header has samples now.
   for (const char* family :
@@ -331,7 +379,9 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
         "quantd_stage_duration_seconds", "quantd_device_busy_seconds_total",
         "quantd_device_busy_ratio", "quantd_device_memory_used_bytes", "quantd_task_retries_total",
         "quantd_job_failures_total", "quantd_calibration_samples_total",
-        "quantd_rpc_requests_total", "quantd_process_start_time_seconds"}) {
+        "quantd_rpc_requests_total", "quantd_process_start_time_seconds",
+        "quantd_scheduler_heartbeat_timestamp_seconds", "quantd_disk_free_bytes",
+        "quantd_disk_size_bytes"}) {
     EXPECT_TRUE(HasLine(text, absl::StrCat("# TYPE ", family, " ", "counter")) ||
                 HasLine(text, absl::StrCat("# TYPE ", family, " ", "gauge")) ||
                 HasLine(text, absl::StrCat("# TYPE ", family, " ", "histogram")))

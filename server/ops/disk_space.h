@@ -1,0 +1,26 @@
+// DiskSpaceUnder: how full the file system that holds (or will hold) a path is, for the
+// quantd_disk_* metrics and the "disk nearly full" alerts (deploy/prometheus/alerts.yml).
+#ifndef QUANTD_SERVER_OPS_DISK_SPACE_H_
+#define QUANTD_SERVER_OPS_DISK_SPACE_H_
+
+#include <stdint.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace quantd::ops {
+
+struct DiskSpace {
+  int64_t free_bytes = 0;  // available to an unprivileged writer (statvfs f_bavail)
+  int64_t size_bytes = 0;  // the file system's size (f_blocks)
+};
+
+// The file system of `path`, or of its nearest existing ancestor when `path` does not exist yet
+// (an output directory a job has not created). `path` must be absolute; InvalidArgument
+// otherwise, NotFound naming the path when no ancestor can be examined.
+absl::StatusOr<DiskSpace> DiskSpaceUnder(const std::string& path);
+
+}  // namespace quantd::ops
+
+#endif  // QUANTD_SERVER_OPS_DISK_SPACE_H_

@@ -26,3 +26,16 @@ mkdir -p "$work/corpus" "$work/artifacts"
   -max_total_time="$seconds" -max_len=4096 -timeout=10 -print_final_stats=1 \
   -dict="$src/tests/fuzz/safetensors.dict" -artifact_prefix="$work/artifacts/" \
   "$work/corpus" "$src/tests/fuzz/corpus"
+
+# The job spec JSON parser and the gRPC request handlers, SECONDS each, with the same layout:
+# committed seeds in tests/fuzz/corpus-NAME, new inputs in BUILD_DIR/fuzz-work/NAME.
+run_target() {
+  local target=$1 corpus=$2
+  shift 2
+  ninja -C "$build_dir" "$target"
+  mkdir -p "$work/$corpus"
+  "$build_dir/tests/fuzz/$target" \
+    -max_total_time="$seconds" -timeout=30 -print_final_stats=1 \
+    -artifact_prefix="$work/artifacts/" "$@" "$work/$corpus" "$src/tests/fuzz/corpus-$corpus"
+}
+run_target job_spec_fuzz job-spec -max_len=4096 -dict="$src/tests/fuzz/job_spec.dict"

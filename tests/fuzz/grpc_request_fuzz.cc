@@ -6,6 +6,7 @@
 // Besides the sanitizers' checks: a request that parses as its message type never gets
 // INTERNAL, UNKNOWN or DATA_LOSS (handler exceptions and unexpected errors become those).
 //
+// Scratch: a fresh directory under $QUANTD_FUZZ_SCRATCH (default /tmp) per process.
 // Sandbox: SubmitJob requests that parse have every path of their spec (source, output,
 // materialize_bf16, calibration files) replaced by a name under the scratch directory where no
 // checkpoint exists, so the jobs they create fail to start and never read or write outside it.
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <string>
 
+#include "google/protobuf/stubs/logging.h"
 #include "quantd/v1/quantd.grpc.pb.h"
 #include "server/api/quant_service.h"
 #include "server/scheduler/scheduler.h"
@@ -73,9 +75,13 @@ struct Harness {
 
 Harness& Get() {
   static Harness* h = [] {
+    // Mutated strings are often invalid UTF-8, which protobuf logs at every parse: keep quiet.
+    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
+                                       const std::string&) {});
     auto* h = new Harness;
-    char tmpl[] = "/tmp/quantd-grpc-fuzz-XXXXXX";
-    Check(mkdtemp(tmpl) != nullptr);
+    const char* base = getenv("QUANTD_FUZZ_SCRATCH");
+    std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/grpc-fuzz-XXXXXX";
+    Check(mkdtemp(tmpl.data()) != nullptr);
     h->sandbox = tmpl;
     auto store = quantd::store::JobStore::Open(h->sandbox + "/quantd.db");
     Check(store.ok());

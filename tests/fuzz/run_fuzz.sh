@@ -39,3 +39,6 @@ run_target() {
     -artifact_prefix="$work/artifacts/" "$@" "$work/$corpus" "$src/tests/fuzz/corpus-$corpus"
 }
 run_target job_spec_fuzz job-spec -max_len=4096 -dict="$src/tests/fuzz/job_spec.dict"
+# Each run's job store and job paths stay under the work dir (the last run's are dropped).
+rm -rf "$work"/grpc-fuzz-*
+QUANTD_FUZZ_SCRATCH=$work run_target grpc_request_fuzz grpc-requests -max_len=2048

@@ -1,7 +1,9 @@
 """Soak (issue 14 §6): one `quantd serve` (daemon.Daemon, one CPU worker) under 300 pollers
-(GetJob / ListJobs, each on its own connection), 60 WatchJob streams and a driver that submits,
-cancels, pauses, resumes and deletes jobs on the tiny fixture in a loop, for
-$QUANTD_SOAK_SECONDS (default 60; tests/soak/run_soak.sh runs 600).
+(GetJob / ListJobs), 60 WatchJob streams and a driver that submits, cancels, pauses, resumes and
+deletes jobs on the tiny fixture in a loop, for $QUANTD_SOAK_SECONDS (default 60;
+tests/soak/run_soak.sh runs 600). Each client has its own channel from the harness; grpcio shares
+one connection per target between channels with the same arguments, so these are 360 concurrent
+callers over HTTP/2 streams rather than 360 sockets.
 
 Pass: no RPC ends with a code outside the expected ones of its method (below), every job the
 driver kept reaches a terminal state, the daemon stops cleanly at SIGTERM, and its resources are

@@ -85,7 +85,8 @@ void ServeMonitor::SampleDisks() {
   std::optional<DiskSpace> least_free;
   for (const std::string& output : outputs) {
     absl::StatusOr<DiskSpace> space = DiskSpaceUnder(output);
-    if (space.ok() && (!least_free || space->free_bytes < least_free->free_bytes)) least_free = *space;
+    if (!space.ok()) continue;
+    if (!least_free || space->free_bytes < least_free->free_bytes) least_free = *space;
   }
   if (least_free) {
     metrics.SetDiskSpace("output", least_free->free_bytes, least_free->size_bytes);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <utility>
 
@@ -23,6 +24,7 @@ namespace quantd::api {
 namespace {
 
 constexpr int kBacklog = 128;
+constexpr std::chrono::milliseconds kAcceptBackoff{100};
 constexpr char kTmpSuffix[] = ".new";
 
 absl::Status Errno(const std::string& what, const std::string& path) {
@@ -46,7 +48,8 @@ absl::Status CheckPathLength(const std::string& path) {
                                                  " fit: choose a shorter path"));
 }
 
-// Removes a socket at `path` that no one accepts on; refuses anything else.
+// Removes a socket at `path` that no one accepts on (connecting is refused); refuses anything
+// else.
 absl::Status RemoveStaleSocket(const std::string& path) {
   struct stat st = {};
   if (lstat(path.c_str(), &st) != 0) {
@@ -62,10 +65,15 @@ absl::Status RemoveStaleSocket(const std::string& path) {
   const sockaddr_un address = Address(path);
   const bool live =
       connect(probe, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+  const int connect_errno = errno;
   close(probe);
   if (live) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on unix:", path, ": another process accepts on it"));
+  }
+  if (connect_errno != ECONNREFUSED) {  // e.g. EACCES: someone else's socket, maybe live
+    errno = connect_errno;
+    return Errno("cannot tell whether another process accepts on", path);
   }
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
     return Errno("cannot remove the stale socket", path);
@@ -176,7 +184,14 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
 void UnixListener::AcceptOne(int listen_fd, grpc::Server* server) {
   // gRPC needs a non-blocking descriptor.
   const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd < 0) return;  // the client left already, or out of descriptors: it may retry
+  if (fd < 0) {
+    // Out of descriptors or memory: the connection stays queued and poll() would report it again
+    // at once, so wait a little instead of spinning. (A client that left already: nothing to do.)
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      std::this_thread::sleep_for(kAcceptBackoff);
+    }
+    return;
+  }
   ucred credentials = {};
   socklen_t size = sizeof(credentials);
   struct stat st = {};

@@ -41,6 +41,8 @@ namespace {
 
 constexpr int kCannotStart = 1;
 constexpr int kUsage = 2;
+// A --listen value that adds no address (it overrides a config file's list).
+constexpr char kNoListen[] = "none";
 // The longest that RPCs in progress get to finish at shutdown (never more than the grace).
 constexpr std::chrono::milliseconds kRpcDrain{5000};
 
@@ -164,7 +166,9 @@ absl::StatusOr<api::ApiServerOptions> ApiOptions(const ServeConfig& config) {
                                        .string()
                                  : config.socket;
   options.listen.push_back(absl::StrCat("unix:", socket));
-  options.listen.insert(options.listen.end(), config.listen.begin(), config.listen.end());
+  for (const std::string& address : config.listen) {
+    if (address != kNoListen) options.listen.push_back(address);
+  }
   if (!config.socket_group.empty()) {
     uint32_t gid = 0;
     if (absl::SimpleAtoi(config.socket_group, &gid)) {
@@ -189,7 +193,7 @@ absl::StatusOr<api::ApiServerOptions> ApiOptions(const ServeConfig& config) {
     *pem = *std::move(text);
   }
   for (const std::string& address : config.listen) {
-    if (absl::StartsWith(address, "unix:")) continue;
+    if (address == kNoListen || absl::StartsWith(address, "unix:")) continue;
     if (!options.policy.has_tokens() && config.tls_client_ca.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "listen (--listen) ", address,
@@ -444,7 +448,8 @@ void AddServeCommand(CLI::App& app, int& rc) {
                   "JSON file with the settings below (snake_case)");
   CLI::Option* listen =
       cmd->add_option("--listen", f.listen,
-                      "more gRPC addresses besides --socket, repeatable (HOST:PORT, unix:PATH)")
+                      "more gRPC addresses besides --socket, repeatable (HOST:PORT, unix:PATH; "
+                      "none: no more)")
           ->capture_default_str();
   CLI::Option* metrics_listen =
       cmd->add_option("--metrics-listen", f.metrics_listen, "Prometheus address, or none")

@@ -10,7 +10,8 @@
 //
 // --config FILE is a JSON object with the same settings in snake_case (listen: a string or an
 // array); flags override it. The daemon always listens on the unix socket --socket (default
-// <state-dir>/quantd.sock, mode 0660, group --socket-group), and on the --listen addresses too:
+// <state-dir>/quantd.sock, mode 0660, group --socket-group), and on the --listen addresses too
+// ("none" adds none, overriding a config file's list):
 // TCP ones need a token (--token-file, --access-config) or TLS client certificates
 // (--tls-client-ca), and a non-loopback one needs TLS unless --insecure (README "Security model",
 // api/access_policy.h for the access config). Once serving, <state-dir>/serve.json holds

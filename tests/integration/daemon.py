@@ -48,9 +48,12 @@ class Daemon:
             self.socket_path = Path(tempfile.mkdtemp(prefix="qd")) / "quantd.sock"
 
     def cmd(self):
+        # No address but the socket unless the extra arguments name some: a --config file's
+        # addresses are overridden.
+        listen = [] if "--listen" in self.extra else ["--listen", "none"]
         return [self.binary, "serve", "--state-dir", str(self.state_dir),
-                "--socket", str(self.socket_path), "--metrics-listen", "none", "--devices", "cpu",
-                *self.extra]
+                "--socket", str(self.socket_path), *listen, "--metrics-listen", "none",
+                "--devices", "cpu", *self.extra]
 
     @property
     def ready_file(self):

@@ -409,3 +409,13 @@ def test_insecure_allows_a_non_loopback_address_with_a_warning(qd, stubs, tmp_pa
         d.stop()
         assert ("--insecure: serving 0.0.0.0:0 without TLS; tokens and job data cross the "
                 "network in clear text") in d.log()
+
+
+def test_listen_none_overrides_a_config_files_addresses(qd, tmp_path):
+    """The harness passes --listen none: a config file's TCP addresses (here one that would be
+    refused) give way to the socket alone."""
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"listen": ["0.0.0.0:50051"]}))
+    with Daemon(qd.binary, tmp_path / "state", "--config", config) as d:
+        assert d.info["listen"] == [f"unix:{os.path.abspath(d.socket_path)}"]
+        d.stop()

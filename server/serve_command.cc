@@ -455,7 +455,8 @@ void AddServeCommand(CLI::App& app, int& rc) {
       cmd->add_option("--metrics-listen", f.metrics_listen, "Prometheus address, or none")
           ->capture_default_str();
   CLI::Option* state_dir =
-      cmd->add_option("--state-dir", f.state_dir, "holds quantd.db, quantd.lock, serve.json")
+      cmd->add_option("--state-dir", f.state_dir,
+                      "holds quantd.db, quantd.lock, serve.json, quantd.sock")
           ->capture_default_str();
   CLI::Option* devices =
       cmd->add_option("--devices", parsed->devices, "auto, or a list such as cpu,cuda:0")

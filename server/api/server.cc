@@ -1,7 +1,7 @@
 #include "server/api/server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <arpa/inet.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 
@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
 
 namespace quantd::api {
 namespace {
@@ -105,10 +106,7 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions opt
   std::unique_ptr<ApiServer> server(new ApiServer());
   server->policy_ = std::move(options.policy);
   if (!unix_paths.empty()) {
-    absl::StatusOr<std::unique_ptr<UnixListener>> unix_listener =
-        UnixListener::Bind(unix_paths, options.unix_socket);
-    if (!unix_listener.ok()) return unix_listener.status();
-    server->unix_listener_ = *std::move(unix_listener);
+    ASSIGN_OR_RETURN(server->unix_listener_, UnixListener::Bind(unix_paths, options.unix_socket));
   }
   server->authorizer_ = std::make_unique<Authorizer>(
       &server->policy_, server->unix_listener_.get(),

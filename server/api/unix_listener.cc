@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
 
 namespace quantd::api {
 namespace {
@@ -84,11 +85,11 @@ absl::Status RemoveStaleSocket(const std::string& path) {
 // A listening socket at `path` with the given permissions; its inode in `inode`.
 absl::StatusOr<int> Listen(const std::string& path, const UnixSocketOptions& options,
                            ino_t* inode) {
-  if (absl::Status s = CheckPathLength(path); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckPathLength(path));
   const std::string tmp = path + kTmpSuffix;
   const sockaddr_un tmp_address = Address(tmp);
-  if (absl::Status s = RemoveStaleSocket(path); !s.ok()) return s;
-  if (absl::Status s = RemoveStaleSocket(tmp); !s.ok()) return s;
+  RETURN_IF_ERROR(RemoveStaleSocket(path));
+  RETURN_IF_ERROR(RemoveStaleSocket(tmp));
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("cannot create the socket", path);
@@ -132,11 +133,11 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
           absl::StrCat("unix socket path ", given, ": ", ec.message()));
     }
     ino_t inode = 0;
-    absl::StatusOr<int> fd = Listen(path, options, &inode);
-    if (!fd.ok()) return fd.status();  // the destructor removes the sockets made so far
+    // On an error the listener's destructor removes the sockets made so far.
+    ASSIGN_OR_RETURN(const int fd, Listen(path, options, &inode));
     listener->paths_.push_back(path);
     listener->inodes_.push_back(inode);
-    listener->listen_fds_.push_back(*fd);
+    listener->listen_fds_.push_back(fd);
   }
   return listener;
 }

@@ -12,6 +12,7 @@ next to the state dir, shown in every assertion message about the process.
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,8 +45,10 @@ class Daemon:
         self.terminated_at = None   # monotonic time of the SIGTERM to the running process
         # The daemon's unix socket: `socket_path`, else in the state dir if that path is short.
         self.socket_path = Path(socket_path or self.state_dir / "quantd.sock")
+        self.socket_dir = None  # a short directory made for the socket, removed by close()
         if len(str(self.socket_path.resolve())) > MAX_SOCKET_PATH:
-            self.socket_path = Path(tempfile.mkdtemp(prefix="qd")) / "quantd.sock"
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="qd"))
+            self.socket_path = self.socket_dir / "quantd.sock"
 
     def cmd(self):
         # No address but the socket unless the extra arguments name some: a --config file's
@@ -76,6 +79,8 @@ class Daemon:
     def start(self, timeout=READY_TIMEOUT_S):
         assert self.proc is None or self.proc.poll() is not None, "the daemon is still running"
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket_dir is not None:
+            self.socket_dir.mkdir(exist_ok=True)  # again after close()
         self.ready_file.unlink(missing_ok=True)  # left behind by a killed daemon
         env = dict(os.environ)
         env.pop("QUANTD_TEST_KILL_AT", None)
@@ -152,6 +157,8 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self._ended()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def log(self):
         return self.log_path.read_text(errors="replace") if self.starts else ""

@@ -11,6 +11,7 @@ passwd entry: setpriv switches to the bare numbers below.
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -48,11 +49,20 @@ def quantctl(qd):
     return binary
 
 
+@pytest.fixture(scope="module")
 def public_dir():
-    """A new directory every uid can traverse (pytest's own are root's only)."""
-    path = Path(tempfile.mkdtemp(prefix="qd-access-"))
-    path.chmod(0o755)
-    return path
+    """public_dir() -> a new directory every uid can traverse (pytest's own are root's only);
+    all are removed after the module."""
+    made = []
+
+    def make():
+        made.append(Path(tempfile.mkdtemp(prefix="qd-access-")))
+        made[-1].chmod(0o755)
+        return made[-1]
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def private_file(path, text):
@@ -97,7 +107,7 @@ def test_unix_socket_is_0660_and_root_is_an_admin(qd, stubs, source, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def uid_daemon(qd, source, tmp_path_factory):
+def uid_daemon(qd, source, tmp_path_factory, public_dir):
     """A daemon whose access config gives ALICE admin rights inside the source and her own
     directory, CAROL admin rights without roots; BOB is not listed."""
     root = tmp_path_factory.mktemp("uids")

@@ -1,5 +1,7 @@
 #include "server/api/authorizer.h"
 
+#include <limits.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@ using scheduler::WithReason;
 constexpr char kNotAuthenticated[] = "NOT_AUTHENTICATED";
 constexpr char kAdminOnly[] = "ADMIN_ONLY";
 constexpr char kPathNotAllowed[] = "PATH_NOT_ALLOWED";
+constexpr char kInvalidSpec[] = "INVALID_SPEC";
 
 constexpr char kAuthorizationKey[] = "authorization";
 constexpr char kBearerPrefix[] = "Bearer ";
@@ -47,6 +50,12 @@ absl::Status CheckPaths(const Grant& grant, const v1::JobSpec& spec) {
   };
   for (const auto& [field, value] : fields) {
     if (value->empty()) continue;
+    if (value->size() >= PATH_MAX) {  // not resolved, not echoed
+      return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                            "spec.", field, ": ", value->size(), " bytes, longer than PATH_MAX (",
+                            PATH_MAX, ")")),
+                        kInvalidSpec);
+    }
     if (grant.allowed_roots.empty()) {
       return WithReason(absl::PermissionDeniedError(absl::StrCat(
                             "spec.", field, ": ", grant.caller,

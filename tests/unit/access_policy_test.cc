@@ -3,6 +3,7 @@
 #include "server/api/access_policy.h"
 
 #include <gtest/gtest.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "server/api/authorizer.h"
 #include "server/api/token_file.h"
 #include "tests/unit/test_dirs.h"
@@ -198,6 +200,12 @@ TEST_F(AccessPolicyTest, CheckPathsNamesTheField) {
             "path");
   no_roots.any_path = true;
   EXPECT_TRUE(CheckPaths(no_roots, spec).ok());
+  // An overlong path is neither resolved nor echoed.
+  spec.set_output("/models/alice/" + std::string(PATH_MAX, 'x'));
+  s = CheckPaths(alice, spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), absl::StrCat("spec.output: ", PATH_MAX + 14,
+                                      " bytes, longer than PATH_MAX (", PATH_MAX, ")"));
 }
 
 }  // namespace

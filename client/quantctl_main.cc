@@ -27,6 +27,9 @@
 #include "client/spec_flags.h"
 #include "client/table.h"
 #include "quantd/v1/quantd.grpc.pb.h"
+#include "server/api/default_socket.h"
+#include "server/api/token_file.h"
+#include "server/checkpoint/atomic_file.h"
 
 namespace {
 
@@ -47,26 +50,61 @@ int Fail(const absl::Status& s) {
 // The options before (or after) the command, and the connection they describe.
 class Session {
  public:
-  std::string server = "127.0.0.1:50051";  // --server / $QUANTD_SERVER
-  double timeout_s = 10;                   // --timeout: deadline of unary calls
-  std::string output = "table";            // -o table|json
+  std::string server = quantd::api::kDefaultServerAddress;  // --server / $QUANTD_SERVER
+  double timeout_s = 10;         // --timeout: deadline of unary calls
+  std::string output = "table";  // -o table|json
+  std::string token_file;        // --token-file: bearer token sent with every call
+  std::string tls_ca;            // --tls-ca: the CA of the daemon's certificate (TLS)
+  std::string tls_cert;          // --tls-cert: the client certificate (mTLS)
+  std::string tls_key;           // --tls-key: its private key
 
   bool json() const { return output == "json"; }
 
+  // Reads the token and TLS files; call once after parsing. InvalidArgument naming the file.
+  absl::Status Load() {
+    if (!token_file.empty()) {
+      absl::StatusOr<std::string> token =
+          quantd::api::ReadTokenFile(token_file, quantd::api::TokenFileAccess::kAny);
+      if (!token.ok()) return token.status();
+      authorization_ = "Bearer " + *token;
+    }
+    if (tls_cert.empty() != tls_key.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key: give both");
+    }
+    const std::pair<const std::string*, std::string*> pem_files[] = {
+        {&tls_ca, &ssl_.pem_root_certs},
+        {&tls_cert, &ssl_.pem_cert_chain},
+        {&tls_key, &ssl_.pem_private_key}};
+    for (const auto& [path, pem] : pem_files) {
+      if (path->empty()) continue;
+      absl::StatusOr<std::string> text = quantd::checkpoint::ReadFile(*path);
+      if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+      *pem = *std::move(text);
+    }
+    return absl::OkStatus();
+  }
+
   v1::QuantService::Stub& stub() {
     if (stub_ == nullptr) {
-      stub_ = v1::QuantService::NewStub(
-          grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+      const bool tls = !tls_ca.empty() || !tls_cert.empty();
+      stub_ = v1::QuantService::NewStub(grpc::CreateChannel(
+          server, tls ? grpc::SslCredentials(ssl_) : grpc::InsecureChannelCredentials()));
     }
     return *stub_;
   }
 
-  // A context whose deadline is --timeout from now.
+  // Adds the bearer token (if any) to `ctx`.
+  void Authenticate(grpc::ClientContext* ctx) const {
+    if (!authorization_.empty()) ctx->AddMetadata("authorization", authorization_);
+  }
+
+  // A context whose deadline is --timeout from now, with the token.
   std::unique_ptr<grpc::ClientContext> Context() const {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
                           std::chrono::duration<double>(timeout_s)));
+    Authenticate(ctx.get());
     return ctx;
   }
 
@@ -101,6 +139,8 @@ class Session {
 
  private:
   std::unique_ptr<v1::QuantService::Stub> stub_;  // created on the first call
+  std::string authorization_;                     // "Bearer <token>"; empty: none
+  grpc::SslCredentialsOptions ssl_;               // PEM texts of the TLS files
 };
 
 void ExitOnInterrupt(int) { _exit(client::kExitInterrupted); }
@@ -126,6 +166,7 @@ int Session::Watch(int64_t id, const v1::Job* submitted) {
   }
 
   grpc::ClientContext ctx;  // no deadline: the stream lasts as long as the job runs
+  Authenticate(&ctx);
   v1::WatchJobRequest request;
   request.set_id(id);
   // --timeout bounds the wait for the first message only.
@@ -393,9 +434,18 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // the options below also work after the command
   Session session;
-  app.add_option("--server", session.server, "daemon address: HOST:PORT or unix:/path/to.sock")
+  app.add_option("--server", session.server,
+                 "daemon address: unix:/path/to.sock or HOST:PORT (default: the socket of a "
+                 "daemon with the default --state-dir, started in this directory)")
       ->envname("QUANTD_SERVER")
       ->capture_default_str();
+  app.add_option("--token-file", session.token_file,
+                 "file with a bearer token, sent with every call (TCP addresses)");
+  app.add_option("--tls-ca", session.tls_ca,
+                 "PEM CA of the daemon's certificate: connect with TLS");
+  app.add_option("--tls-cert", session.tls_cert,
+                 "PEM client certificate for a daemon with --tls-client-ca (implies TLS)");
+  app.add_option("--tls-key", session.tls_key, "PEM private key of --tls-cert");
   app.add_option("--timeout", session.timeout_s,
                  "seconds: deadline of every call (watch: of its first message)")
       ->capture_default_str()
@@ -414,10 +464,19 @@ int main(int argc, char** argv) {
   AddResume(app, session, rc);
   AddDelete(app, session, rc);
   AddReport(app, session, rc);
+  // Subcommand callbacks run inside parse(); the files must be read before them.
+  app.parse_complete_callback([&session, &rc] {
+    if (absl::Status s = session.Load(); !s.ok()) {
+      rc = Fail(s);
+      throw CLI::RuntimeError(rc);
+    }
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
+  } catch (const CLI::RuntimeError& e) {  // reported already
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     return Fail(grpc::StatusCode::INVALID_ARGUMENT,
                 absl::StrCat(e.what(), " (run quantctl --help)"));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the built-in example, through the daemon: writes the tiny DeepSeek-V4-format
-# checkpoint (FP8 attention, MXFP4 routed experts), starts `quantd serve` on loopback (state in a
-# SQLite file under $OUT/state, stopped with SIGTERM when the script exits), submits a job that
+# checkpoint (FP8 attention, MXFP4 routed experts), starts `quantd serve` on its unix socket (state
+# in a SQLite file under $OUT/state, stopped with SIGTERM when the script exits), submits a job that
 # converts the routed experts to NVFP4 with NVIDIA's V4 recipe and follows it with
 # `quantctl submit --watch`, prints the job's report, and checks the result against the export
 # rules.
@@ -17,9 +17,9 @@ mkdir -p "$OUT"
 "$QUANTD" mkfixture --arch deepseek-v4 --preset tiny --seed 1 "$OUT/source"
 "$QUANTD" inspect "$OUT/source"
 
-# The daemon picks free ports (port 0) and writes them to serve.json once it is ready.
-"$QUANTD" serve --state-dir "$OUT/state" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-  2> "$OUT/serve.log" &
+# The daemon serves its unix socket $OUT/state/quantd.sock (this user is an admin there), picks a
+# free metrics port (port 0) and writes both to serve.json once it is ready.
+"$QUANTD" serve --state-dir "$OUT/state" --metrics-listen 127.0.0.1:0 2> "$OUT/serve.log" &
 DAEMON=$!
 stop_daemon() {
   kill -TERM "$DAEMON" 2> /dev/null && wait "$DAEMON" || true

@@ -1,5 +1,6 @@
 #include "server/serve_command.h"
 
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -21,10 +22,14 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backends.h"
+#include "server/api/access_policy.h"
 #include "server/api/server.h"
+#include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/metrics/metrics.h"
 #include "server/ops/serve_monitor.h"
@@ -39,6 +44,8 @@ namespace {
 
 constexpr int kCannotStart = 1;
 constexpr int kUsage = 2;
+// A --listen value that adds no address (it overrides a config file's list).
+constexpr char kNoListen[] = "none";
 // The longest that RPCs in progress get to finish at shutdown (never more than the grace).
 constexpr std::chrono::milliseconds kRpcDrain{5000};
 
@@ -86,6 +93,11 @@ class ConfigReader {
       return Error("is out of range");
     }
     *out = static_cast<Int>(v);
+    return absl::OkStatus();
+  }
+  absl::Status Bool(bool* out) const {
+    if (!value_.is_boolean()) return Error("must be true or false");
+    *out = value_.get<bool>();
     return absl::OkStatus();
   }
   absl::Status Number(double* out) const {
@@ -177,6 +189,63 @@ std::unique_ptr<ops::ServeMonitor> StartMonitor(const ServeConfig& config,
   return ops::ServeMonitor::Start(std::move(options));
 }
 
+// The access policy, TLS files and socket options of the API server; InvalidArgument naming the
+// file or setting that is wrong. Warns about a non-loopback address served with --insecure.
+absl::StatusOr<api::ApiServerOptions> ApiOptions(const ServeConfig& config) {
+  api::ApiServerOptions options;
+  const std::string socket = config.socket.empty()
+                                 ? (std::filesystem::path(config.state_dir) / api::kSocketFileName)
+                                       .string()
+                                 : config.socket;
+  options.listen.push_back(absl::StrCat("unix:", socket));
+  for (const std::string& address : config.listen) {
+    if (address != kNoListen) options.listen.push_back(address);
+  }
+  if (!config.socket_group.empty()) {
+    uint32_t gid = 0;
+    if (absl::SimpleAtoi(config.socket_group, &gid)) {
+      options.unix_socket.group = gid;
+    } else if (const struct group* group = getgrnam(config.socket_group.c_str())) {
+      options.unix_socket.group = group->gr_gid;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "socket_group (--socket-group): no group named \"", config.socket_group, "\""));
+    }
+  }
+  ASSIGN_OR_RETURN(options.policy,
+                   api::AccessPolicy::Load(config.access_config, config.token_file, geteuid()));
+  const std::pair<const std::string*, std::string*> pem_files[] = {
+      {&config.tls_cert, &options.tls.cert},
+      {&config.tls_key, &options.tls.key},
+      {&config.tls_client_ca, &options.tls.client_ca}};
+  for (const auto& [path, pem] : pem_files) {
+    if (path->empty()) continue;
+    absl::StatusOr<std::string> text = checkpoint::ReadFile(*path);
+    if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+    *pem = *std::move(text);
+  }
+  for (const std::string& address : config.listen) {
+    if (address == kNoListen || absl::StartsWith(address, "unix:")) continue;
+    if (!options.policy.has_tokens() && config.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "listen (--listen) ", address,
+          ": no TCP caller could authenticate; give --token-file, token_file entries in "
+          "--access-config, or --tls-client-ca"));
+    }
+    if (api::IsLoopbackAddress(address) || options.tls.enabled()) continue;
+    if (!config.insecure) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "listen (--listen) ", address,
+          ": not a loopback address, and without TLS its tokens and jobs cross the network in "
+          "clear text; give --tls-cert/--tls-key (or --insecure to accept that)"));
+    }
+    spdlog::warn("--insecure: serving {} without TLS; tokens and job data cross the network in "
+                 "clear text",
+                 address);
+  }
+  return options;
+}
+
 int Usage(const absl::Status& status) {
   std::cerr << "quantd serve: " << status.message() << "\n";
   return kUsage;
@@ -224,6 +293,22 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Integer(&config->queue_limit);
     } else if (key == "shutdown_grace_seconds") {
       s = r.Number(&config->shutdown_grace_seconds);
+    } else if (key == "socket") {
+      s = r.String(&config->socket);
+    } else if (key == "socket_group") {
+      s = r.String(&config->socket_group);
+    } else if (key == "access_config") {
+      s = r.String(&config->access_config);
+    } else if (key == "token_file") {
+      s = r.String(&config->token_file);
+    } else if (key == "tls_cert") {
+      s = r.String(&config->tls_cert);
+    } else if (key == "tls_key") {
+      s = r.String(&config->tls_key);
+    } else if (key == "tls_client_ca") {
+      s = r.String(&config->tls_client_ca);
+    } else if (key == "insecure") {
+      s = r.Bool(&config->insecure);
     } else {
       s = r.Error("is not a known setting");
     }
@@ -233,7 +318,6 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
 }
 
 absl::Status ValidateServeConfig(const ServeConfig& config) {
-  if (config.listen.empty()) return absl::InvalidArgumentError("listen (--listen): none given");
   for (const std::string& address : config.listen) {
     if (address.empty()) return absl::InvalidArgumentError("listen (--listen): an empty address");
   }
@@ -245,6 +329,13 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
   }
   for (const std::string& device : config.devices) {
     if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  }
+  if (config.tls_cert.empty() != config.tls_key.empty()) {
+    return absl::InvalidArgumentError("tls_cert and tls_key (--tls-cert, --tls-key): give both");
+  }
+  if (!config.tls_client_ca.empty() && config.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "tls_client_ca (--tls-client-ca): needs --tls-cert and --tls-key");
   }
   if (config.cpu_workers < 1) {
     return absl::InvalidArgumentError(
@@ -283,6 +374,13 @@ int ServeMain(const ServeConfig& config) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (geteuid() == 0) {
+    spdlog::warn("running as root: every admin's job reads and writes with root's rights; "
+                 "deploy/systemd/quantd.service runs quantd as its own user instead");
+  }
+  absl::StatusOr<api::ApiServerOptions> api_options = ApiOptions(config);
+  if (!api_options.ok()) return Usage(api_options.status());
 
   absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config);
   if (!devices.ok()) return CannotStart(devices.status());
@@ -333,7 +431,7 @@ int ServeMain(const ServeConfig& config) {
   if (!scheduler.ok()) return CannotStart(scheduler.status());
 
   absl::StatusOr<std::unique_ptr<api::ApiServer>> server =
-      api::ApiServer::Start(config.listen, scheduler->get(), metrics.get());
+      api::ApiServer::Start(*std::move(api_options), scheduler->get(), metrics.get());
   if (!server.ok()) {
     (*scheduler)->Shutdown(std::chrono::milliseconds(0));
     if (server.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -385,13 +483,16 @@ void AddServeCommand(CLI::App& app, int& rc) {
   cmd->add_option("--config", parsed->config_path,
                   "JSON file with the settings below (snake_case)");
   CLI::Option* listen =
-      cmd->add_option("--listen", f.listen, "gRPC address, repeatable (HOST:PORT, unix:PATH)")
+      cmd->add_option("--listen", f.listen,
+                      "more gRPC addresses besides --socket, repeatable (HOST:PORT, unix:PATH; "
+                      "none: no more)")
           ->capture_default_str();
   CLI::Option* metrics_listen =
       cmd->add_option("--metrics-listen", f.metrics_listen, "Prometheus address, or none")
           ->capture_default_str();
   CLI::Option* state_dir =
-      cmd->add_option("--state-dir", f.state_dir, "holds quantd.db, quantd.lock, serve.json")
+      cmd->add_option("--state-dir", f.state_dir,
+                      "holds quantd.db, quantd.lock, serve.json, quantd.sock")
           ->capture_default_str();
   CLI::Option* devices =
       cmd->add_option("--devices", parsed->devices, "auto, or a list such as cpu,cuda:0")
@@ -410,6 +511,22 @@ void AddServeCommand(CLI::App& app, int& rc) {
   CLI::Option* grace = cmd->add_option("--shutdown-grace-seconds", f.shutdown_grace_seconds,
                                        "how long running tasks get to stop at SIGTERM")
                            ->capture_default_str();
+  CLI::Option* socket =
+      cmd->add_option("--socket", f.socket, "unix socket (default: STATE_DIR/quantd.sock)");
+  CLI::Option* socket_group =
+      cmd->add_option("--socket-group", f.socket_group, "group (name or gid) of the unix socket");
+  CLI::Option* access_config = cmd->add_option(
+      "--access-config", f.access_config, "JSON file: callers by uid/token/certificate, roles, "
+                                          "allowed roots (README \"Security model\")");
+  CLI::Option* token_file =
+      cmd->add_option("--token-file", f.token_file, "file with the admin token for TCP callers");
+  CLI::Option* tls_cert =
+      cmd->add_option("--tls-cert", f.tls_cert, "PEM certificate chain: TLS on the TCP addresses");
+  CLI::Option* tls_key = cmd->add_option("--tls-key", f.tls_key, "PEM private key of --tls-cert");
+  CLI::Option* tls_client_ca = cmd->add_option(
+      "--tls-client-ca", f.tls_client_ca, "PEM CA: TCP clients must present a certificate it signed");
+  CLI::Option* insecure = cmd->add_flag(
+      "--insecure", f.insecure, "allow a non-loopback --listen address without TLS");
   cmd->footer("Exit codes: 0 clean shutdown, 1 could not start, 2 usage or config error.");
   cmd->callback([=, &rc] {
     ServeConfig config;
@@ -429,6 +546,14 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (host_memory->count() > 0) config.host_memory_bytes = given.host_memory_bytes;
     if (queue_limit->count() > 0) config.queue_limit = given.queue_limit;
     if (grace->count() > 0) config.shutdown_grace_seconds = given.shutdown_grace_seconds;
+    if (socket->count() > 0) config.socket = given.socket;
+    if (socket_group->count() > 0) config.socket_group = given.socket_group;
+    if (access_config->count() > 0) config.access_config = given.access_config;
+    if (token_file->count() > 0) config.token_file = given.token_file;
+    if (tls_cert->count() > 0) config.tls_cert = given.tls_cert;
+    if (tls_key->count() > 0) config.tls_key = given.tls_key;
+    if (tls_client_ca->count() > 0) config.tls_client_ca = given.tls_client_ca;
+    if (insecure->count() > 0) config.insecure = given.insecure;
     rc = ServeMain(config);
   });
 }

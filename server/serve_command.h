@@ -5,11 +5,18 @@
 //   quantd serve [--config FILE] [--listen ADDR]... [--metrics-listen ADDR] [--state-dir DIR]
 //                [--devices auto|LIST] [--cpu-workers N] [--cpu-threads N]
 //                [--host-memory-bytes N] [--queue-limit N] [--shutdown-grace-seconds S]
+//                [--socket PATH] [--socket-group GROUP] [--access-config FILE] [--token-file FILE]
+//                [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--insecure]
 //
 // --config FILE is a JSON object with the same settings in snake_case (listen: a string or an
-// array); flags override it. Once serving, <state-dir>/serve.json holds
-// {"pid": N, "listen": [bound addresses], "metrics_listen": "host:port" or ""}; it is removed on a
-// clean exit. <state-dir>/quantd.lock (flock) keeps a second daemon off the same state dir.
+// array); flags override it. The daemon always listens on the unix socket --socket (default
+// <state-dir>/quantd.sock, mode 0660, group --socket-group), and on the --listen addresses too
+// ("none" adds none, overriding a config file's list):
+// TCP ones need a token (--token-file, --access-config) or TLS client certificates
+// (--tls-client-ca), and a non-loopback one needs TLS unless --insecure (README "Security model",
+// api/access_policy.h for the access config). Once serving, <state-dir>/serve.json holds
+// {"pid": N, "listen": ["unix:/abs/socket", bound --listen addresses...], "metrics_listen":
+// "host:port" or ""}; it is removed on a clean exit. <state-dir>/quantd.lock (flock) keeps a second daemon off the same state dir.
 // SIGTERM/SIGINT: stop accepting RPCs, give running tasks the shutdown grace to stop, exit 0; jobs
 // that were RUNNING resume by themselves at the next start. Worker threads (and the kernel threads
 // they start) run at nice +5, so RPCs are answered promptly while the kernels saturate the cores.
@@ -28,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/api/default_socket.h"
 
 namespace CLI {
 class App;
@@ -36,15 +44,23 @@ class App;
 namespace quantd {
 
 struct ServeConfig {
-  std::vector<std::string> listen = {"127.0.0.1:50051"};  // gRPC addresses; "unix:/path" too
-  std::string metrics_listen = "127.0.0.1:9464";          // "none": no metrics endpoint
-  std::string state_dir = "./quantd-state";
+  std::vector<std::string> listen;                // gRPC addresses besides the socket; "unix:" too
+  std::string metrics_listen = "127.0.0.1:9464";  // "none": no metrics endpoint
+  std::string state_dir = api::kDefaultStateDir;
   std::vector<std::string> devices;  // "cpu" / "cuda:N" entries; empty = auto
   int cpu_workers = 2;               // CPU workers when auto finds no CUDA device
   int cpu_threads = 0;               // threads per CPU kernel call; 0 = all cores
   int64_t host_memory_bytes = 0;     // host-memory budget; 0 = none
   int queue_limit = 64;              // PENDING jobs at most
   double shutdown_grace_seconds = 30;
+  std::string socket;         // the unix socket; empty: <state_dir>/quantd.sock
+  std::string socket_group;   // group of the unix sockets; empty: the daemon's
+  std::string access_config;  // JSON file of callers, roles and allowed roots; empty: none
+  std::string token_file;     // the admin token for TCP callers; empty: none
+  std::string tls_cert;       // PEM certificate chain for the TCP addresses; empty: no TLS
+  std::string tls_key;        // its PEM private key
+  std::string tls_client_ca;  // PEM CA that TCP clients' certificates must be signed by
+  bool insecure = false;      // allow a non-loopback TCP address without TLS
 };
 
 // Applies the settings of the JSON config file at `path` to `config`. InvalidArgument naming the

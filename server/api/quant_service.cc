@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "server/base/status_macros.h"
 #include "server/scheduler/job_proto.h"
 
 namespace quantd::api {
@@ -103,6 +104,9 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
   WatchReactor(QuantService* service, grpc::CallbackServerContext* context, int64_t job_id)
       : service_(service), context_(context), job_id_(job_id) {
     absl::Status refused = CheckId(job_id_);
+    if (refused.ok() && service_->authorizer_ != nullptr) {
+      refused = service_->authorizer_->AllowRead(*context);
+    }
     if (refused.ok() && !service_->AddWatch(this)) refused = ShuttingDown();
     if (!refused.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -226,8 +230,9 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
   std::unique_ptr<grpc::Alarm> alarm_;  // wakes the stream after a change while it was idle
 };
 
-QuantService::QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics)
-    : scheduler_(scheduler), metrics_(metrics) {}
+QuantService::QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics,
+                           const Authorizer* authorizer)
+    : scheduler_(scheduler), metrics_(metrics), authorizer_(authorizer) {}
 
 grpc::ServerUnaryReactor* QuantService::Unary(grpc::CallbackServerContext* context,
                                               const char* method,
@@ -256,6 +261,9 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
                                                   const v1::SubmitJobRequest* request,
                                                   v1::Job* response) {
   return Unary(context, "SubmitJob", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) {
+      RETURN_IF_ERROR(authorizer_->AllowSubmit(*context, request->spec()));
+    }
     if (absl::Status s = CheckRequestId(request->request_id()); !s.ok()) return s;
     absl::StatusOr<pipeline::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
     if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
@@ -271,6 +279,7 @@ grpc::ServerUnaryReactor* QuantService::GetJob(grpc::CallbackServerContext* cont
                                                const v1::GetJobRequest* request,
                                                v1::Job* response) {
   return Unary(context, "GetJob", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
     if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
     std::optional<v1::Job> job = scheduler_->board().Get(request->id());
     if (!job.has_value()) return JobNotFound(request->id());
@@ -283,6 +292,7 @@ grpc::ServerUnaryReactor* QuantService::ListJobs(grpc::CallbackServerContext* co
                                                  const v1::ListJobsRequest* request,
                                                  v1::ListJobsResponse* response) {
   return Unary(context, "ListJobs", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
     if (!v1::JobState_IsValid(request->state())) {
       return InvalidRequest(absl::StrCat("state: unknown value ", request->state()));
     }
@@ -310,6 +320,9 @@ grpc::ServerUnaryReactor* QuantService::CancelJob(grpc::CallbackServerContext* c
                                                   const v1::CancelJobRequest* request,
                                                   v1::Job* response) {
   return Unary(context, "CancelJob", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) {
+      RETURN_IF_ERROR(authorizer_->AllowChange(*context, "CancelJob", request->id()));
+    }
     if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
     absl::StatusOr<v1::Job> job = scheduler_->Cancel(request->id(), request->pause());
     if (!job.ok()) return job.status();
@@ -322,6 +335,9 @@ grpc::ServerUnaryReactor* QuantService::ResumeJob(grpc::CallbackServerContext* c
                                                   const v1::ResumeJobRequest* request,
                                                   v1::Job* response) {
   return Unary(context, "ResumeJob", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) {
+      RETURN_IF_ERROR(authorizer_->AllowChange(*context, "ResumeJob", request->id()));
+    }
     if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
     absl::StatusOr<v1::Job> job = scheduler_->Resume(request->id());
     if (!job.ok()) return job.status();
@@ -334,6 +350,9 @@ grpc::ServerUnaryReactor* QuantService::DeleteJob(grpc::CallbackServerContext* c
                                                   const v1::DeleteJobRequest* request,
                                                   v1::DeleteJobResponse* /*response*/) {
   return Unary(context, "DeleteJob", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) {
+      RETURN_IF_ERROR(authorizer_->AllowChange(*context, "DeleteJob", request->id()));
+    }
     if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
     return scheduler_->Delete(request->id());
   });
@@ -343,6 +362,7 @@ grpc::ServerUnaryReactor* QuantService::GetJobReport(grpc::CallbackServerContext
                                                      const v1::GetJobReportRequest* request,
                                                      v1::JobReport* response) {
   return Unary(context, "GetJobReport", [&]() -> absl::Status {
+    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
     if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
     if (request->worst() < 0) {
       return InvalidRequest(absl::StrCat("worst: must be >= 0, got ", request->worst()));

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "quantd/v1/quantd.grpc.pb.h"
+#include "server/api/authorizer.h"
 #include "server/metrics/metrics.h"
 #include "server/scheduler/scheduler.h"
 
@@ -30,8 +31,10 @@ inline constexpr char kReasonKey[] = "quantd-reason";
 
 class QuantService final : public v1::QuantService::CallbackService {
  public:
-  // Neither pointer is owned; `metrics` may be nullptr.
-  QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics);
+  // No pointer is owned; `metrics` may be nullptr. Every handler first asks `authorizer`
+  // (authorizer.h); nullptr allows every call, for in-process use only (ApiServer passes one).
+  QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics,
+               const Authorizer* authorizer = nullptr);
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -76,6 +79,7 @@ class QuantService final : public v1::QuantService::CallbackService {
 
   scheduler::Scheduler* const scheduler_;  // the engine; not owned
   metrics::Metrics* const metrics_;        // not owned; nullptr = no metrics
+  const Authorizer* const authorizer_;     // not owned; nullptr = every call allowed
 
   std::mutex watches_mu_;            // guards the members below; taken before a stream's own mutex
   std::set<WatchReactor*> watches_;  // open WatchJob streams

@@ -1,19 +1,25 @@
 #include "server/api/server.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
 
 namespace quantd::api {
 namespace {
 
 constexpr char kServiceName[] = "quantd.v1.QuantService";
+
+constexpr char kUnixPrefix[] = "unix:";
 
 // The ":port" of a "host:port" address, or -1 for a unix socket. InvalidArgument when malformed.
 absl::StatusOr<int> ParsePort(const std::string& address) {
@@ -50,17 +56,47 @@ bool CanBind(const std::string& address) {
   return true;
 }
 
+std::shared_ptr<grpc::ServerCredentials> TcpCredentials(const TlsPem& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      tls.client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls.client_ca;
+  ssl.pem_key_cert_pairs.push_back({tls.key, tls.cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(const std::vector<std::string>& listen,
+bool IsLoopbackAddress(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr v4 = {};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6 = {};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions options,
                                                             scheduler::Scheduler* scheduler,
                                                             metrics::Metrics* metrics) {
+  const std::vector<std::string>& listen = options.listen;
   if (listen.empty()) return absl::InvalidArgumentError("no listen address");
+  std::vector<std::string> tcp;
+  std::vector<std::string> unix_paths;
   std::vector<int> wanted_ports;
   for (const std::string& address : listen) {
     absl::StatusOr<int> port = ParsePort(address);
     if (!port.ok()) return port.status();
-    wanted_ports.push_back(*port);
+    if (*port < 0) {
+      unix_paths.push_back(address.substr(sizeof(kUnixPrefix) - 1));
+    } else {
+      tcp.push_back(address);
+      wanted_ports.push_back(*port);
+    }
   }
 
   // Both are process-wide settings that the builder reads.
@@ -68,32 +104,52 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(const std::vector<st
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   std::unique_ptr<ApiServer> server(new ApiServer());
-  server->service_ = std::make_unique<QuantService>(scheduler, metrics);
+  server->policy_ = std::move(options.policy);
+  if (!unix_paths.empty()) {
+    ASSIGN_OR_RETURN(server->unix_listener_, UnixListener::Bind(unix_paths, options.unix_socket));
+  }
+  server->authorizer_ = std::make_unique<Authorizer>(
+      &server->policy_, server->unix_listener_.get(),
+      [scheduler](int64_t id) -> std::optional<v1::JobSpec> {
+        std::optional<v1::Job> job = scheduler->board().Get(id);
+        if (!job.has_value()) return std::nullopt;
+        return job->spec();
+      });
+  server->service_ =
+      std::make_unique<QuantService>(scheduler, metrics, server->authorizer_.get());
   grpc::ServerBuilder builder;
   RefuseSharedPorts(builder);
-  std::vector<int> bound_ports(listen.size(), 0);
-  for (size_t i = 0; i < listen.size(); ++i) {
-    builder.AddListeningPort(listen[i], grpc::InsecureServerCredentials(), &bound_ports[i]);
+  const std::shared_ptr<grpc::ServerCredentials> credentials = TcpCredentials(options.tls);
+  std::vector<int> bound_ports(tcp.size(), 0);
+  for (size_t i = 0; i < tcp.size(); ++i) {
+    builder.AddListeningPort(tcp[i], credentials, &bound_ports[i]);
   }
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
-    for (const std::string& address : listen) {
-      if (listen.size() == 1 || !CanBind(address)) {
+    for (const std::string& address : tcp) {
+      if (tcp.size() == 1 || !CanBind(address)) {
         return absl::UnavailableError(
             absl::StrCat("cannot listen on ", address, " (in use, or not a usable address)"));
       }
     }
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::StrJoin(listen, ", ")));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::StrJoin(tcp, ", ")));
   }
-  for (size_t i = 0; i < listen.size(); ++i) {
-    if (wanted_ports[i] != 0) {
-      server->bound_.push_back(listen[i]);
-    } else {
+  size_t next_unix = 0;
+  size_t next_tcp = 0;
+  for (const std::string& address : listen) {
+    if (absl::StartsWith(address, kUnixPrefix)) {
       server->bound_.push_back(
-          absl::StrCat(listen[i].substr(0, listen[i].rfind(':') + 1), bound_ports[i]));
+          absl::StrCat(kUnixPrefix, server->unix_listener_->paths()[next_unix++]));
+      continue;
     }
+    const size_t i = next_tcp++;
+    server->bound_.push_back(
+        wanted_ports[i] != 0
+            ? address
+            : absl::StrCat(address.substr(0, address.rfind(':') + 1), bound_ports[i]));
   }
+  if (server->unix_listener_ != nullptr) server->unix_listener_->Serve(server->server_.get());
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
@@ -106,6 +162,7 @@ void ApiServer::Shutdown(std::chrono::milliseconds deadline) {
   if (server_ == nullptr) return;
   const auto until = std::chrono::system_clock::now() + deadline;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (unix_listener_ != nullptr) unix_listener_->Stop();
   service_->BeginShutdown();
   server_->Shutdown(until);
   server_->Wait();

@@ -61,7 +61,7 @@ if [ ! -f "$SRC/.complete" ]; then
 fi
 
 rm -rf "$STATE"
-"${DAEMON_PIN[@]}" "$QUANTD" serve --state-dir "$STATE" --listen 127.0.0.1:0 --metrics-listen none \
+"${DAEMON_PIN[@]}" "$QUANTD" serve --state-dir "$STATE" --metrics-listen none \
   "${SERVE_ARGS[@]}" 2> "$WORK/daemon.log" &
 DAEMON=$!
 for _ in $(seq 300); do

@@ -1,17 +1,22 @@
-"""Helpers of the daemon tests (test_daemon.py): a `quantd serve` process on loopback, and the
-Python gRPC stubs generated from our proto with grpc_tools.protoc.
+"""Helpers of the daemon tests (test_daemon.py): a `quantd serve` process, and the Python gRPC
+stubs generated from our proto with grpc_tools.protoc.
 
-The daemon listens on 127.0.0.1 port 0 and writes <state-dir>/serve.json (atomically) once it is
-ready: {"pid": N, "listen": [actual addresses], "metrics_listen": ""}. Its stdout and stderr go to
-a log file next to the state dir, shown in every assertion message about the process.
+The daemon listens on its unix socket (<state-dir>/quantd.sock, or a short path of its own when
+that one would be too long for a socket address) and, when the extra arguments ask for it, on
+TCP addresses too. It writes <state-dir>/serve.json (atomically) once it is ready:
+{"pid": N, "listen": ["unix:/abs/socket", other addresses...], "metrics_listen": ""}. The tests run
+as root, which the daemon knows on its socket as an admin. Its stdout and stderr go to a log file
+next to the state dir, shown in every assertion message about the process.
 """
 
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,13 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO / "proto"
 READY_TIMEOUT_S = 60  # start to serve.json: opening the database, requeueing, resuming jobs
 STOP_TIMEOUT_S = 30   # SIGTERM to exit: the default --shutdown-grace-seconds
+MAX_SOCKET_PATH = 100  # bytes; a unix socket address holds 107 (and quantd binds a ".new" first)
 
 
 class Daemon:
     """One `quantd serve --devices cpu` (one CPU worker) on a state dir; start() may run again
     after the process ended, on the same state dir."""
 
-    def __init__(self, binary, state_dir, *extra, env=None):
+    def __init__(self, binary, state_dir, *extra, env=None, socket_path=None):
         self.binary = str(binary)
         self.state_dir = Path(state_dir)
         self.extra = [str(a) for a in extra]
@@ -37,11 +43,20 @@ class Daemon:
         self.starts = 0             # processes started so far (names the log files)
         self.channels = []          # channels opened on the running process, closed when it ends
         self.terminated_at = None   # monotonic time of the SIGTERM to the running process
+        # The daemon's unix socket: `socket_path`, else in the state dir if that path is short.
+        self.socket_path = Path(socket_path or self.state_dir / "quantd.sock")
+        self.socket_dir = None  # a short directory made for the socket, removed by close()
+        if len(str(self.socket_path.resolve())) > MAX_SOCKET_PATH:
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="qd"))
+            self.socket_path = self.socket_dir / "quantd.sock"
 
     def cmd(self):
+        # No address but the socket unless the extra arguments name some: a --config file's
+        # addresses are overridden.
+        listen = [] if "--listen" in self.extra else ["--listen", "none"]
         return [self.binary, "serve", "--state-dir", str(self.state_dir),
-                "--listen", "127.0.0.1:0", "--metrics-listen", "none", "--devices", "cpu",
-                *self.extra]
+                "--socket", str(self.socket_path), *listen, "--metrics-listen", "none",
+                "--devices", "cpu", *self.extra]
 
     @property
     def ready_file(self):
@@ -49,7 +64,13 @@ class Daemon:
 
     @property
     def address(self):
+        """The unix socket, "unix:/abs/path": callers there are known by their uid."""
         return self.info["listen"][0]
+
+    @property
+    def tcp_address(self):
+        """The first TCP address ("127.0.0.1:PORT"), None without one (extra --listen)."""
+        return next((a for a in self.info["listen"] if not a.startswith("unix:")), None)
 
     @property
     def pid(self):
@@ -58,6 +79,8 @@ class Daemon:
     def start(self, timeout=READY_TIMEOUT_S):
         assert self.proc is None or self.proc.poll() is not None, "the daemon is still running"
         self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket_dir is not None:
+            self.socket_dir.mkdir(exist_ok=True)  # again after close()
         self.ready_file.unlink(missing_ok=True)  # left behind by a killed daemon
         env = dict(os.environ)
         env.pop("QUANTD_TEST_KILL_AT", None)
@@ -134,6 +157,8 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self._ended()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def log(self):
         return self.log_path.read_text(errors="replace") if self.starts else ""

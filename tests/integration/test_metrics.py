@@ -56,15 +56,16 @@ def samples(exposition):
 
 @pytest.fixture
 def daemon(qd, tmp_path):
-    """A `quantd serve` on loopback port 0 with CPU workers; yields its serve.json."""
+    """A `quantd serve` (its unix socket, metrics on loopback port 0) with CPU workers; yields its
+    serve.json."""
     state = tmp_path / "state"
     log = tmp_path / "quantd.log"
     env = dict(os.environ)
     env.pop("QUANTD_TEST_KILL_AT", None)
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
-            qd.cmd("serve", "--state-dir", state, "--listen", "127.0.0.1:0",
-                   "--metrics-listen", "127.0.0.1:0", "--devices", "cpu"),
+            qd.cmd("serve", "--state-dir", state, "--metrics-listen", "127.0.0.1:0",
+                   "--devices", "cpu"),
             stdout=log_file, stderr=subprocess.STDOUT, env=env)
     try:
         serve_json = state / "serve.json"

@@ -1,5 +1,6 @@
-"""quantctl against a real `quantd serve` on loopback (README "quantctl"): submit --watch to a
-verified checkpoint, the JSON and table outputs, and the exit codes scripts rely on.
+"""quantctl against a real `quantd serve` on loopback TCP with a bearer token and on its unix
+socket (README "quantctl"): submit --watch to a verified checkpoint, the JSON and table outputs,
+the exit codes scripts rely on, and which daemon quantctl finds by default.
 
 quantctl is $QUANTD_BUILD_DIR/client/quantctl, next to the quantd binary of conftest's `qd`.
 """
@@ -20,13 +21,14 @@ WATCH_TIMEOUT = 300  # seconds for a tiny-fixture job, generous for a loaded mac
 
 
 class Quantctl:
-    def __init__(self, binary, server):
+    def __init__(self, binary, server, token_file=None):
         self.binary = str(binary)
         self.server = server
+        self.auth = ["--token-file", str(token_file)] if token_file else []  # on every command
 
     def cmd(self, *args, server=True):
         prefix = ["--server", self.server] if server else []
-        return [self.binary, *prefix, *[str(a) for a in args]]
+        return [self.binary, *prefix, *self.auth, *[str(a) for a in args]]
 
     def run(self, *args, server=True, env_extra=None, timeout=WATCH_TIMEOUT):
         env = dict(os.environ)
@@ -53,14 +55,19 @@ def closed_port():
 
 @pytest.fixture(scope="module")
 def daemon(qd, tmp_path_factory):
-    """`quantd serve` on a TCP port and a unix socket; SIGTERM at teardown must exit 0."""
+    """`quantd serve` on its unix socket, another unix socket and a TCP port whose callers need the
+    token of --token-file; SIGTERM at teardown must exit 0."""
     root = tmp_path_factory.mktemp("serve")
     state = root / "state"
     sock = root / "q.sock"
+    token = root / "admin.token"
+    token.write_text("quantctl-test-token-0123456789\n")
+    token.chmod(0o600)
     log = open(root / "serve.log", "w")
     proc = subprocess.Popen(
         qd.cmd("serve", "--state-dir", state, "--listen", "127.0.0.1:0", "--listen",
-               f"unix:{sock}", "--metrics-listen", "none", "--devices", "cpu"),
+               f"unix:{sock}", "--token-file", token, "--metrics-listen", "none",
+               "--devices", "cpu"),
         stdout=log, stderr=subprocess.STDOUT)
     serve_json = state / "serve.json"
     deadline = time.monotonic() + 60
@@ -70,7 +77,8 @@ def daemon(qd, tmp_path_factory):
         time.sleep(0.05)
     info = json.loads(serve_json.read_text())
     tcp = next(a for a in info["listen"] if not a.startswith("unix:"))
-    yield {"tcp": tcp, "unix": f"unix:{sock}", "log": root / "serve.log"}
+    yield {"tcp": tcp, "unix": f"unix:{sock}", "log": root / "serve.log", "token": token,
+           "root": root, "state": state}
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, (root / "serve.log").read_text()
     log.close()
@@ -80,7 +88,7 @@ def daemon(qd, tmp_path_factory):
 def qc(qd, daemon):
     binary = Path(qd.binary).parents[1] / "client" / "quantctl"
     assert binary.is_file(), f"{binary} is missing: build quantctl first"
-    return Quantctl(binary, daemon["tcp"])
+    return Quantctl(binary, daemon["tcp"], daemon["token"])
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +206,40 @@ def test_unix_socket_and_env_server(qc, daemon, finished):
     # --server wins over the environment.
     env = {"QUANTD_SERVER": f"127.0.0.1:{closed_port()}"}
     qc.run_ok("get", job_id, env_extra=env)
+
+
+def test_default_server_is_the_default_state_dirs_socket(qc, daemon, finished):
+    """Without --server and $QUANTD_SERVER, quantctl connects to quantd-state/quantd.sock, the
+    socket of a daemon started with the default --state-dir in the same working directory."""
+    job_id, _, _ = finished
+    cwd = daemon["root"] / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "quantd-state").unlink(missing_ok=True)
+    (cwd / "quantd-state").symlink_to(daemon["state"])
+    proc = subprocess.run([qc.binary, "get", str(job_id)], capture_output=True, text=True,
+                          timeout=60, cwd=cwd, env={k: v for k, v in os.environ.items()
+                                                    if k != "QUANTD_SERVER"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"job {job_id} SUCCEEDED\n")
+
+
+def test_tcp_without_the_token_exits_7(qd, daemon, finished, tmp_path):
+    job_id, _, _ = finished
+    plain = Quantctl(Path(qd.binary).parents[1] / "client" / "quantctl", daemon["tcp"])
+    proc = plain.run("get", job_id)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stderr.startswith("quantctl: UNAUTHENTICATED: no credentials"), proc.stderr
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("not-the-daemons-token-0123456789")
+    proc = Quantctl(plain.binary, daemon["tcp"], wrong).run("get", job_id)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stderr == "quantctl: UNAUTHENTICATED: the bearer token is not one quantd knows\n"
+    # A token file that cannot hold a token: a usage error before any call.
+    wrong.write_text("short")
+    proc = Quantctl(plain.binary, daemon["tcp"], wrong).run("get", job_id)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"quantctl: INVALID_ARGUMENT: token file {wrong}: the token must have "
+                           "16 to 1024 characters, it has 5\n")
 
 
 def test_spec_file_flags_and_request_id(qd, qc, source, tmp_path):

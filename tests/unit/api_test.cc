@@ -1,5 +1,6 @@
 // The gRPC API in process: a real JobStore (SQLite file), a real Scheduler on one CPU worker and
-// the ApiServer on 127.0.0.1:0, called through a real channel. Jobs run on the tiny V4 fixture
+// the ApiServer on a unix socket (where this process's own uid is an admin), called through a
+// real channel. Jobs run on the tiny V4 fixture
 // (about 0.6 s each) or on a larger variant of it when a test needs a job that stays RUNNING for
 // a few seconds. Covers every RPC's errors (codes, messages, the quantd-reason trailer), paging,
 // idempotent submission, WatchJob ordering, deletion, client cancel and server shutdown, pause
@@ -7,6 +8,7 @@
 // running job.
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -106,13 +108,24 @@ class ApiTest : public testing_util::TempDirTest {
     auto scheduler = scheduler::Scheduler::Start(*std::move(store), options_);
     ASSERT_TRUE(scheduler.ok()) << scheduler.status();
     scheduler_ = *std::move(scheduler);
-    auto server = ApiServer::Start({"127.0.0.1:0"}, scheduler_.get(), metrics_.get());
+    auto server = ApiServer::Start(Listen({"unix:" + dir_ + "/api.sock"}), scheduler_.get(),
+                                   metrics_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     ASSERT_EQ(server_->bound_addresses().size(), 1u);
     channel_ =
         grpc::CreateChannel(server_->bound_addresses()[0], grpc::InsecureChannelCredentials());
     stub_ = v1::QuantService::NewStub(channel_);
+  }
+
+  // Server options for `listen`, with the default access policy.
+  static ApiServerOptions Listen(std::vector<std::string> listen) {
+    ApiServerOptions options;
+    options.listen = std::move(listen);
+    auto policy = AccessPolicy::Load("", "", geteuid());
+    EXPECT_TRUE(policy.ok()) << policy.status();
+    options.policy = *std::move(policy);
+    return options;
   }
 
   // A W4A16 experts spec on the tiny fixture (slow = the larger one, requantized) into
@@ -585,37 +598,54 @@ TEST_F(ApiTest, ClientCancelEndsStreamAndUnsubscribes) {
 
 TEST_F(ApiTest, ListenAddresses) {
   Start();
-  const std::string tcp = server_->bound_addresses()[0];
-  ASSERT_TRUE(tcp.rfind("127.0.0.1:", 0) == 0) << tcp;
-  EXPECT_NE(tcp, "127.0.0.1:0");
+  const std::string unix_address = server_->bound_addresses()[0];
+  EXPECT_EQ(unix_address, "unix:" + dir_ + "/api.sock");
 
-  // A second server: a unix socket next to a TCP port, both reported as bound.
-  const std::string unix_address = "unix:" + dir_ + "/quantd.sock";
-  auto second =
-      ApiServer::Start({"127.0.0.1:0", unix_address}, scheduler_.get(), /*metrics=*/nullptr);
+  // A second server: a TCP port next to a unix socket, both reported as bound, in that order.
+  const std::string second_unix = "unix:" + dir_ + "/second.sock";
+  auto second = ApiServer::Start(Listen({"127.0.0.1:0", second_unix}), scheduler_.get(),
+                                 /*metrics=*/nullptr);
   ASSERT_TRUE(second.ok()) << second.status();
   ASSERT_EQ((*second)->bound_addresses().size(), 2u);
-  EXPECT_EQ((*second)->bound_addresses()[1], unix_address);
-  auto over_unix = v1::QuantService::NewStub(
-      grpc::CreateChannel(unix_address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
+  const std::string tcp = (*second)->bound_addresses()[0];
+  ASSERT_TRUE(tcp.rfind("127.0.0.1:", 0) == 0) << tcp;
+  EXPECT_NE(tcp, "127.0.0.1:0");
+  EXPECT_EQ((*second)->bound_addresses()[1], second_unix);
   v1::GetJobRequest request;
   request.set_id(5);
   v1::Job job;
-  EXPECT_EQ(over_unix->GetJob(&context, request, &job).error_code(), grpc::StatusCode::NOT_FOUND);
-  (*second)->Shutdown(std::chrono::milliseconds(0));
+  auto over_unix = v1::QuantService::NewStub(
+      grpc::CreateChannel(second_unix, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext unix_context;
+  EXPECT_EQ(over_unix->GetJob(&unix_context, request, &job).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // Over TCP no one is known without a token (this policy has none).
+  auto over_tcp =
+      v1::QuantService::NewStub(grpc::CreateChannel(tcp, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext tcp_context;
+  EXPECT_EQ(over_tcp->GetJob(&tcp_context, request, &job).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 
-  auto in_use = ApiServer::Start({"127.0.0.1:0", tcp}, scheduler_.get(), nullptr);
+  auto in_use = ApiServer::Start(Listen({"127.0.0.1:0", tcp}), scheduler_.get(), nullptr);
   EXPECT_EQ(in_use.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(in_use.status().message(),
             absl::StrCat("cannot listen on ", tcp, " (in use, or not a usable address)"));
-  auto malformed = ApiServer::Start({"localhost"}, scheduler_.get(), nullptr);
+  auto unix_in_use = ApiServer::Start(Listen({second_unix}), scheduler_.get(), nullptr);
+  EXPECT_EQ(unix_in_use.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(unix_in_use.status().message(),
+            absl::StrCat("cannot listen on ", second_unix, ": another process accepts on it"));
+  (*second)->Shutdown(std::chrono::milliseconds(0));
+  second->reset();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/second.sock"));  // removed at shutdown
+
+  auto malformed = ApiServer::Start(Listen({"localhost"}), scheduler_.get(), nullptr);
   EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(malformed.status().message(),
             "listen address \"localhost\": expected HOST:PORT (PORT 0-65535) or unix:PATH");
-  EXPECT_EQ(ApiServer::Start({"127.0.0.1:65536"}, scheduler_.get(), nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ApiServer::Start({}, scheduler_.get(), nullptr).status().code(),
+  EXPECT_EQ(
+      ApiServer::Start(Listen({"127.0.0.1:65536"}), scheduler_.get(), nullptr).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ApiServer::Start(Listen({}), scheduler_.get(), nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -16,6 +16,7 @@
 #include "server/pipeline/stages/verify_rules.h"
 #include "server/run_command.h"
 #include "server/serve_command.h"
+#include "server/tokenize_command.h"
 
 namespace {
 
@@ -130,6 +131,7 @@ int main(int argc, char** argv) {
   AddVerify(app, rc);
   quantd::AddRunCommand(app, rc);
   quantd::AddServeCommand(app, rc);
+  quantd::AddTokenizeCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

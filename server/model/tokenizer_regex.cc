@@ -18,6 +18,35 @@ std::string Pcre2Message(int code) {
   return reinterpret_cast<const char*>(buffer);
 }
 
+// `pattern` with \s and \S spelled as the White_Space property. Oniguruma (the `tokenizers`
+// library's engine) reads \s as White_Space; PCRE2 reads it as \p{Zs}, \h and \v, which adds
+// U+180E (MONGOLIAN VOWEL SEPARATOR, no longer a space since Unicode 6.3).
+std::string WithWhiteSpaceProperty(absl::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 16);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
+      out.push_back(pattern[i]);
+      continue;
+    }
+    const char next = pattern[++i];
+    if (next == 's') {
+      out.append("\\p{White_Space}");
+    } else if (next == 'S') {
+      out.append("\\P{White_Space}");
+    } else if (next == 'Q') {  // \Q...\E is literal text
+      const size_t end = pattern.find("\\E", i + 1);
+      const size_t stop = end == absl::string_view::npos ? pattern.size() : end + 2;
+      out.append(pattern.data() + i - 1, stop - (i - 1));
+      i = stop - 1;
+    } else {
+      out.push_back('\\');
+      out.push_back(next);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct TokenizerRegex::Code {
@@ -44,11 +73,12 @@ absl::StatusOr<TokenizerRegex> TokenizerRegex::Compile(absl::string_view pattern
   int error = 0;
   PCRE2_SIZE offset = 0;
   const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-  code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+  const std::string source = literal ? std::string(pattern) : WithWhiteSpaceProperty(pattern);
+  code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options,
                              &error, &offset, nullptr);
   if (code->code == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("field '", field, "': PCRE2 rejects the pattern (",
-                                                   Pcre2Message(error), " at offset ", offset, ")"));
+                                                   Pcre2Message(error), ")"));
   }
   // Without JIT support (or memory for it) PCRE2 interprets the pattern: slower, same matches.
   pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE);

@@ -1,7 +1,7 @@
 // A pre-tokenizer pattern compiled by PCRE2 in UTF mode with Unicode properties (\p{L}, \s, ...),
 // JIT-compiled where the platform allows. The `tokenizers` library runs the same patterns with
-// Oniguruma; the pattern syntax tokenizer.json files use (classes, \p{..}, lookahead, counted
-// repeats) means the same in both.
+// Oniguruma; the syntax tokenizer.json files use (classes, \p{..}, lookahead, counted repeats)
+// means the same in both once \s is read as Oniguruma reads it (White_Space, see the .cc).
 #ifndef QUANTD_SERVER_MODEL_TOKENIZER_REGEX_H_
 #define QUANTD_SERVER_MODEL_TOKENIZER_REGEX_H_
 

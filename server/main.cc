@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "server/dataset_command.h"
 #include "server/fixture/fixture.h"
 #include "server/fixture/fixture_spec.h"
 #include "server/pipeline/inspect.h"
@@ -132,6 +133,7 @@ int main(int argc, char** argv) {
   quantd::AddRunCommand(app, rc);
   quantd::AddServeCommand(app, rc);
   quantd::AddTokenizeCommand(app, rc);
+  quantd::AddDatasetCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

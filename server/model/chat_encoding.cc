@@ -35,11 +35,11 @@ absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(const nlohmann::json&
         field = &message.reasoning_content;
       }
       if (field == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ".", key, " is not rendered (a ", role_name,
-                         " message has role, content", 
-                         message.role == ChatMessage::Role::kAssistant ? ", reasoning_content" : "",
-                         ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ".", key, " is not a rendered field (",
+            message.role == ChatMessage::Role::kAssistant ? "role, content and reasoning_content"
+                                                          : "role and content",
+            ")"));
       }
       if (it->is_null()) continue;
       if (!it->is_string()) {

@@ -243,10 +243,10 @@ absl::Status ParsePreTokenizer(const Reader& r, const json& p, const std::string
       return r.Error(pattern_path, "must have exactly one of 'Regex' and 'String'");
     }
     const std::string field = Reader::Path(pattern_path, regex ? "Regex" : "String");
-    ASSIGN_OR_RETURN(TokenizerRegex compiled,
-                     TokenizerRegex::Compile((regex ? regex : literal)->get<std::string>(),
-                                             literal != nullptr, field));
-    step.regex = std::move(compiled);
+    absl::StatusOr<TokenizerRegex> compiled = TokenizerRegex::Compile(
+        (regex ? regex : literal)->get<std::string>(), literal != nullptr, field);
+    if (!compiled.ok()) return r.Error(field, compiled.status().message());
+    step.regex = *std::move(compiled);
     ASSIGN_OR_RETURN(std::string behavior, r.String(p, path, "behavior"));
     auto it = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
                            [&](const auto& b) { return b.first == behavior; });

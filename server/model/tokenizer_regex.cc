@@ -72,13 +72,12 @@ absl::StatusOr<TokenizerRegex> TokenizerRegex::Compile(absl::string_view pattern
   code->field = field;
   int error = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   const std::string source = literal ? std::string(pattern) : WithWhiteSpaceProperty(pattern);
   code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options,
                              &error, &offset, nullptr);
   if (code->code == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("field '", field, "': PCRE2 rejects the pattern (",
-                                                   Pcre2Message(error), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("is rejected by PCRE2 (", Pcre2Message(error), ")"));
   }
   // Without JIT support (or memory for it) PCRE2 interprets the pattern: slower, same matches.
   pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE);

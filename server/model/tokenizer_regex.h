@@ -31,8 +31,9 @@ class RegexScratch {
 
 class TokenizerRegex {
  public:
-  // `literal`: the pattern is a plain string (tokenizer.json's {"String": ...}). Errors name
-  // `field` and PCRE2's reason, never the pattern text.
+  // `literal`: the pattern is a plain string (tokenizer.json's {"String": ...}). `field` names
+  // the pattern in match errors. A rejected pattern is InvalidArgument("is rejected by PCRE2
+  // (reason)"), for the caller to prefix with the field; it never quotes the pattern.
   static absl::StatusOr<TokenizerRegex> Compile(absl::string_view pattern, bool literal,
                                                 const std::string& field);
 

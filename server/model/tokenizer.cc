@@ -167,6 +167,10 @@ struct Tokenizer::Impl {
   absl::flat_hash_map<std::string, int32_t> token_ids;  // spelling -> id (added tokens win)
   std::optional<int32_t> bos;
 
+  // Loading: the "model" object (vocabulary, merges) and the "added_tokens" array.
+  absl::Status ParseModel(const Reader& r, const json& doc);
+  absl::Status ParseAddedTokens(const Reader& r, const json& doc);
+
   absl::Status EncodeRaw(absl::string_view text, RegexScratch& scratch, std::vector<int32_t>* out) const;
   absl::Status EncodeNormalizable(absl::string_view piece, RegexScratch& scratch,
                                   std::vector<int32_t>* out) const;
@@ -333,19 +337,7 @@ absl::Status ParsePostProcessor(const Reader& r, const json& p, const std::strin
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Tokenizer::~Tokenizer() = default;
-
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view tokenizer_json,
-                                                               const std::string& origin,
-                                                               std::optional<std::string> bos_token) {
-  const json doc = json::parse(tokenizer_json.begin(), tokenizer_json.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
-  if (!doc.is_object()) return absl::InvalidArgumentError(absl::StrCat(origin, ": must be a JSON object"));
-  const Reader r(origin);
-  auto impl = std::make_unique<Impl>();
-
-  // The model: byte-level BPE.
+absl::Status Tokenizer::Impl::ParseModel(const Reader& r, const json& doc) {
   ASSIGN_OR_RETURN(const json* model, r.Get(doc, "", "model", JsonKind::kObject, true));
   ASSIGN_OR_RETURN(std::string model_type, r.Type(*model, "model"));
   if (model_type != "BPE") return r.Unsupported("model", model_type, "BPE");
@@ -367,7 +359,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     ASSIGN_OR_RETURN(int32_t id, r.TokenIdValue(it.value(), "model.vocab"));
     model_ids.insert_or_assign(it.key(), id);
-    impl->SetToken(id, it.key());
+    SetToken(id, it.key());
   }
   std::array<int32_t, 256> byte_ids;
   for (int b = 0; b < 256; ++b) {
@@ -379,10 +371,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
     }
     byte_ids[b] = it->second;
   }
-  impl->bpe = std::make_unique<BpeModel>(byte_ids, ignore_merges);
+  bpe = std::make_unique<BpeModel>(byte_ids, ignore_merges);
   if (ignore_merges) {
     for (const auto& [spelling, id] : model_ids) {
-      if (std::optional<std::string> bytes = ByteLevelToBytes(spelling)) impl->bpe->AddWord(*bytes, id);
+      if (std::optional<std::string> bytes = ByteLevelToBytes(spelling)) bpe->AddWord(*bytes, id);
     }
   }
   ASSIGN_OR_RETURN(const json* merges, r.Get(*model, "model", "merges", JsonKind::kArray, true));
@@ -411,11 +403,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
     }
     auto merged = model_ids.find(left + right);
     if (merged == model_ids.end()) return r.Error(field, "makes a token that is not in model.vocab");
-    impl->bpe->AddMerge(l->second, rt->second, merged->second, static_cast<int32_t>(i));
+    bpe->AddMerge(l->second, rt->second, merged->second, static_cast<int32_t>(i));
   }
-  impl->token_ids = std::move(model_ids);
+  token_ids = std::move(model_ids);
+  return absl::OkStatus();
+}
 
-  // Added tokens.
+absl::Status Tokenizer::Impl::ParseAddedTokens(const Reader& r, const json& doc) {
   ASSIGN_OR_RETURN(const json* added, r.Get(doc, "", "added_tokens", JsonKind::kArray, false));
   for (size_t i = 0; added != nullptr && i < added->size(); ++i) {
     const json& t = (*added)[i];
@@ -431,10 +425,27 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
     }
     ASSIGN_OR_RETURN(bool special, r.Bool(t, path, "special", false));
     ASSIGN_OR_RETURN(bool normalized, r.Bool(t, path, "normalized", !special));
-    (normalized ? impl->normalized_added : impl->raw_added).Add(content, id);
-    impl->token_ids.insert_or_assign(content, id);
-    impl->SetToken(id, content);
+    (normalized ? normalized_added : raw_added).Add(content, id);
+    token_ids.insert_or_assign(content, id);
+    SetToken(id, content);
   }
+  return absl::OkStatus();
+}
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::~Tokenizer() = default;
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view tokenizer_json,
+                                                               const std::string& origin,
+                                                               std::optional<std::string> bos_token) {
+  const json doc = json::parse(tokenizer_json.begin(), tokenizer_json.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
+  if (!doc.is_object()) return absl::InvalidArgumentError(absl::StrCat(origin, ": must be a JSON object"));
+  const Reader r(origin);
+  auto impl = std::make_unique<Impl>();
+
+  RETURN_IF_ERROR(impl->ParseModel(r, doc));
+  RETURN_IF_ERROR(impl->ParseAddedTokens(r, doc));
 
   // Normalizer, pre-tokenizer, post-processor, decoder.
   if (auto it = doc.find("normalizer"); it != doc.end() && !it->is_null()) {

@@ -12,7 +12,7 @@ VENV=${QUANTD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/quantd/venv}
 echo "== unit tests (ctest)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
 
-echo "== fuzz (safetensors header parser, ${QUANTD_FUZZ_SECONDS:-60} s)"
+echo "== fuzz (4 libFuzzer targets, ${QUANTD_FUZZ_SECONDS:-60} s each)"
 tests/fuzz/run_fuzz.sh "$ROOT/build-fuzz" "${QUANTD_FUZZ_SECONDS:-60}"
 
 echo "== integration and interop tests (pytest)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Configures a clang build in BUILD_DIR, builds the safetensors header fuzzer and runs it for
-# SECONDS. Exits non-zero when the fuzzer finds a crash (the input is left in
+# Configures a clang build in BUILD_DIR, builds the libFuzzer targets (safetensors header, job
+# spec, gRPC requests, tokenizer.json) and runs each for SECONDS. Exits non-zero when the fuzzer finds a crash (the input is left in
 # BUILD_DIR/fuzz-work/artifacts/).
 #
 # Usage: tests/fuzz/run_fuzz.sh BUILD_DIR SECONDS
@@ -42,3 +42,5 @@ run_target job_spec_fuzz job-spec -max_len=4096 -dict="$src/tests/fuzz/job_spec.
 # Each run's job store and job paths stay under the work dir (the last run's are dropped).
 rm -rf "$work"/grpc-fuzz-*
 QUANTD_FUZZ_SCRATCH=$work run_target grpc_request_fuzz grpc-requests -max_len=2048
+# The tokenizer.json loader, seeded with small DeepSeek-shaped tokenizers.
+run_target tokenizer_json_fuzz tokenizer -max_len=8192 -rss_limit_mb=2048

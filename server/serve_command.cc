@@ -1,6 +1,5 @@
 #include "server/serve_command.h"
 
-#include <pthread.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -8,6 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -36,6 +38,7 @@ namespace {
 
 constexpr int kCannotStart = 1;
 constexpr int kUsage = 2;
+constexpr int kStoreUnusable = 3;
 // The longest that RPCs in progress get to finish at shutdown (never more than the grace).
 constexpr std::chrono::milliseconds kRpcDrain{5000};
 
@@ -244,13 +247,15 @@ int ServeMain(const ServeConfig& config) {
       "quantd", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 
-  // Every thread started from here on inherits the blocked signals; the main thread takes them
-  // with sigwait.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // The main thread waits here for what ends the daemon: SIGTERM, SIGINT or SIGHUP (a closed
+  // terminal), or a job store that became unusable. From now on those signals only wake it.
+  boost::asio::io_context main_io;
+  boost::asio::signal_set signals(main_io, SIGTERM, SIGINT, SIGHUP);
+  std::string stop_cause;  // main thread: why the daemon stops
+  int exit_code = 0;       // main thread
+  signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
+    if (!ec) stop_cause = strsignal(signal_number);
+  });
 
   absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config);
   if (!devices.ok()) return CannotStart(devices.status());
@@ -296,6 +301,14 @@ int ServeMain(const ServeConfig& config) {
   options.log = [](int64_t job_id, const std::string& kind, const std::string& message) {
     spdlog::info("job {} {}: {}", job_id, kind, message);
   };
+  // A supervisor restarts a daemon that exits non-zero; a daemon without its store cannot work.
+  options.on_store_unusable = [&](const absl::Status& error) {
+    boost::asio::post(main_io, [&, message = std::string(error.message())] {
+      stop_cause = message;
+      exit_code = kStoreUnusable;
+      signals.cancel();
+    });
+  };
   absl::StatusOr<std::unique_ptr<scheduler::Scheduler>> scheduler =
       scheduler::Scheduler::Start(*std::move(store), std::move(options));
   if (!scheduler.ok()) return CannotStart(scheduler.status());
@@ -323,17 +336,20 @@ int ServeMain(const ServeConfig& config) {
                metrics->listen_address().empty() ? "none" : metrics->listen_address(),
                Describe(config, *devices));
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  main_io.run();
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(config.shutdown_grace_seconds * 1000)));
-  spdlog::info("{}: shutting down (grace {} s)", strsignal(signal_number),
-               config.shutdown_grace_seconds);
+  if (exit_code != 0) {
+    spdlog::error("{}: health is NOT_SERVING; exiting with code {} for a restart", stop_cause,
+                  exit_code);
+  } else {
+    spdlog::info("{}: shutting down (grace {} s)", stop_cause, config.shutdown_grace_seconds);
+  }
   (*server)->Shutdown(std::min(grace, kRpcDrain));
   (*scheduler)->Shutdown(grace);
   std::filesystem::remove(serve_json, ec);
   spdlog::info("stopped");
-  return 0;
+  return exit_code;
 }
 
 void AddServeCommand(CLI::App& app, int& rc) {
@@ -374,7 +390,9 @@ void AddServeCommand(CLI::App& app, int& rc) {
   CLI::Option* grace = cmd->add_option("--shutdown-grace-seconds", f.shutdown_grace_seconds,
                                        "how long running tasks get to stop at SIGTERM")
                            ->capture_default_str();
-  cmd->footer("Exit codes: 0 clean shutdown, 1 could not start, 2 usage or config error.");
+  cmd->footer(
+      "Exit codes: 0 clean shutdown (SIGTERM, SIGINT, SIGHUP), 1 could not start, 2 usage or "
+      "config error, 3 the job store became unusable.");
   cmd->callback([=, &rc] {
     ServeConfig config;
     if (!parsed->config_path.empty()) {

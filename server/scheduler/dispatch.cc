@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,10 @@ absl::Status Scheduler::Impl::Dispatch(ActiveJob& job) {
       const compute::DeviceRequirement req = job.tasks->Requirement(*task);
       if (!EverFits(job, req)) {
         std::vector<std::string> names;
-        for (int w : job.workers) names.push_back(workers_[w]->device->name());
+        for (int w : job.workers) {
+          const std::string& name = workers_[w]->device->name();
+          if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+        }
         const std::string message = absl::StrCat(
             task->stage_kind, " ", task->name, ": needs ", Describe(req),
             "; none of the job's devices (", absl::StrJoin(names, ", "), ") has that");

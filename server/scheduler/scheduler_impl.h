@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
@@ -239,6 +240,9 @@ class Scheduler::Impl {
   std::vector<std::unique_ptr<WorkerThread>> workers_;  // one per options_.devices entry
 
   boost::asio::io_context io_;                // runs the strand and the timers
+  // Keeps io_ running while it waits (a fake clock arms no timer in it) until EndLoop stops it.
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> io_work_ =
+      boost::asio::make_work_guard(io_);
   Strand strand_;                             // everything below marked on_strand_
   StrandRole on_strand_;                      // the capability of running on strand_
   boost::asio::thread_pool planning_{1};      // JobPlanner::Load

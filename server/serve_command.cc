@@ -195,6 +195,8 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Integer(&config->queue_limit);
     } else if (key == "shutdown_grace_seconds") {
       s = r.Number(&config->shutdown_grace_seconds);
+    } else if (key == "store_retry_seconds") {
+      s = r.Number(&config->store_retry_seconds);
     } else {
       s = r.Error("is not a known setting");
     }
@@ -237,6 +239,11 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("shutdown_grace_seconds (--shutdown-grace-seconds): must be >= 0, got ",
                      config.shutdown_grace_seconds));
+  }
+  if (!std::isfinite(config.store_retry_seconds) || config.store_retry_seconds < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store_retry_seconds (--store-retry-seconds): must be >= 1, got ",
+                     config.store_retry_seconds));
   }
   return absl::OkStatus();
 }
@@ -297,6 +304,8 @@ int ServeMain(const ServeConfig& config) {
   options.host_memory_bytes = config.host_memory_bytes;
   // Kernels saturate the cores; a little lower priority keeps the API responsive under load.
   options.worker_nice = 5;
+  options.store_retry_limit_ms =
+      static_cast<int64_t>(std::llround(config.store_retry_seconds * 1000));
   options.metrics = metrics.get();
   options.log = [](int64_t job_id, const std::string& kind, const std::string& message) {
     spdlog::info("job {} {}: {}", job_id, kind, message);
@@ -390,6 +399,10 @@ void AddServeCommand(CLI::App& app, int& rc) {
   CLI::Option* grace = cmd->add_option("--shutdown-grace-seconds", f.shutdown_grace_seconds,
                                        "how long running tasks get to stop at SIGTERM")
                            ->capture_default_str();
+  CLI::Option* store_retry =
+      cmd->add_option("--store-retry-seconds", f.store_retry_seconds,
+                      "how long a failing job store is retried before the daemon exits 3")
+          ->capture_default_str();
   cmd->footer(
       "Exit codes: 0 clean shutdown (SIGTERM, SIGINT, SIGHUP), 1 could not start, 2 usage or "
       "config error, 3 the job store became unusable.");
@@ -411,6 +424,7 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (host_memory->count() > 0) config.host_memory_bytes = given.host_memory_bytes;
     if (queue_limit->count() > 0) config.queue_limit = given.queue_limit;
     if (grace->count() > 0) config.shutdown_grace_seconds = given.shutdown_grace_seconds;
+    if (store_retry->count() > 0) config.store_retry_seconds = given.store_retry_seconds;
     rc = ServeMain(config);
   });
 }

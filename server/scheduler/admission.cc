@@ -364,26 +364,27 @@ absl::Status Scheduler::Impl::SetState(int64_t job_id, JobState state, const std
   return Publish(job_id);
 }
 
+absl::Status Scheduler::Impl::Step() {
+  if (!stopping_ && reconsider_) {
+    reconsider_ = false;
+    if (absl::Status s = StartJobs(); !s.ok()) {
+      reconsider_ = true;
+      return s;
+    }
+  }
+  for (auto& [id, job] : active_) RETURN_IF_ERROR(Dispatch(*job));
+  for (auto it = active_.begin(); it != active_.end();) {
+    bool finished = false;
+    RETURN_IF_ERROR(MaybeFinish(*it->second, &finished));
+    it = finished ? active_.erase(it) : std::next(it);
+  }
+  return absl::OkStatus();
+}
+
 void Scheduler::Impl::Kick() {
   if (ended_) return;
-  const absl::Status status = [&]() -> absl::Status {
-    if (!stopping_ && reconsider_) {
-      reconsider_ = false;
-      if (absl::Status s = StartJobs(); !s.ok()) {
-        reconsider_ = true;
-        return s;
-      }
-    }
-    for (auto& [id, job] : active_) RETURN_IF_ERROR(Dispatch(*job));
-    for (auto it = active_.begin(); it != active_.end();) {
-      bool finished = false;
-      RETURN_IF_ERROR(MaybeFinish(*it->second, &finished));
-      it = finished ? active_.erase(it) : std::next(it);
-    }
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) {
-    OnStoreError(status, "scheduling");
+  if (absl::Status s = Step(); !s.ok()) {
+    OnStoreError(s, "scheduling");
     return;
   }
   OnStoreOk();

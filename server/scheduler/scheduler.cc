@@ -75,9 +75,20 @@ absl::Status Scheduler::Impl::Init() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->thread = std::thread([this, i] { WorkerLoop(static_cast<int>(i)); });
   }
-  At(now + std::max<int64_t>(1, options_.lease_ms / 3), [this] { OnLeaseTimer(); });
-  At(now + kPublishEveryMs, [this] { OnPublishTimer(); });
-  if (options_.metrics != nullptr) At(now + kMetricsEveryMs, [this] { OnMetricsTimer(); });
+  At(now + std::max<int64_t>(1, options_.lease_ms / 3), [this] {
+    on_strand_.Assert();
+    OnLeaseTimer();
+  });
+  At(now + kPublishEveryMs, [this] {
+    on_strand_.Assert();
+    OnPublishTimer();
+  });
+  if (options_.metrics != nullptr) {
+    At(now + kMetricsEveryMs, [this] {
+      on_strand_.Assert();
+      OnMetricsTimer();
+    });
+  }
   boost::asio::post(strand_, [this] {
     on_strand_.Assert();
     Kick();

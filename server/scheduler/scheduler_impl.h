@@ -197,8 +197,10 @@ class Scheduler::Impl {
   // Sets the job's state in the store and the index, logs it and publishes the snapshot.
   absl::Status SetState(int64_t job_id, store::JobState state, const std::string& reason,
                         const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
-  // One round after any event: start jobs, hand out tasks, finish jobs.
+  // One round after any event: start jobs, hand out tasks, finish jobs; a store error goes to
+  // OnStoreError.
   void Kick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  absl::Status Step() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
 
   // --- dispatch.cc: placement and the worker threads
   absl::Status Dispatch(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);

@@ -398,9 +398,9 @@ TEST_F(SchedulerFakeClockTest, ShutdownMidJobLeavesItRunningAndTheNextStartFinis
   {
     auto store = OpenStore();
     EXPECT_EQ(store->GetJob(id)->state, store::JobState::kRunning);
-    for (const store::TaskRow& t : *store->ListTasks(id)) {
-      EXPECT_EQ(t.state, store::TaskState::kPending) << t.name;
-    }
+    auto tasks = store->ListTasks(id);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const store::TaskRow& t : *tasks) EXPECT_EQ(t.state, store::TaskState::kPending) << t.name;
   }
   auto s = Start({"cpu"});
   const v1::Job done = WaitStopped(*s, id);

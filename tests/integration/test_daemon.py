@@ -524,3 +524,13 @@ def test_a_store_that_stays_locked_ends_serve_with_code_3_and_a_restart_finishes
     assert_succeeded(pb, final, small["shards"])
     assert tree_hashes(out) == reference("small")
     d.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_and_sighup_stop_the_daemon_like_sigterm(own_daemon, signum):
+    d = own_daemon
+    d.start()
+    d.proc.send_signal(signum)
+    d.terminated_at = time.monotonic()
+    d.stop()  # exit 0
+    assert f"{signal.strsignal(signum)}: shutting down" in d.log(), d.log()

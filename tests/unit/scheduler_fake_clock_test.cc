@@ -1,5 +1,6 @@
 // The scheduler with fake stages, fake devices and a fake clock (no sleeps): placement by device
-// memory, retries and back-off, lease expiry at run time with the late result ignored,
+// memory, retries and back-off, lease expiry at run time with the late result ignored (and a
+// task reporting progress keeping its lease),
 // pause/resume and cancel mid-job, shutdown and restart mid-job, and a store that refuses writes
 // (a completion is retried, not lost; a store that stays unusable stops the scheduler).
 #include <gtest/gtest.h>
@@ -46,6 +47,7 @@ class FakeStages {
   std::map<std::string, std::vector<absl::Status>> errors;          // by task, per attempt
   std::map<std::string, std::set<int>> blocking;  // task -> attempts that wait for Release
   bool ignore_cancel = false;                     // blocked attempts wait even when cancelled
+  bool report_while_blocked = false;              // blocked attempts report progress meanwhile
 
   void Plan(const std::vector<std::string>& names) {
     store::StagePlan stage;
@@ -55,7 +57,8 @@ class FakeStages {
   }
 
   absl::StatusOr<pipeline::TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
-                                           const std::atomic<bool>* cancelled) {
+                                           const std::atomic<bool>* cancelled,
+                                           const std::function<void(uint64_t)>& add_progress) {
     const auto req = requirements.find(task.name);
     const int64_t memory = req == requirements.end() ? 0 : req->second.memory_bytes;
     std::unique_lock<std::mutex> lock(mu_);
@@ -70,6 +73,7 @@ class FakeStages {
       // A real stage checks its cancel flag between tensors; this one every 2 ms.
       while (released_.count(task.name) == 0 && (ignore_cancel || !cancelled->load())) {
         cv_.wait_for(lock, std::chrono::milliseconds(2));
+        if (report_while_blocked) add_progress(1);
       }
     }
     released_.erase(task.name);
@@ -125,8 +129,9 @@ class FakeTasks final : public JobTasks {
   explicit FakeTasks(FakeStages* stages) : stages_(stages) {}
   absl::StatusOr<pipeline::TaskOutput> RunTask(const store::TaskRow& task, compute::Device& device,
                                                const std::atomic<bool>* cancelled,
-                                               std::function<void(uint64_t)>) const override {
-    return stages_->Run(task, device, cancelled);
+                                               std::function<void(uint64_t)> add_progress)
+      const override {
+    return stages_->Run(task, device, cancelled, add_progress);
   }
   compute::DeviceRequirement Requirement(const store::TaskRow& task) const override {
     const auto it = stages_->requirements.find(task.name);
@@ -351,6 +356,24 @@ TEST_F(SchedulerFakeClockTest, ASilentTaskLosesItsLeaseToAnotherWorkerAndItsLate
   EXPECT_EQ((*tasks)[0].state, store::TaskState::kDone);
   EXPECT_EQ((*tasks)[0].output_path, "stuck@2");
   EXPECT_EQ(*store->CountEvents(id, "task_done"), 1);
+}
+
+TEST_F(SchedulerFakeClockTest, ATaskThatReportsProgressKeepsItsLeaseForAsLongAsItRuns) {
+  stages_.Plan({"long"});
+  stages_.blocking["long"] = {1};
+  stages_.report_while_blocked = true;
+  auto s = Start({"cpu", "cpu"});
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  for (int i = 0; i < 3 * kLeaseMs / 1000; ++i) {  // three leases long, one timer tick at a time
+    clock_.Advance(kLeaseMs / 3);
+    Sync(*s);
+  }
+  stages_.Release("long");
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  EXPECT_EQ(stages_.starts().size(), 1u);
+  EXPECT_EQ(done.task_attempts(), 1);
 }
 
 TEST_F(SchedulerFakeClockTest, PauseResumeAndCancelMidJob) {

@@ -1,8 +1,8 @@
 // The scheduler with fake stages, fake devices and a fake clock (no sleeps): placement by device
-// memory, retries and back-off, lease expiry at run time with the late result ignored (and a
-// task reporting progress keeping its lease),
-// pause/resume and cancel mid-job, shutdown and restart mid-job, and a store that refuses writes
-// (a completion is retried, not lost; a store that stays unusable stops the scheduler).
+// memory, retries and back-off, lease expiry at run time with the late result ignored (and a task
+// reporting progress keeping its lease), pause/resume and cancel mid-job, shutdown and restart
+// mid-job, and a store that refuses writes (a completion is retried, not lost; a store that stays
+// unusable stops the scheduler).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -12,6 +12,16 @@ VENV=${QUANTD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/quantd/venv}
 echo "== unit tests (ctest)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
 
+echo "== thread-safety analysis (clang -Wthread-safety; the targets that carry annotations)"
+# Only the annotated code is analysed, so this compiles the scheduler's and the API's object files
+# alone (and the generated proto headers they include), nothing else.
+cmake -G Ninja -S "$ROOT" -B "$ROOT/build-tsa" -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DQUANTD_CUDA=OFF -DQUANTD_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
+mapfile -t TSA_OBJECTS < <(ninja -C "$ROOT/build-tsa" -t targets all |
+  grep -E '^server/(scheduler|api)/CMakeFiles/[^:]*\.o:' | cut -d: -f1)
+ninja -C "$ROOT/build-tsa" "${TSA_OBJECTS[@]}"
+
 echo "== fuzz (4 libFuzzer targets, ${QUANTD_FUZZ_SECONDS:-60} s each)"
 tests/fuzz/run_fuzz.sh "$ROOT/build-fuzz" "${QUANTD_FUZZ_SECONDS:-60}"
 

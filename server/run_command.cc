@@ -4,8 +4,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -21,22 +25,35 @@ constexpr int kFailed = 1;
 constexpr int kUsage = 2;
 constexpr int kInterrupted = 130;
 
-// Set by the first SIGINT/SIGTERM; the runner pauses the job.
-std::atomic<bool> g_cancel{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
+// Watches SIGINT, SIGTERM and SIGHUP on its own thread while it lives: the first sets `cancel`
+// (the runner pauses the job), a second one ends the process at once, which the state file makes
+// as safe as a crash.
+class SignalWatch {
+ public:
+  explicit SignalWatch(std::atomic<bool>* cancel)
+      : cancel_(cancel), signals_(io_, SIGINT, SIGTERM, SIGHUP) {
+    Wait();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~SignalWatch() {
+    io_.stop();
+    thread_.join();
+  }
 
-void OnSignal(int) {
-  // A second signal: leave at once. The state file makes this as safe as a crash.
-  if (g_cancel.exchange(true)) _exit(kInterrupted);
-}
+ private:
+  void Wait() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      if (cancel_->exchange(true)) _exit(kInterrupted);
+      Wait();
+    });
+  }
 
-void InstallSignalHandlers() {
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
+  std::atomic<bool>* const cancel_;     // set by the first signal
+  boost::asio::io_context io_;          // runs the signal handler
+  boost::asio::signal_set signals_;     // SIGINT, SIGTERM, SIGHUP
+  std::thread thread_;                  // runs io_
+};
 
 int Fail(const absl::Status& status, int code) {
   std::cerr << "quantd run: " << status.message() << "\n";
@@ -76,11 +93,15 @@ int RunMain(const RunArgs& args) {
   options.cpu_threads = args.threads;
   options.progress = &std::cerr;
   options.progress_tty = isatty(STDERR_FILENO) == 1;
-  options.cancel = &g_cancel;
-  InstallSignalHandlers();
-  const absl::Status s = scheduler::RunJob(options);
+  std::atomic<bool> cancel{false};
+  options.cancel = &cancel;
+  absl::Status s;
+  {
+    SignalWatch watch(&cancel);
+    s = scheduler::RunJob(options);
+  }
   if (s.ok()) return 0;
-  if (s.code() == absl::StatusCode::kCancelled && g_cancel.load()) {
+  if (s.code() == absl::StatusCode::kCancelled && cancel.load()) {
     return Fail(s, kInterrupted);
   }
   return Fail(s, kFailed);
@@ -97,7 +118,9 @@ void AddRunCommand(CLI::App& app, int& rc) {
   cmd->add_option("--threads", args->threads, "CPU threads per kernel call (0 = all cores)")
       ->capture_default_str();
   cmd->add_option("SPEC", args->spec_path, "job spec JSON file")->required();
-  cmd->footer("Exit codes: 0 succeeded, 1 failed, 2 usage, 130 interrupted (the job is PAUSED).");
+  cmd->footer(
+      "Exit codes: 0 succeeded, 1 failed, 2 usage, 130 interrupted by SIGINT, SIGTERM or SIGHUP "
+      "(the job is PAUSED).");
   cmd->callback([args, &rc] { rc = RunMain(*args); });
 }
 

@@ -1,7 +1,6 @@
 #include "server/serve_command.h"
 
 #include <grp.h>
-#include <pthread.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -9,6 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -46,6 +48,7 @@ constexpr int kCannotStart = 1;
 constexpr int kUsage = 2;
 // A --listen value that adds no address (it overrides a config file's list).
 constexpr char kNoListen[] = "none";
+constexpr int kStoreUnusable = 3;
 // The longest that RPCs in progress get to finish at shutdown (never more than the grace).
 constexpr std::chrono::milliseconds kRpcDrain{5000};
 
@@ -309,6 +312,8 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.String(&config->tls_client_ca);
     } else if (key == "insecure") {
       s = r.Bool(&config->insecure);
+    } else if (key == "store_retry_seconds") {
+      s = r.Number(&config->store_retry_seconds);
     } else {
       s = r.Error("is not a known setting");
     }
@@ -358,6 +363,11 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
         absl::StrCat("shutdown_grace_seconds (--shutdown-grace-seconds): must be >= 0, got ",
                      config.shutdown_grace_seconds));
   }
+  if (!std::isfinite(config.store_retry_seconds) || config.store_retry_seconds < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store_retry_seconds (--store-retry-seconds): must be >= 1, got ",
+                     config.store_retry_seconds));
+  }
   return absl::OkStatus();
 }
 
@@ -367,13 +377,15 @@ int ServeMain(const ServeConfig& config) {
       "quantd", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 
-  // Every thread started from here on inherits the blocked signals; the main thread takes them
-  // with sigwait.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // The main thread waits here for what ends the daemon: SIGTERM, SIGINT or SIGHUP (a closed
+  // terminal), or a job store that became unusable. From now on those signals only wake it.
+  boost::asio::io_context main_io;
+  boost::asio::signal_set signals(main_io, SIGTERM, SIGINT, SIGHUP);
+  std::string stop_cause;  // main thread: why the daemon stops
+  int exit_code = 0;       // main thread
+  signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
+    if (!ec) stop_cause = strsignal(signal_number);
+  });
 
   if (geteuid() == 0) {
     spdlog::warn("running as root: every admin's job reads and writes with root's rights; "
@@ -422,9 +434,19 @@ int ServeMain(const ServeConfig& config) {
   options.host_memory_bytes = config.host_memory_bytes;
   // Kernels saturate the cores; a little lower priority keeps the API responsive under load.
   options.worker_nice = 5;
+  options.store_retry_limit_ms =
+      static_cast<int64_t>(std::llround(config.store_retry_seconds * 1000));
   options.metrics = metrics.get();
   options.log = [](int64_t job_id, const std::string& kind, const std::string& message) {
     spdlog::info("job {} {}: {}", job_id, kind, message);
+  };
+  // A supervisor restarts a daemon that exits non-zero; a daemon without its store cannot work.
+  options.on_store_unusable = [&](const absl::Status& error) {
+    boost::asio::post(main_io, [&, message = std::string(error.message())] {
+      stop_cause = message;
+      exit_code = kStoreUnusable;
+      signals.cancel();
+    });
   };
   absl::StatusOr<std::unique_ptr<scheduler::Scheduler>> scheduler =
       scheduler::Scheduler::Start(*std::move(store), std::move(options));
@@ -455,19 +477,22 @@ int ServeMain(const ServeConfig& config) {
   Notify("READY=1");
   std::unique_ptr<ops::ServeMonitor> monitor = StartMonitor(config, **scheduler, metrics.get());
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  main_io.run();
   Notify("STOPPING=1");
   monitor->Stop();
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(config.shutdown_grace_seconds * 1000)));
-  spdlog::info("{}: shutting down (grace {} s)", strsignal(signal_number),
-               config.shutdown_grace_seconds);
+  if (exit_code != 0) {
+    spdlog::error("{}: health is NOT_SERVING; exiting with code {} for a restart", stop_cause,
+                  exit_code);
+  } else {
+    spdlog::info("{}: shutting down (grace {} s)", stop_cause, config.shutdown_grace_seconds);
+  }
   (*server)->Shutdown(std::min(grace, kRpcDrain));
   (*scheduler)->Shutdown(grace);
   std::filesystem::remove(serve_json, ec);
   spdlog::info("stopped");
-  return 0;
+  return exit_code;
 }
 
 void AddServeCommand(CLI::App& app, int& rc) {
@@ -527,7 +552,13 @@ void AddServeCommand(CLI::App& app, int& rc) {
       "--tls-client-ca", f.tls_client_ca, "PEM CA: TCP clients must present a certificate it signed");
   CLI::Option* insecure = cmd->add_flag(
       "--insecure", f.insecure, "allow a non-loopback --listen address without TLS");
-  cmd->footer("Exit codes: 0 clean shutdown, 1 could not start, 2 usage or config error.");
+  CLI::Option* store_retry =
+      cmd->add_option("--store-retry-seconds", f.store_retry_seconds,
+                      "how long a failing job store is retried before the daemon exits 3")
+          ->capture_default_str();
+  cmd->footer(
+      "Exit codes: 0 clean shutdown (SIGTERM, SIGINT, SIGHUP), 1 could not start, 2 usage or "
+      "config error, 3 the job store became unusable.");
   cmd->callback([=, &rc] {
     ServeConfig config;
     if (!parsed->config_path.empty()) {
@@ -554,6 +585,7 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (tls_key->count() > 0) config.tls_key = given.tls_key;
     if (tls_client_ca->count() > 0) config.tls_client_ca = given.tls_client_ca;
     if (insecure->count() > 0) config.insecure = given.insecure;
+    if (store_retry->count() > 0) config.store_retry_seconds = given.store_retry_seconds;
     rc = ServeMain(config);
   });
 }

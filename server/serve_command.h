@@ -7,6 +7,7 @@
 //                [--host-memory-bytes N] [--queue-limit N] [--shutdown-grace-seconds S]
 //                [--socket PATH] [--socket-group GROUP] [--access-config FILE] [--token-file FILE]
 //                [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--insecure]
+//                [--store-retry-seconds S]
 //
 // --config FILE is a JSON object with the same settings in snake_case (listen: a string or an
 // array); flags override it. The daemon always listens on the unix socket --socket (default
@@ -17,15 +18,18 @@
 // api/access_policy.h for the access config). Once serving, <state-dir>/serve.json holds
 // {"pid": N, "listen": ["unix:/abs/socket", bound --listen addresses...], "metrics_listen":
 // "host:port" or ""}; it is removed on a clean exit. <state-dir>/quantd.lock (flock) keeps a second daemon off the same state dir.
-// SIGTERM/SIGINT: stop accepting RPCs, give running tasks the shutdown grace to stop, exit 0; jobs
-// that were RUNNING resume by themselves at the next start. Worker threads (and the kernel threads
+// SIGTERM/SIGINT/SIGHUP: stop accepting RPCs, give running tasks the shutdown grace to stop, exit
+// 0; jobs that were RUNNING resume by themselves at the next start. A job store that refuses every
+// write for --store-retry-seconds (a held lock, a full file system) turns health NOT_SERVING and
+// ends the daemon with exit code 3, for its supervisor to restart it. Worker threads (and the kernel threads
 // they start) run at nice +5, so RPCs are answered promptly while the kernels saturate the cores.
 // Under systemd (Type=notify, deploy/systemd/quantd.service) it sends READY=1 once serving,
 // STOPPING=1 at SIGTERM and, with WatchdogSec=, WATCHDOG=1 while the scheduler ticks
 // (ops/serve_monitor.h, which also samples the free disk space of the state and output dirs).
 //
 // Exit codes: 0 clean shutdown; 1 could not start (address in use, state dir unusable, database
-// newer than this binary, another daemon holds the state dir); 2 usage or config error.
+// newer than this binary, another daemon holds the state dir); 2 usage or config error; 3 the job
+// store became unusable.
 #ifndef QUANTD_SERVER_SERVE_COMMAND_H_
 #define QUANTD_SERVER_SERVE_COMMAND_H_
 
@@ -61,6 +65,7 @@ struct ServeConfig {
   std::string tls_key;        // its PEM private key
   std::string tls_client_ca;  // PEM CA that TCP clients' certificates must be signed by
   bool insecure = false;      // allow a non-loopback TCP address without TLS
+  double store_retry_seconds = 60;  // a store failing this long is unusable: exit 3
 };
 
 // Applies the settings of the JSON config file at `path` to `config`. InvalidArgument naming the
@@ -69,7 +74,7 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config);
 // Range checks of the merged settings; InvalidArgument naming the setting.
 absl::Status ValidateServeConfig(const ServeConfig& config);
 
-// Runs the daemon until SIGTERM/SIGINT; returns the exit code.
+// Runs the daemon until SIGTERM/SIGINT/SIGHUP or an unusable store; returns the exit code.
 int ServeMain(const ServeConfig& config);
 
 // Registers the `serve` subcommand; its callback stores the exit code in `rc`.

@@ -64,6 +64,15 @@ absl::Status ShuttingDown() {
   return WithReason(absl::UnavailableError("the server is shutting down"), kShuttingDown);
 }
 
+// The scheduler's answer with a job, written into `response` before the call finishes.
+scheduler::Scheduler::JobDone JobAnswer(const std::function<void(const absl::Status&)>& finish,
+                                        v1::Job* response) {
+  return [finish, response](absl::StatusOr<v1::Job> job) {
+    if (job.ok()) *response = *std::move(job);
+    finish(job.status());
+  };
+}
+
 absl::Status JobNotFound(int64_t id) {
   return WithReason(absl::NotFoundError(absl::StrCat("job ", id, " not found")), kJobNotFound);
 }
@@ -237,19 +246,31 @@ QuantService::QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* me
 grpc::ServerUnaryReactor* QuantService::Unary(grpc::CallbackServerContext* context,
                                               const char* method,
                                               const std::function<absl::Status()>& body) {
-  absl::Status status;
-  try {
-    status = body();
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat(method, ": ", e.what()));
-  } catch (...) {
-    status = absl::InternalError(absl::StrCat(method, ": unknown exception"));
-  }
-  const std::string reason = scheduler::ReasonOf(status);
-  if (!reason.empty()) context->AddTrailingMetadata(kReasonKey, reason);
-  Record(method, status.code());
+  return AsyncUnary(context, method, [&](const Finisher& finish) {
+    finish(body());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* QuantService::AsyncUnary(
+    grpc::CallbackServerContext* context, const char* method,
+    const std::function<absl::Status(const Finisher&)>& start) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  const Finisher finish = [this, context, reactor, method](const absl::Status& status) {
+    const std::string reason = scheduler::ReasonOf(status);
+    if (!reason.empty()) context->AddTrailingMetadata(kReasonKey, reason);
+    Record(method, status.code());
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  absl::Status refused;
+  try {
+    refused = start(finish);
+  } catch (const std::exception& e) {
+    refused = absl::InternalError(absl::StrCat(method, ": ", e.what()));
+  } catch (...) {
+    refused = absl::InternalError(absl::StrCat(method, ": unknown exception"));
+  }
+  if (!refused.ok()) finish(refused);
   return reactor;
 }
 
@@ -260,17 +281,18 @@ void QuantService::Record(const char* method, absl::StatusCode code) {
 grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* context,
                                                   const v1::SubmitJobRequest* request,
                                                   v1::Job* response) {
-  return Unary(context, "SubmitJob", [&]() -> absl::Status {
+  return AsyncUnary(context, "SubmitJob", [&](const Finisher& finish) -> absl::Status {
     if (authorizer_ != nullptr) {
       RETURN_IF_ERROR(authorizer_->AllowSubmit(*context, request->spec()));
     }
-    if (absl::Status s = CheckRequestId(request->request_id()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckRequestId(request->request_id()));
     absl::StatusOr<pipeline::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
     if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
-    bool created = false;
-    absl::StatusOr<v1::Job> job = scheduler_->Submit(request->request_id(), *spec, &created);
-    if (!job.ok()) return job.status();
-    *response = *std::move(job);
+    scheduler_->SubmitAsync(request->request_id(), *spec,
+                            [finish, response](absl::StatusOr<v1::Job> job, bool /*created*/) {
+                              if (job.ok()) *response = *std::move(job);
+                              finish(job.status());
+                            });
     return absl::OkStatus();
   });
 }
@@ -319,14 +341,12 @@ grpc::ServerWriteReactor<v1::Job>* QuantService::WatchJob(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* QuantService::CancelJob(grpc::CallbackServerContext* context,
                                                   const v1::CancelJobRequest* request,
                                                   v1::Job* response) {
-  return Unary(context, "CancelJob", [&]() -> absl::Status {
+  return AsyncUnary(context, "CancelJob", [&](const Finisher& finish) -> absl::Status {
     if (authorizer_ != nullptr) {
       RETURN_IF_ERROR(authorizer_->AllowChange(*context, "CancelJob", request->id()));
     }
-    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
-    absl::StatusOr<v1::Job> job = scheduler_->Cancel(request->id(), request->pause());
-    if (!job.ok()) return job.status();
-    *response = *std::move(job);
+    RETURN_IF_ERROR(CheckId(request->id()));
+    scheduler_->CancelAsync(request->id(), request->pause(), "", JobAnswer(finish, response));
     return absl::OkStatus();
   });
 }
@@ -334,14 +354,12 @@ grpc::ServerUnaryReactor* QuantService::CancelJob(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* QuantService::ResumeJob(grpc::CallbackServerContext* context,
                                                   const v1::ResumeJobRequest* request,
                                                   v1::Job* response) {
-  return Unary(context, "ResumeJob", [&]() -> absl::Status {
+  return AsyncUnary(context, "ResumeJob", [&](const Finisher& finish) -> absl::Status {
     if (authorizer_ != nullptr) {
       RETURN_IF_ERROR(authorizer_->AllowChange(*context, "ResumeJob", request->id()));
     }
-    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
-    absl::StatusOr<v1::Job> job = scheduler_->Resume(request->id());
-    if (!job.ok()) return job.status();
-    *response = *std::move(job);
+    RETURN_IF_ERROR(CheckId(request->id()));
+    scheduler_->ResumeAsync(request->id(), JobAnswer(finish, response));
     return absl::OkStatus();
   });
 }
@@ -349,27 +367,30 @@ grpc::ServerUnaryReactor* QuantService::ResumeJob(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* QuantService::DeleteJob(grpc::CallbackServerContext* context,
                                                   const v1::DeleteJobRequest* request,
                                                   v1::DeleteJobResponse* /*response*/) {
-  return Unary(context, "DeleteJob", [&]() -> absl::Status {
+  return AsyncUnary(context, "DeleteJob", [&](const Finisher& finish) -> absl::Status {
     if (authorizer_ != nullptr) {
       RETURN_IF_ERROR(authorizer_->AllowChange(*context, "DeleteJob", request->id()));
     }
-    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
-    return scheduler_->Delete(request->id());
+    RETURN_IF_ERROR(CheckId(request->id()));
+    scheduler_->DeleteAsync(request->id(), [finish](absl::Status s) { finish(s); });
+    return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* QuantService::GetJobReport(grpc::CallbackServerContext* context,
                                                      const v1::GetJobReportRequest* request,
                                                      v1::JobReport* response) {
-  return Unary(context, "GetJobReport", [&]() -> absl::Status {
+  return AsyncUnary(context, "GetJobReport", [&](const Finisher& finish) -> absl::Status {
     if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
-    if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
+    RETURN_IF_ERROR(CheckId(request->id()));
     if (request->worst() < 0) {
       return InvalidRequest(absl::StrCat("worst: must be >= 0, got ", request->worst()));
     }
-    absl::StatusOr<v1::JobReport> report = scheduler_->Report(request->id(), request->worst());
-    if (!report.ok()) return report.status();
-    *response = *std::move(report);
+    scheduler_->ReportAsync(request->id(), request->worst(),
+                            [finish, response](absl::StatusOr<v1::JobReport> report) {
+                              if (report.ok()) *response = *std::move(report);
+                              finish(report.status());
+                            });
     return absl::OkStatus();
   });
 }

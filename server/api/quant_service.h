@@ -1,7 +1,9 @@
 // QuantService: the quantd.v1.QuantService gRPC service (callback API) over the scheduler.
 //
 // Reads (GetJob, ListJobs, WatchJob) come from the scheduler's JobBoard and never wait on the
-// store; the other RPCs call the scheduler. Every error is the absl::Status code and message as
+// store. The other RPCs validate the request on the gRPC thread, post the command to the
+// scheduler's strand and return; the strand finishes the call (the reactor's Finish) once the
+// command ran, so no gRPC thread ever waits for the scheduler. Every error is the absl::Status code and message as
 // a grpc::Status, with the machine-readable reason (scheduler::ReasonOf) in the trailing metadata
 // key "quantd-reason"; no exception crosses the RPC boundary (one becomes INTERNAL).
 //
@@ -66,9 +68,16 @@ class QuantService final : public v1::QuantService::CallbackService {
  private:
   class WatchReactor;
 
+  // Completes a unary call: reason metadata, metrics, Finish. Callable from any thread, once.
+  using Finisher = std::function<void(const absl::Status&)>;
+
   // Runs `body` (exceptions become INTERNAL), records the outcome and finishes the call.
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* method,
                                   const std::function<absl::Status()>& body);
+  // Runs `start` on the gRPC thread: an error (or exception) finishes the call at once; OK means
+  // `start` handed the Finisher to someone who calls it later (the scheduler's strand).
+  grpc::ServerUnaryReactor* AsyncUnary(grpc::CallbackServerContext* context, const char* method,
+                                       const std::function<absl::Status(const Finisher&)>& start);
   // Counts one finished RPC in the metrics.
   void Record(const char* method, absl::StatusCode code);
 

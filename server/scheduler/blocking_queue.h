@@ -1,8 +1,7 @@
-// BlockingQueue: a thread-safe FIFO between the scheduler thread and its workers.
+// BlockingQueue: a thread-safe FIFO from the scheduler's strand to one worker thread.
 #ifndef QUANTD_SERVER_SCHEDULER_BLOCKING_QUEUE_H_
 #define QUANTD_SERVER_SCHEDULER_BLOCKING_QUEUE_H_
 
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -28,17 +27,6 @@ class BlockingQueue {
   std::optional<T> Pop() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return closed_ || !items_.empty(); });
-    return TakeLocked();
-  }
-  // Waits at most `timeout`; nullopt when nothing came.
-  std::optional<T> PopFor(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [this] { return closed_ || !items_.empty(); });
-    return TakeLocked();
-  }
-  // Takes an item if one is waiting.
-  std::optional<T> TryPop() {
-    std::lock_guard<std::mutex> lock(mu_);
     return TakeLocked();
   }
   // Refuses further items; waiting items can still be popped.

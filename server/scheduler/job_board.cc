@@ -6,7 +6,7 @@ namespace quantd::scheduler {
 
 void JobBoard::Put(const v1::Job& job) {
   {
-    std::unique_lock<std::shared_mutex> lock(jobs_mu_);
+    absl::WriterMutexLock lock(&jobs_mu_);
     jobs_[job.id()] = job;
   }
   Notify(job.id());
@@ -14,14 +14,14 @@ void JobBoard::Put(const v1::Job& job) {
 
 void JobBoard::Remove(int64_t job_id) {
   {
-    std::unique_lock<std::shared_mutex> lock(jobs_mu_);
+    absl::WriterMutexLock lock(&jobs_mu_);
     jobs_.erase(job_id);
   }
   Notify(job_id);
 }
 
 std::optional<v1::Job> JobBoard::Get(int64_t job_id) const {
-  std::shared_lock<std::shared_mutex> lock(jobs_mu_);
+  absl::ReaderMutexLock lock(&jobs_mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return std::nullopt;
   return it->second;
@@ -31,7 +31,7 @@ std::vector<v1::Job> JobBoard::List(v1::JobState state, int64_t after_id, int li
                                     bool* more) const {
   std::vector<v1::Job> out;
   *more = false;
-  std::shared_lock<std::shared_mutex> lock(jobs_mu_);
+  absl::ReaderMutexLock lock(&jobs_mu_);
   for (auto it = jobs_.upper_bound(after_id); it != jobs_.end(); ++it) {
     if (state != v1::JOB_STATE_UNSPECIFIED && it->second.state() != state) continue;
     if (static_cast<int>(out.size()) == limit) {
@@ -45,32 +45,32 @@ std::vector<v1::Job> JobBoard::List(v1::JobState state, int64_t after_id, int li
 
 std::map<std::string, int64_t> JobBoard::CountByState() const {
   std::map<std::string, int64_t> counts;
-  std::shared_lock<std::shared_mutex> lock(jobs_mu_);
+  absl::ReaderMutexLock lock(&jobs_mu_);
   for (const auto& [id, job] : jobs_) ++counts[v1::JobState_Name(job.state())];
   return counts;
 }
 
 int64_t JobBoard::Subscribe(int64_t job_id, Listener listener) {
-  std::lock_guard<std::mutex> lock(listeners_mu_);
+  absl::MutexLock lock(&listeners_mu_);
   const int64_t token = next_token_++;
   listeners_[token] = Subscription{job_id, std::move(listener)};
   return token;
 }
 
 void JobBoard::Unsubscribe(int64_t token) {
-  std::lock_guard<std::mutex> lock(listeners_mu_);
+  absl::MutexLock lock(&listeners_mu_);
   listeners_.erase(token);
 }
 
 int64_t JobBoard::subscribers() const {
-  std::lock_guard<std::mutex> lock(listeners_mu_);
+  absl::MutexLock lock(&listeners_mu_);
   return static_cast<int64_t>(listeners_.size());
 }
 
 void JobBoard::Notify(int64_t job_id) {
   // Listeners are few per job and only set a flag, so running them under the lock is cheap, and
   // it is what lets Unsubscribe promise that no call is in progress once it returns.
-  std::lock_guard<std::mutex> lock(listeners_mu_);
+  absl::MutexLock lock(&listeners_mu_);
   for (auto& [token, sub] : listeners_) {
     if (sub.job_id == job_id) sub.listener();
   }

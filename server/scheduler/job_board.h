@@ -1,6 +1,7 @@
 // JobBoard: the latest snapshot (a quantd.v1.Job) of every job the daemon knows, for readers that
-// must not wait on SQLite: GetJob, ListJobs and WatchJob read here, never the store. The scheduler
-// thread publishes a new snapshot after every state change and, at most every ~100 ms, progress.
+// must not wait on SQLite: GetJob, ListJobs and WatchJob read here, never the store. Fed only by
+// the scheduler's strand (a new snapshot after every state change and, at most every ~100 ms,
+// progress), read by the API and quantd run; the engine never reads it back.
 //
 // WatchJob streams subscribe to one job: the listener runs on the publishing thread right after
 // each Put/Remove of that job, must not block and must not call back into the board (it should
@@ -13,11 +14,12 @@
 
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
+#include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "quantd/v1/quantd.pb.h"
 
 namespace quantd::scheduler {
@@ -46,18 +48,18 @@ class JobBoard {
   int64_t subscribers() const;
 
  private:
-  void Notify(int64_t job_id);
+  void Notify(int64_t job_id) ABSL_LOCKS_EXCLUDED(listeners_mu_);
 
-  mutable std::shared_mutex jobs_mu_;  // guards jobs_
-  std::map<int64_t, v1::Job> jobs_;    // job id -> latest snapshot
+  mutable absl::Mutex jobs_mu_;                                // guards jobs_ (readers share it)
+  std::map<int64_t, v1::Job> jobs_ ABSL_GUARDED_BY(jobs_mu_);  // job id -> latest snapshot
 
-  mutable std::mutex listeners_mu_;  // guards the members below; held while listeners run
+  mutable absl::Mutex listeners_mu_;  // guards the members below; held while listeners run
   struct Subscription {
     int64_t job_id;
     Listener listener;
   };
-  std::map<int64_t, Subscription> listeners_;  // token -> subscription
-  int64_t next_token_ = 1;                     // the next Subscribe's token
+  std::map<int64_t, Subscription> listeners_ ABSL_GUARDED_BY(listeners_mu_);  // token -> it
+  int64_t next_token_ ABSL_GUARDED_BY(listeners_mu_) = 1;  // the next Subscribe's token
 };
 
 }  // namespace quantd::scheduler

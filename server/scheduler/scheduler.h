@@ -1,24 +1,39 @@
 // Scheduler: the engine that runs conversion jobs, for the daemon (`quantd serve`, many jobs, many
-// clients) and for `quantd run` (one job). One scheduler thread owns the JobStore; every store
-// access, every state change and every task hand-out happens there, so SQLite sees one writer.
+// clients) and for `quantd run` (one job).
 //
-// Devices and workers: one worker thread per device ("cpu", "cuda:N"), each with its own kernel
-// Backend. A job holds the devices its spec asks for (empty: every device) from the moment it
-// starts until it stops; jobs whose device sets are disjoint run side by side, the others wait in
-// PENDING, oldest first. The number of PENDING jobs is capped (queue_limit).
+// Threads and owners. One boost::asio::io_context, run by one thread, executes everything on one
+// strand: commands (Submit, Cancel, ...), task completions, lease renewal and expiry, retry
+// back-off and progress timers. The strand owns the JobStore and every piece of job state, so
+// SQLite sees one writer. Reading a job's source to plan it runs off the strand on a planning pool
+// (job_planner.h), so commands never wait for it. Tasks run on worker threads, one per entry of
+// `devices`; workers naming the same device share one compute::Device. The JobBoard is fed by the
+// strand and read by the API and `quantd run`, never the other way round. The parts, by file:
+//   admission.cc  commands and which waiting job starts next, planning off the strand
+//   dispatch.cc   placement of leased tasks on devices that fit, the worker threads
+//   recording.cc  task results, retries with back-off, leases, store failures
+//   snapshots.cc  snapshots to the board, progress publishing, metrics
+//   scheduler.cc  start, shutdown and this class
 //
-// Tasks are leased from the store with an expiry and renewed while they run (JobStore), so a task
-// that a crashed process held is handed out again, and a completion from a lost lease is refused.
-// A task's error decides what happens (stage.h): transient codes (Unavailable, ResourceExhausted)
-// are retried with back-off (pipeline::RetryDelayMs), anything else fails the job with the task's
-// message; finished shards stay.
+// Devices: a job holds the workers its spec asks for (empty: every worker) from its start until
+// it stops; jobs whose workers are disjoint run side by side, the others wait PENDING, oldest
+// first (queue_limit caps them). A task runs only on a device that fits its requirement
+// (compute::Fits): never two tasks whose memory sums past a device's capacity.
 //
-// Cancelling is cooperative: the job's cancel flag is set, its running tasks stop between tensors
-// and are requeued, then the job becomes CANCELLED or PAUSED. Shutdown does the same for every
-// running job but leaves it RUNNING, so that the next start resumes it by itself; a process that
-// dies without Shutdown leaves its leases behind, which the next start requeues.
+// Leases: a task is leased with an expiry and renewed while it runs and reports progress (its
+// heartbeat); a task silent for a whole lease loses it: it is requeued for another worker and its
+// late completion is ignored. A task's error decides what happens (pipeline/stage.h): transient
+// codes are retried after a back-off (pipeline::RetryDelayMs), anything else fails the job.
 //
-// Test hook: QUANTD_TEST_KILL_AT (documented in pipeline/runner.h) works here too.
+// Store failures never stop the engine silently: a result that cannot be recorded is kept and
+// recorded again with back-off; a store that fails for store_retry_limit_ms is unusable: the
+// scheduler stops, serving() turns false and on_store_unusable is called.
+//
+// Cancelling is cooperative: running tasks stop between units of work and are requeued, then the
+// job becomes CANCELLED or PAUSED. Shutdown does the same but leaves jobs RUNNING, so that the next
+// start resumes them; a process that dies without Shutdown leaves leases that the next start
+// requeues.
+//
+// Test hook: QUANTD_TEST_KILL_AT (run_job.h) works here too.
 #ifndef QUANTD_SERVER_SCHEDULER_SCHEDULER_H_
 #define QUANTD_SERVER_SCHEDULER_SCHEDULER_H_
 
@@ -34,8 +49,11 @@
 #include "absl/status/statusor.h"
 #include "quantd/v1/quantd.pb.h"
 #include "server/metrics/metrics.h"
+#include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
+#include "server/scheduler/clock.h"
 #include "server/scheduler/job_board.h"
+#include "server/scheduler/job_planner.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
@@ -57,6 +75,17 @@ struct SchedulerOptions {
   // Receives one line per state change, task retry or failure (job id, event kind, message);
   // called on the scheduler thread. nullptr = silent.
   std::function<void(int64_t job_id, const std::string& kind, const std::string& message)> log;
+  // A store that keeps failing this long (every write refused) is unusable: the scheduler stops
+  // and calls on_store_unusable once, on the strand.
+  int64_t store_retry_limit_ms = 60'000;
+  std::function<void(const absl::Status& error)> on_store_unusable;
+
+  // Seams for tests; nullptr / empty = the real thing.
+  Clock* clock = nullptr;                // not owned; SystemClock()
+  std::shared_ptr<JobPlanner> planner;   // NewPipelinePlanner()
+  // Opens a worker's device by name; compute::OpenDevice with cpu_threads and host_memory_bytes.
+  std::function<absl::StatusOr<std::unique_ptr<compute::Device>>(const std::string& name)>
+      open_device;
 };
 
 class Scheduler {
@@ -70,6 +99,18 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
+  // The commands below post to the strand and return at once; `done` runs on the strand once the
+  // command ran (or at once with Unavailable when the scheduler has stopped) and must not block.
+  using JobDone = std::function<void(absl::StatusOr<v1::Job>)>;
+  void SubmitAsync(const std::string& request_id, const pipeline::JobSpec& spec,
+                   std::function<void(absl::StatusOr<v1::Job>, bool created)> done);
+  void CancelAsync(int64_t job_id, bool pause, const std::string& reason, JobDone done);
+  void ResumeAsync(int64_t job_id, JobDone done);
+  void DeleteAsync(int64_t job_id, std::function<void(absl::Status)> done);
+  void ReportAsync(int64_t job_id, int worst,
+                   std::function<void(absl::StatusOr<v1::JobReport>)> done);
+
+  // The same commands, waiting for their answer (quantd run and tests).
   // Creates a PENDING job (the spec was validated by the caller). Idempotent on request_id: the
   // same id and spec return the original job with *created = false; the same id with another spec
   // is AlreadyExists. ResourceExhausted when queue_limit jobs are PENDING; Unavailable after
@@ -88,6 +129,9 @@ class Scheduler {
   // Per-tensor statistics (worst SQNR first, at most `worst` of them, 0 = all) and the verify
   // checks.
   absl::StatusOr<v1::JobReport> Report(int64_t job_id, int worst);
+
+  // False once the store became unusable (health turns NOT_SERVING).
+  bool serving() const;
 
   // Snapshots for readers; never waits on the store.
   const JobBoard& board() const { return board_; }
@@ -110,7 +154,7 @@ class Scheduler {
   explicit Scheduler(std::unique_ptr<Impl> impl);
 
   JobBoard board_;                // snapshots for readers
-  std::unique_ptr<Impl> impl_;    // the scheduler thread, workers, store
+  std::unique_ptr<Impl> impl_;    // the strand, workers, store
 };
 
 }  // namespace quantd::scheduler

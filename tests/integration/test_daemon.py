@@ -12,6 +12,7 @@ import json
 import random
 import re
 import signal
+import time
 
 import grpc
 import pytest
@@ -464,3 +465,72 @@ def test_sigterm_while_running_exits_cleanly_and_the_job_resumes(own_daemon, stu
     assert tree_hashes(out) == reference("small")
     verify_ok(qd, out)
     d.stop()
+
+
+# --- a job store that refuses writes (issue 8 §4, issue 9) ------------------------------------
+
+
+def hold_write_lock(state_dir):
+    """Another connection's write transaction on quantd.db: the daemon's writes wait for its busy
+    timeout (5 s) and fail while it lasts. Returns the connection; rollback() releases it."""
+    import sqlite3
+    con = sqlite3.connect(str(state_dir / "quantd.db"), isolation_level=None, timeout=30)
+    con.execute("BEGIN IMMEDIATE")
+    return con
+
+
+def test_a_write_lock_held_8s_on_the_database_loses_no_completion(own_daemon, stubs, pb, qd,
+                                                                  small, reference, tmp_path):
+    d = own_daemon
+    d.start()
+    out = tmp_path / "out"
+    client = Client(stubs, d.channel())
+    job = client.submit(client.spec(small, out), "locked")
+    client.watch(job.id, lambda m: quantizing(pb, m))
+    lock = hold_write_lock(d.state_dir)
+    time.sleep(8)  # the lock itself is what is tested: tasks finish and cannot be recorded
+    lock.rollback()
+    lock.close()
+    final = client.watch(job.id)[-1]
+    assert_succeeded(pb, final, small["shards"])
+    assert "store_error" in d.log(), d.log()  # a completion was refused, then recorded
+    health = health_pb2_grpc.HealthStub(d.channel())
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=RPC_TIMEOUT_S).status == \
+        health_pb2.HealthCheckResponse.SERVING
+    assert tree_hashes(out) == reference("small")
+    d.stop()
+
+
+def test_a_store_that_stays_locked_ends_serve_with_code_3_and_a_restart_finishes(
+        own_daemon, stubs, pb, small, reference, tmp_path):
+    d = own_daemon
+    d.extra = ["--store-retry-seconds", "2"]
+    d.start()
+    out = tmp_path / "out"
+    client = Client(stubs, d.channel())
+    job = client.submit(client.spec(small, out), "unusable")
+    client.watch(job.id, lambda m: quantizing(pb, m))
+    lock = hold_write_lock(d.state_dir)
+    rc = d.wait(120)
+    log = d.log()
+    lock.rollback()
+    lock.close()
+    assert rc == 3, log
+    assert "health is NOT_SERVING; exiting with code 3" in log, log
+    assert "the job store failed for " in log, log
+    d.extra = []
+    d.start()  # what its supervisor does
+    final = Client(stubs, d.channel()).watch(job.id)[-1]
+    assert_succeeded(pb, final, small["shards"])
+    assert tree_hashes(out) == reference("small")
+    d.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_and_sighup_stop_the_daemon_like_sigterm(own_daemon, signum):
+    d = own_daemon
+    d.start()
+    d.proc.send_signal(signum)
+    d.terminated_at = time.monotonic()
+    d.stop()  # exit 0
+    assert f"{signal.strsignal(signum)}: shutting down" in d.log(), d.log()

@@ -353,9 +353,13 @@ TEST_F(RunnerTest, AStateFileInUseByAnotherProcessIsRefused) {
 
 TEST_F(RunnerTest, ChangedSourceIsRefused) {
   const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
-  std::atomic<bool> cancel{true};
+  // Paused once planned (a pause while the source is being read would leave no plan).
+  std::atomic<bool> cancel{false};
+  CancelAfter buf("planned ", 1, &cancel);
+  std::ostream log(&buf);
   RunOptions options = Options(spec, "state.db");
   options.cancel = &cancel;
+  options.progress = &log;
   ASSERT_EQ(RunJob(options).code(), absl::StatusCode::kCancelled);
   // Same directory, other tensors: a V3 checkpoint.
   fs::remove_all(src_);

@@ -1,0 +1,394 @@
+// Admission: the commands (Submit, Cancel, Resume, Delete, Report), which waiting job starts
+// next, planning a started job off the strand, and how a job ends. Everything here runs on the
+// strand.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
+#include "server/scheduler/job_proto.h"
+#include "server/scheduler/scheduler_impl.h"
+
+namespace quantd::scheduler {
+namespace {
+
+using store::JobState;
+
+absl::Status NotFound(int64_t job_id) {
+  return WithReason(absl::NotFoundError(absl::StrCat("job ", job_id, " not found")),
+                    "JOB_NOT_FOUND");
+}
+
+absl::Status Forbidden(const std::string& message) {
+  return WithReason(absl::FailedPreconditionError(message), "TRANSITION_FORBIDDEN");
+}
+
+absl::Status ShuttingDown() {
+  return WithReason(absl::UnavailableError("quantd is shutting down"), "SHUTTING_DOWN");
+}
+
+// "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task.
+std::string TaskLabel(const store::TaskRow& task) {
+  return task.name == task.stage_kind ? task.name : absl::StrCat(task.stage_kind, " ", task.name);
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Job> Scheduler::Impl::DoSubmit(const std::string& request_id,
+                                                  const pipeline::JobSpec& spec, bool* created) {
+  *created = false;
+  if (stopping_) return ShuttingDown();
+  const std::string spec_json = pipeline::JobSpecToJson(spec);
+  if (!request_id.empty()) {
+    ASSIGN_OR_RETURN(std::optional<store::JobRow> existing,
+                     store_->FindJobByRequestId(request_id));
+    if (existing.has_value()) {
+      if (existing->spec_json != spec_json) {
+        return WithReason(absl::AlreadyExistsError(absl::StrCat(
+                              "request_id \"", request_id, "\" was used for job ", existing->id,
+                              " with another spec")),
+                          "REQUEST_ID_REUSED");
+      }
+      return Snapshot(existing->id);
+    }
+  }
+  RETURN_IF_ERROR(WorkersFor(spec).status());
+  if (options_.host_memory_bytes > 0 && spec.host_memory_bytes > options_.host_memory_bytes) {
+    return WithReason(absl::InvalidArgumentError(absl::StrCat(
+                          "spec.host_memory_bytes: ", spec.host_memory_bytes,
+                          " exceeds this quantd's budget of ", options_.host_memory_bytes)),
+                      "INVALID_SPEC");
+  }
+  const int64_t pending = std::count_if(states_.begin(), states_.end(), [](const auto& s) {
+    return s.second == JobState::kPending;
+  });
+  if (pending >= options_.queue_limit) {
+    return WithReason(absl::ResourceExhaustedError(absl::StrCat(
+                          "the queue is full: ", pending, " jobs are PENDING (limit ",
+                          options_.queue_limit, ")")),
+                      "QUEUE_FULL");
+  }
+  ASSIGN_OR_RETURN(int64_t id,
+                   store_->CreateJob(request_id, spec_json, clock_.NowMs(), created));
+  states_[id] = JobState::kPending;
+  Log(id, "state", absl::StrCat("PENDING (submitted): ", spec.source, " -> ", spec.output));
+  reconsider_ = true;
+  ASSIGN_OR_RETURN(v1::Job job, Snapshot(id));
+  board_.Put(job);
+  return job;
+}
+
+absl::StatusOr<v1::Job> Scheduler::Impl::DoCancel(int64_t job_id, bool pause,
+                                                  const std::string& reason) {
+  absl::StatusOr<store::JobRow> row = store_->GetJob(job_id);
+  if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
+  const std::string final_reason = !reason.empty() ? reason : pause ? "paused" : "cancelled";
+  const auto active = active_.find(job_id);
+  if (active != active_.end()) {
+    ActiveJob& job = *active->second;
+    // A pause may become a cancel, not the other way round; a shutdown in progress wins.
+    if (job.stop == Stop::kNone || (job.stop == Stop::kPause && !pause)) {
+      job.stop = pause ? Stop::kPause : Stop::kCancel;
+      job.stop_reason = final_reason;
+      for (auto& [task_id, f] : job.in_flight) f.work.run->cancel.store(true);
+      RETURN_IF_ERROR(
+          SetState(job_id, JobState::kRunning, pause ? "pausing" : "cancelling", ""));
+    }
+    return Snapshot(job_id);
+  }
+  const char* name = store::JobStateName(row->state);
+  switch (row->state) {
+    case JobState::kSucceeded:
+    case JobState::kCancelled:
+      return Forbidden(absl::StrCat("job ", job_id, " is ", name, "; it cannot be ",
+                                    pause ? "paused" : "cancelled"));
+    case JobState::kPaused:
+      if (pause) return Snapshot(job_id);
+      break;
+    case JobState::kPending:
+    case JobState::kFailed:
+      if (pause) {
+        return Forbidden(absl::StrCat("job ", job_id, " is ", name,
+                                      "; only a RUNNING job can be paused"));
+      }
+      break;
+    case JobState::kRunning:  // waiting for its devices after a restart
+      break;
+  }
+  RETURN_IF_ERROR(
+      SetState(job_id, pause ? JobState::kPaused : JobState::kCancelled, final_reason, ""));
+  return Snapshot(job_id);
+}
+
+absl::StatusOr<v1::Job> Scheduler::Impl::DoResume(int64_t job_id) {
+  absl::StatusOr<store::JobRow> row = store_->GetJob(job_id);
+  if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
+  if (row->state != JobState::kPaused && row->state != JobState::kFailed) {
+    return Forbidden(absl::StrCat("job ", job_id, " is ", store::JobStateName(row->state),
+                                  "; only a PAUSED or FAILED job can be resumed"));
+  }
+  if (stopping_) return ShuttingDown();
+  RETURN_IF_ERROR(store_->ResetFailedTasks(job_id, clock_.NowMs()).status());
+  RETURN_IF_ERROR(SetState(job_id, JobState::kPending, "resumed", ""));
+  reconsider_ = true;
+  return Snapshot(job_id);
+}
+
+absl::Status Scheduler::Impl::DoDelete(int64_t job_id) {
+  absl::StatusOr<store::JobRow> row = store_->GetJob(job_id);
+  if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
+  if (row->state == JobState::kRunning || active_.count(job_id) != 0) {
+    return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                          "job ", job_id, " is RUNNING; cancel it first, then delete it")),
+                      "JOB_RUNNING");
+  }
+  RETURN_IF_ERROR(store_->DeleteJob(job_id));
+  states_.erase(job_id);
+  Log(job_id, "state", "deleted");
+  board_.Remove(job_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int worst) {
+  absl::StatusOr<store::JobRow> row = store_->GetJob(job_id);
+  if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
+  ASSIGN_OR_RETURN(std::vector<store::TensorStatsRow> stats, store_->ListTensorStats(job_id));
+  std::sort(stats.begin(), stats.end(),
+            [](const store::TensorStatsRow& a, const store::TensorStatsRow& b) {
+              return a.sqnr_db != b.sqnr_db ? a.sqnr_db < b.sqnr_db : a.tensor < b.tensor;
+            });
+  v1::JobReport report;
+  report.set_job_id(job_id);
+  report.set_state(JobStateToProto(row->state));
+  report.set_tensors_total(static_cast<int64_t>(stats.size()));
+  double sum = 0;
+  for (const store::TensorStatsRow& s : stats) sum += s.sqnr_db;
+  if (!stats.empty()) {
+    report.set_min_sqnr_db(stats.front().sqnr_db);
+    report.set_mean_sqnr_db(sum / stats.size());
+  }
+  for (const store::TensorStatsRow& s : stats) {
+    if (worst > 0 && report.tensors_size() == worst) break;
+    v1::TensorStats* t = report.add_tensors();
+    t->set_tensor(s.tensor);
+    t->set_rel_rmse(s.rel_rmse);
+    t->set_sqnr_db(s.sqnr_db);
+    t->set_max_abs_err(s.max_abs_err);
+  }
+  ASSIGN_OR_RETURN(std::vector<store::TaskRow> tasks, store_->ListTasks(job_id));
+  for (const store::TaskRow& t : tasks) {
+    if (t.stage_kind != "verify") continue;
+    if (t.state != store::TaskState::kDone && t.state != store::TaskState::kFailed) continue;
+    v1::RuleCheck* check = report.add_rules();
+    check->set_name(TaskLabel(t));
+    check->set_passed(t.state == store::TaskState::kDone);
+    check->set_message(t.error);
+  }
+  return report;
+}
+
+absl::StatusOr<std::vector<int>> Scheduler::Impl::WorkersFor(
+    const pipeline::JobSpec& spec) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const std::string& device = workers_[i]->device->name();
+    if (spec.devices.empty() || options_.ignore_spec_devices ||
+        std::find(spec.devices.begin(), spec.devices.end(), device) != spec.devices.end()) {
+      out.push_back(static_cast<int>(i));
+    }
+  }
+  if (options_.ignore_spec_devices) return out;
+  for (const std::string& d : spec.devices) {
+    std::vector<std::string> have;
+    for (const auto& w : workers_) {
+      const std::string& name = w->device->name();
+      if (std::find(have.begin(), have.end(), name) == have.end()) have.push_back(name);
+    }
+    if (std::find(have.begin(), have.end(), d) == have.end()) {
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat("spec.devices: ", d,
+                                                  " is not a device of this quantd (it has ",
+                                                  absl::StrJoin(have, ", "), ")")),
+          "INVALID_SPEC");
+    }
+  }
+  return out;
+}
+
+absl::Status Scheduler::Impl::StartJobs() {
+  // Jobs that were RUNNING when the process stopped come first, then PENDING ones, oldest first.
+  // A job waits while a worker it needs is held; younger jobs may not take workers an older
+  // waiting job needs, so nobody starves.
+  std::vector<int64_t> candidates;
+  for (JobState state : {JobState::kRunning, JobState::kPending}) {
+    for (const auto& [id, s] : states_) {
+      if (s == state && active_.count(id) == 0) candidates.push_back(id);
+    }
+  }
+  std::set<int> reserved;
+  for (int64_t id : candidates) {
+    ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(id));
+    absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(row.spec_json, "stored spec");
+    absl::StatusOr<std::vector<int>> workers =
+        spec.ok() ? WorkersFor(*spec) : absl::StatusOr<std::vector<int>>(spec.status());
+    if (!workers.ok()) {
+      RETURN_IF_ERROR(SetState(id, JobState::kFailed, "cannot_start",
+                               std::string(workers.status().message())));
+      if (options_.metrics != nullptr) options_.metrics->JobFailed("cannot_start");
+      continue;
+    }
+    bool free = true;
+    for (int w : *workers) free &= slots_[w].job_id == 0 && reserved.count(w) == 0;
+    if (!free) {
+      reserved.insert(workers->begin(), workers->end());
+      continue;
+    }
+    RETURN_IF_ERROR(StartJob(id, *spec, *workers));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Impl::StartJob(int64_t job_id, const pipeline::JobSpec& spec,
+                                       const std::vector<int>& workers) {
+  ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
+  const bool resumed = row.state == JobState::kRunning || row.reason == "resumed";
+  RETURN_IF_ERROR(SetState(job_id, JobState::kRunning, resumed ? "resumed" : "started", ""));
+  auto job = std::make_unique<ActiveJob>();
+  job->id = job_id;
+  job->serial = next_serial_++;
+  job->workers = workers;
+  for (int w : workers) slots_[w].job_id = job_id;
+  const uint64_t serial = job->serial;
+  active_[job_id] = std::move(job);
+  // Reading the source (every shard header) may take seconds: not on the strand.
+  boost::asio::post(planning_, [this, job_id, serial, spec] {
+    absl::StatusOr<std::unique_ptr<LoadedJob>> loaded = planner_->Load(spec);
+    auto result = std::make_shared<decltype(loaded)>(std::move(loaded));
+    boost::asio::post(strand_, [this, job_id, serial, result] {
+      on_strand_.Assert();
+      if (!ended_) OnLoaded(job_id, serial, std::move(*result));
+    });
+  });
+  return absl::OkStatus();
+}
+
+void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
+                               absl::StatusOr<std::unique_ptr<LoadedJob>> loaded) {
+  const auto it = active_.find(job_id);
+  if (it == active_.end() || it->second->serial != serial) return;  // it stopped meanwhile
+  ActiveJob& job = *it->second;
+  absl::StatusOr<std::unique_ptr<JobTasks>> tasks =
+      loaded.ok() ? (*loaded)->Attach(*store_, job_id, clock_.NowMs(),
+                                      [&](const std::string& m) { Log(job_id, "plan", m); })
+                  : loaded.status();
+  if (!tasks.ok()) {
+    if (options_.metrics != nullptr) options_.metrics->JobFailed("cannot_start");
+    Release(job);
+    active_.erase(it);
+    if (absl::Status s = SetState(job_id, JobState::kFailed, "cannot_start",
+                                  std::string(tasks.status().message()));
+        !s.ok()) {
+      OnStoreError(s, absl::StrCat("failing job ", job_id));
+    }
+    Kick();
+    return;
+  }
+  job.tasks = *std::move(tasks);
+  Log(job_id, "start",
+      absl::StrCat("running on ", job.workers.size(), " worker(s): ",
+                   absl::StrJoin(job.workers, ", ", [&](std::string* out, int w) {
+                     compute::Device& device = *workers_[w]->device;
+                     absl::StrAppend(out, device.name(), " (", device.backend().name(), ")");
+                   })));
+  if (absl::Status s = Publish(job_id); !s.ok()) OnStoreError(s, "publishing");
+  Kick();
+}
+
+absl::Status Scheduler::Impl::MaybeFinish(ActiveJob& job, bool* finished) {
+  *finished = false;
+  if (!job.in_flight.empty()) return absl::OkStatus();
+  const int64_t now = clock_.NowMs();
+  if (job.stop != Stop::kNone) {
+    RETURN_IF_ERROR(store_->RequeueJobLeases(job.id, now).status());
+    job.parked.reset();
+    *finished = true;
+    Release(job);
+    if (job.stop == Stop::kShutdown) {
+      Log(job.id, "shutdown", "stopped for shutdown; it resumes when quantd starts again");
+      return Publish(job.id);
+    }
+    if (job.stop == Stop::kPause) return SetState(job.id, JobState::kPaused, job.stop_reason, "");
+    if (job.tasks != nullptr) RETURN_IF_ERROR(job.tasks->SweepTmpFiles().status());
+    return SetState(job.id, JobState::kCancelled, job.stop_reason, "");
+  }
+  if (job.tasks == nullptr) return absl::OkStatus();  // still reading its source
+  if (job.failure.has_value()) {
+    RETURN_IF_ERROR(store_->RequeueJobLeases(job.id, now).status());
+    job.parked.reset();
+    *finished = true;
+    Release(job);
+    if (options_.metrics != nullptr) options_.metrics->JobFailed("task_failed");
+    return SetState(job.id, JobState::kFailed, "task_failed", std::string(job.failure->message()));
+  }
+  if (job.parked.has_value()) return absl::OkStatus();  // waiting for a device
+  ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));
+  bool all_done = true;
+  for (const store::StageProgress& p : stages) all_done &= p.state == store::StageState::kSucceeded;
+  if (!all_done) return absl::OkStatus();  // waiting out a retry back-off
+  ASSIGN_OR_RETURN(int swept, job.tasks->SweepTmpFiles());
+  if (swept > 0) {
+    RETURN_IF_ERROR(store_->AddEvent(job.id, "sweep",
+                                     absl::StrCat("removed ", swept, " stale .tmp file(s)"), now));
+  }
+  *finished = true;
+  Release(job);
+  return SetState(job.id, JobState::kSucceeded, "", "");
+}
+
+void Scheduler::Impl::Release(ActiveJob& job) {
+  for (int w : job.workers) slots_[w].job_id = 0;
+  job.workers.clear();
+  reconsider_ = true;
+}
+
+absl::Status Scheduler::Impl::SetState(int64_t job_id, JobState state, const std::string& reason,
+                                       const std::string& error) {
+  RETURN_IF_ERROR(store_->SetJobState(job_id, state, reason, error, clock_.NowMs()));
+  states_[job_id] = state;
+  std::string message = store::JobStateName(state);
+  if (!reason.empty()) absl::StrAppend(&message, " (", reason, ")");
+  if (!error.empty()) absl::StrAppend(&message, ": ", error);
+  Log(job_id, "state", message);
+  return Publish(job_id);
+}
+
+absl::Status Scheduler::Impl::Step() {
+  if (!stopping_ && reconsider_) {
+    reconsider_ = false;
+    if (absl::Status s = StartJobs(); !s.ok()) {
+      reconsider_ = true;
+      return s;
+    }
+  }
+  for (auto& [id, job] : active_) RETURN_IF_ERROR(Dispatch(*job));
+  for (auto it = active_.begin(); it != active_.end();) {
+    bool finished = false;
+    RETURN_IF_ERROR(MaybeFinish(*it->second, &finished));
+    it = finished ? active_.erase(it) : std::next(it);
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::Impl::Kick() {
+  if (ended_) return;
+  if (absl::Status s = Step(); !s.ok()) {
+    OnStoreError(s, "scheduling");
+    return;
+  }
+  OnStoreOk();
+  MaybeEndLoop(/*force=*/false);
+}
+
+}  // namespace quantd::scheduler

@@ -1,0 +1,69 @@
+// JobPlanner: the scheduler's seam to the pipeline, so that scheduler tests run fake stages.
+//
+// Starting a job has two phases. Load runs off the scheduler's strand (its planning pool): it
+// reads the source, every shard header of it, which may take seconds, and touches no store. Attach
+// runs on the strand, which owns the JobStore: it stores the plan (first start) or checks the
+// stored one (later starts) and returns the job's JobTasks. Tasks then run on worker threads, each
+// on the compute::Device its worker owns, and report progress and honour `cancelled` between units
+// of work as pipeline/stage.h describes.
+#ifndef QUANTD_SERVER_SCHEDULER_JOB_PLANNER_H_
+#define QUANTD_SERVER_SCHEDULER_JOB_PLANNER_H_
+
+#include <stdint.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/compute/device.h"
+#include "server/compute/requirement.h"
+#include "server/pipeline/job_spec.h"
+#include "server/pipeline/stage.h"
+#include "server/store/job_store.h"
+
+namespace quantd::scheduler {
+
+// One started job's tasks; read-only, shared by the worker threads.
+class JobTasks {
+ public:
+  virtual ~JobTasks() = default;
+
+  // Runs one task on `device` (a worker thread). `add_progress` receives processed source bytes
+  // and counts as the task's heartbeat; the task stops with Cancelled once `cancelled` is true.
+  virtual absl::StatusOr<pipeline::TaskOutput> RunTask(
+      const store::TaskRow& task, compute::Device& device, const std::atomic<bool>* cancelled,
+      std::function<void(uint64_t)> add_progress) const = 0;
+  // What the task needs from its device (the strand places it by this).
+  virtual compute::DeviceRequirement Requirement(const store::TaskRow& task) const = 0;
+  // Removes the *.tmp files interrupted tasks left in the output; returns how many.
+  virtual absl::StatusOr<int> SweepTmpFiles() const = 0;
+};
+
+// A source read by JobPlanner::Load, waiting for the strand to attach it to the store.
+class LoadedJob {
+ public:
+  virtual ~LoadedJob() = default;
+
+  // On the strand: plans the job in `store` (first start) or checks its stored plan. `log`
+  // receives the planning summary. Errors name the file, tensor or field; the job fails with them.
+  virtual absl::StatusOr<std::unique_ptr<JobTasks>> Attach(
+      store::JobStore& store, int64_t job_id, int64_t now_ms,
+      const std::function<void(const std::string&)>& log) = 0;
+};
+
+class JobPlanner {
+ public:
+  virtual ~JobPlanner() = default;
+
+  // Off the strand: opens the source and reads what planning needs. Thread-safe.
+  virtual absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec) = 0;
+};
+
+// The real pipeline (pipeline/prepared_job.h).
+std::unique_ptr<JobPlanner> NewPipelinePlanner();
+
+}  // namespace quantd::scheduler
+
+#endif  // QUANTD_SERVER_SCHEDULER_JOB_PLANNER_H_

@@ -1,0 +1,497 @@
+// The scheduler with fake stages, fake devices and a fake clock (no sleeps): placement by device
+// memory, retries and back-off, lease expiry at run time with the late result ignored (and a task
+// reporting progress keeping its lease), pause/resume and cancel mid-job, shutdown and restart
+// mid-job, and a store that refuses writes (a completion is retried, not lost; a store that stays
+// unusable stops the scheduler).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backends.h"
+#include "server/base/status_macros.h"
+#include "server/scheduler/job_proto.h"
+#include "server/scheduler/scheduler.h"
+#include "server/store/job_store.h"
+#include "server/store/sqlite_db.h"
+#include "tests/unit/fake_clock.h"
+#include "tests/unit/test_dirs.h"
+
+namespace quantd::scheduler {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr int64_t kLeaseMs = 3000;
+constexpr auto kPatience = std::chrono::seconds(60);  // a safety net, never reached when passing
+
+// One task attempt as a fake stage saw it.
+struct Attempt {
+  std::string task;
+  int attempt;
+  std::string device;
+};
+
+// What every fake task does, set by the test: fail with given errors per attempt, block until
+// released (or cancelled), and the device memory each needs. Records starts and memory in use.
+class FakeStages {
+ public:
+  std::vector<store::StagePlan> plan;                                // the one job's plan
+  std::map<std::string, compute::DeviceRequirement> requirements;   // by task name
+  std::map<std::string, std::vector<absl::Status>> errors;          // by task, per attempt
+  std::map<std::string, std::set<int>> blocking;  // task -> attempts that wait for Release
+  bool ignore_cancel = false;                     // blocked attempts wait even when cancelled
+  bool report_while_blocked = false;              // blocked attempts report progress meanwhile
+
+  void Plan(const std::vector<std::string>& names) {
+    store::StagePlan stage;
+    stage.kind = "quantize";
+    for (const std::string& name : names) stage.tasks.push_back({name, "{}", 100});
+    plan = {stage};
+  }
+
+  absl::StatusOr<pipeline::TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
+                                           const std::atomic<bool>* cancelled,
+                                           const std::function<void(uint64_t)>& add_progress) {
+    const auto req = requirements.find(task.name);
+    const int64_t memory = req == requirements.end() ? 0 : req->second.memory_bytes;
+    std::unique_lock<std::mutex> lock(mu_);
+    starts_.push_back({task.name, task.attempt, device.name()});
+    in_use_[device.name()] += memory;
+    peak_[device.name()] = std::max(peak_[device.name()], in_use_[device.name()]);
+    ++running_;
+    max_running_ = std::max(max_running_, running_);
+    cv_.notify_all();
+    const auto block = blocking.find(task.name);
+    if (block != blocking.end() && block->second.count(task.attempt) != 0) {
+      // A real stage checks its cancel flag between tensors; this one every 2 ms.
+      while (released_.count(task.name) == 0 && (ignore_cancel || !cancelled->load())) {
+        cv_.wait_for(lock, std::chrono::milliseconds(2));
+        if (report_while_blocked) add_progress(1);
+      }
+    }
+    released_.erase(task.name);
+    in_use_[device.name()] -= memory;
+    --running_;
+    if (cancelled->load() && !ignore_cancel) return absl::CancelledError("cancelled");
+    const auto error = errors.find(task.name);
+    if (error != errors.end() && task.attempt <= static_cast<int>(error->second.size()) &&
+        !error->second[task.attempt - 1].ok()) {
+      return error->second[task.attempt - 1];
+    }
+    pipeline::TaskOutput out;
+    out.path = absl::StrCat(task.name, "@", task.attempt);
+    return out;
+  }
+
+  void Release(const std::string& task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_.insert(task);
+    cv_.notify_all();
+  }
+  // Waits until `n` attempts have started in all.
+  bool WaitForStarts(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kPatience, [&] { return starts_.size() >= n; });
+  }
+  std::vector<Attempt> starts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return starts_;
+  }
+  int64_t peak(const std::string& device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_[device];
+  }
+  int max_running() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_running_;
+  }
+
+ private:
+  std::mutex mu_;                      // guards the members below
+  std::condition_variable cv_;         // signalled on starts and releases
+  std::vector<Attempt> starts_;          // every attempt, in start order
+  std::set<std::string> released_;     // tasks released and not yet returned
+  std::map<std::string, int64_t> in_use_;  // device -> memory of running tasks
+  std::map<std::string, int64_t> peak_;    // device -> most memory in use at once
+  int running_ = 0;
+  int max_running_ = 0;
+};
+
+class FakeTasks final : public JobTasks {
+ public:
+  explicit FakeTasks(FakeStages* stages) : stages_(stages) {}
+  absl::StatusOr<pipeline::TaskOutput> RunTask(const store::TaskRow& task, compute::Device& device,
+                                               const std::atomic<bool>* cancelled,
+                                               std::function<void(uint64_t)> add_progress)
+      const override {
+    return stages_->Run(task, device, cancelled, add_progress);
+  }
+  compute::DeviceRequirement Requirement(const store::TaskRow& task) const override {
+    const auto it = stages_->requirements.find(task.name);
+    return it == stages_->requirements.end() ? compute::DeviceRequirement{} : it->second;
+  }
+  absl::StatusOr<int> SweepTmpFiles() const override { return 0; }
+
+ private:
+  FakeStages* stages_;
+};
+
+class FakeLoaded final : public LoadedJob {
+ public:
+  explicit FakeLoaded(FakeStages* stages) : stages_(stages) {}
+  absl::StatusOr<std::unique_ptr<JobTasks>> Attach(
+      store::JobStore& store, int64_t job_id, int64_t,
+      const std::function<void(const std::string&)>&) override {
+    if (!store.HasPlan(job_id)) RETURN_IF_ERROR(store.SetPlan(job_id, stages_->plan));
+    return std::unique_ptr<JobTasks>(new FakeTasks(stages_));
+  }
+
+ private:
+  FakeStages* stages_;
+};
+
+class FakePlanner final : public JobPlanner {
+ public:
+  explicit FakePlanner(FakeStages* stages) : stages_(stages) {}
+  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec&) override {
+    return std::unique_ptr<LoadedJob>(new FakeLoaded(stages_));
+  }
+
+ private:
+  FakeStages* stages_;
+};
+
+class FakeDevice final : public compute::Device {
+ public:
+  FakeDevice(std::string name, compute::DeviceKind kind, int64_t total)
+      : name_(std::move(name)), kind_(kind), total_(total) {}
+  compute::DeviceKind kind() const override { return kind_; }
+  const std::string& name() const override { return name_; }
+  int64_t total_memory_bytes() const override { return total_; }
+  absl::StatusOr<int64_t> free_memory_bytes() const override { return total_; }
+  bool host_visible() const override { return kind_ == compute::DeviceKind::kCpu; }
+  kernels::Backend& backend() override {
+    static kernels::Backend* cpu = kernels::MakeCpuBackend({1, kernels::SimdLevel::kAuto})->release();
+    return *cpu;
+  }
+
+ private:
+  const std::string name_;
+  const compute::DeviceKind kind_;
+  const int64_t total_;
+};
+
+class SchedulerFakeClockTest : public testing_util::TempDirTest {
+ protected:
+  std::unique_ptr<Scheduler> Start(std::vector<std::string> devices,
+                                   SchedulerOptions options = {}) {
+    auto store = store::JobStore::Open(dir_ + "/state.db");
+    EXPECT_TRUE(store.ok()) << store.status();
+    options.devices = std::move(devices);
+    options.clock = &clock_;
+    options.planner = std::make_shared<FakePlanner>(&stages_);
+    options.lease_ms = kLeaseMs;
+    options.open_device = [](const std::string& name)
+        -> absl::StatusOr<std::unique_ptr<compute::Device>> {
+      if (name == "cpu") {
+        return std::make_unique<FakeDevice>(name, compute::DeviceKind::kCpu, 16 * kGiB);
+      }
+      return std::make_unique<FakeDevice>(name, compute::DeviceKind::kCuda, 10 * kGiB);
+    };
+    options.log = [this](int64_t, const std::string& kind, const std::string& message) {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      log_.push_back(kind + ": " + message);
+      log_cv_.notify_all();
+    };
+    auto s = Scheduler::Start(std::move(*store), options);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(*s);
+  }
+
+  pipeline::JobSpec Spec() {
+    auto spec = pipeline::ParseJobSpec("{\"source\": \"" + dir_ + "/src\", \"output\": \"" + dir_ +
+                                           "/out\", \"weight_format\": \"w4a16_nvfp4\"}",
+                                       "test");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+
+  int64_t Submit(Scheduler& s) {
+    auto job = s.Submit("", Spec(), nullptr);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : 0;
+  }
+
+  // Waits (woken by each snapshot, no sleep) until the job stops or `until` holds.
+  v1::Job WaitFor(Scheduler& s, int64_t id, const std::function<bool(const v1::Job&)>& until) {
+    auto job = s.WaitUntilStopped(id, [&](const v1::Job& j) { return !until(j); });
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+  v1::Job WaitStopped(Scheduler& s, int64_t id) {
+    return WaitFor(s, id, [](const v1::Job&) { return false; });
+  }
+
+  // Everything posted to the strand before this call has run when it returns.
+  void Sync(Scheduler& s) { (void)s.Report(1 << 30, 0); }
+
+  // Waits until a log line starts with `prefix`.
+  bool WaitForLog(const std::string& prefix) {
+    std::unique_lock<std::mutex> lock(log_mu_);
+    return log_cv_.wait_for(lock, kPatience, [&] {
+      return std::any_of(log_.begin(), log_.end(),
+                         [&](const std::string& l) { return l.rfind(prefix, 0) == 0; });
+    });
+  }
+
+  std::unique_ptr<store::JobStore> OpenStore() {
+    auto store = store::JobStore::Open(dir_ + "/state.db");
+    EXPECT_TRUE(store.ok()) << store.status();
+    return std::move(*store);
+  }
+
+  testing_util::FakeClock clock_;
+  FakeStages stages_;
+  std::mutex log_mu_;                 // guards log_
+  std::condition_variable log_cv_;    // signalled per line
+  std::vector<std::string> log_;      // "kind: message" lines of the scheduler
+};
+
+TEST_F(SchedulerFakeClockTest, TasksNeverOvercommitADevicesMemory) {
+  // Two workers share cuda:0 (10 GiB); the CPU worker can run none of these GPU tasks.
+  stages_.Plan({"a", "b", "c", "d"});
+  for (const char* t : {"a", "b", "c"}) stages_.requirements[t] = {true, 6 * kGiB};
+  stages_.requirements["d"] = {true, 4 * kGiB};
+  for (const char* t : {"a", "b", "c", "d"}) stages_.blocking[t] = {1};
+  auto s = Start({"cuda:0", "cuda:0", "cpu"});
+  const int64_t id = Submit(*s);
+
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  Sync(*s);
+  EXPECT_EQ(stages_.starts().size(), 1u);  // b (6 GiB) waits: 6 + 6 > 10
+  stages_.Release("a");
+  ASSERT_TRUE(stages_.WaitForStarts(2));
+  Sync(*s);
+  EXPECT_EQ(stages_.starts().size(), 2u);
+  stages_.Release("b");
+  ASSERT_TRUE(stages_.WaitForStarts(4));  // c (6 GiB) and d (4 GiB) fit side by side
+  EXPECT_EQ(stages_.max_running(), 2);
+  stages_.Release("c");
+  stages_.Release("d");
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  EXPECT_EQ(stages_.peak("cuda:0"), 10 * kGiB);
+  EXPECT_EQ(stages_.peak("cpu"), 0);
+  std::vector<std::string> order;
+  for (const Attempt& st : stages_.starts()) {
+    order.push_back(st.task);
+    EXPECT_EQ(st.device, "cuda:0") << st.task;
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "c", "d"}));
+}
+
+TEST_F(SchedulerFakeClockTest, ATaskNoDeviceCanHoldFailsTheJobNamingWhatItNeeds) {
+  stages_.Plan({"big"});
+  stages_.requirements["big"] = {true, 20 * kGiB};
+  auto s = Start({"cuda:0", "cpu"});
+  const v1::Job done = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_EQ(done.last_error(),
+            "quantize big: needs a GPU with 21474836480 bytes of memory; none of the job's "
+            "devices (cuda:0, cpu) has that");
+  EXPECT_TRUE(stages_.starts().empty());
+}
+
+TEST_F(SchedulerFakeClockTest, TransientErrorsRetryAfterTheirBackOffPermanentOnesFailTheJob) {
+  stages_.Plan({"t"});
+  stages_.errors["t"] = {absl::UnavailableError("t: disk busy")};
+  auto s = Start({"cpu"});
+  const int64_t id = Submit(*s);
+  WaitFor(*s, id, [](const v1::Job& j) { return j.task_retries() == 1; });
+  // pipeline::RetryDelayMs: 2 s after the first attempt.
+  clock_.Advance(1999);
+  Sync(*s);
+  EXPECT_EQ(stages_.starts().size(), 1u);
+  clock_.Advance(1);
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  ASSERT_EQ(stages_.starts().size(), 2u);
+  EXPECT_EQ(stages_.starts()[1].attempt, 2);
+  EXPECT_EQ(done.task_retries(), 1);
+
+  stages_.errors["t"] = {absl::InvalidArgumentError("t: tensor x is not finite")};
+  const v1::Job failed = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.reason(), "task_failed");
+  EXPECT_EQ(failed.last_error(), "quantize: t: tensor x is not finite");
+}
+
+TEST_F(SchedulerFakeClockTest, ASilentTaskLosesItsLeaseToAnotherWorkerAndItsLateResultIsIgnored) {
+  stages_.Plan({"stuck"});
+  stages_.blocking["stuck"] = {1};  // the first attempt hangs, even when asked to stop
+  stages_.ignore_cancel = true;
+  auto s = Start({"cpu", "cpu"});
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  // The lease timer runs every lease/3; past a whole lease with no progress, the lease is gone.
+  clock_.Advance(kLeaseMs + kLeaseMs / 3);
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  ASSERT_EQ(stages_.starts().size(), 2u);
+  EXPECT_EQ(stages_.starts()[1].attempt, 2);
+  stages_.Release("stuck");  // the hung attempt returns at last
+  ASSERT_TRUE(WaitForLog("task_late: quantize stuck: result of an expired lease ignored"));
+  s->Shutdown(std::chrono::seconds(0));
+  auto store = OpenStore();
+  auto tasks = store->ListTasks(id);
+  ASSERT_TRUE(tasks.ok()) << tasks.status();
+  ASSERT_EQ(tasks->size(), 1u);
+  EXPECT_EQ((*tasks)[0].state, store::TaskState::kDone);
+  EXPECT_EQ((*tasks)[0].output_path, "stuck@2");
+  EXPECT_EQ(*store->CountEvents(id, "task_done"), 1);
+}
+
+TEST_F(SchedulerFakeClockTest, ATaskThatReportsProgressKeepsItsLeaseForAsLongAsItRuns) {
+  stages_.Plan({"long"});
+  stages_.blocking["long"] = {1};
+  stages_.report_while_blocked = true;
+  auto s = Start({"cpu", "cpu"});
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  for (int i = 0; i < 3 * kLeaseMs / 1000; ++i) {  // three leases long, one timer tick at a time
+    clock_.Advance(kLeaseMs / 3);
+    Sync(*s);
+  }
+  stages_.Release("long");
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  EXPECT_EQ(stages_.starts().size(), 1u);
+  EXPECT_EQ(done.task_attempts(), 1);
+}
+
+TEST_F(SchedulerFakeClockTest, PauseResumeAndCancelMidJob) {
+  stages_.Plan({"a", "b", "c"});
+  stages_.blocking["a"] = {1};
+  auto s = Start({"cpu"});
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  auto pausing = s->Cancel(id, /*pause=*/true);
+  ASSERT_TRUE(pausing.ok()) << pausing.status();
+  EXPECT_EQ(pausing->state(), v1::RUNNING);
+  EXPECT_EQ(pausing->reason(), "pausing");
+  const v1::Job paused = WaitStopped(*s, id);
+  ASSERT_EQ(paused.state(), v1::PAUSED);
+  EXPECT_EQ(paused.stages(0).tasks_done(), 0);
+  auto resumed = s->Resume(id);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  EXPECT_EQ(done.stages(0).tasks_done(), 3);
+  // a: attempt 1 interrupted, attempt 2 done; b and c once each.
+  EXPECT_EQ(stages_.starts().size(), 4u);
+
+  stages_.blocking["a"] = {1};
+  const int64_t second = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(5));
+  ASSERT_TRUE(s->Cancel(second, /*pause=*/false).ok());
+  const v1::Job cancelled = WaitStopped(*s, second);
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled.reason(), "cancelled");
+  EXPECT_EQ(stages_.starts().size(), 5u);
+}
+
+TEST_F(SchedulerFakeClockTest, ShutdownMidJobLeavesItRunningAndTheNextStartFinishesIt) {
+  stages_.Plan({"a", "b"});
+  stages_.blocking["a"] = {1};
+  int64_t id = 0;
+  {
+    auto s = Start({"cpu"});
+    id = Submit(*s);
+    ASSERT_TRUE(stages_.WaitForStarts(1));
+    s->Shutdown(std::chrono::milliseconds(0));
+    EXPECT_EQ(s->Submit("", Spec(), nullptr).status().code(), absl::StatusCode::kUnavailable);
+  }
+  {
+    auto store = OpenStore();
+    EXPECT_EQ(store->GetJob(id)->state, store::JobState::kRunning);
+    auto tasks = store->ListTasks(id);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const store::TaskRow& t : *tasks) EXPECT_EQ(t.state, store::TaskState::kPending) << t.name;
+  }
+  auto s = Start({"cpu"});
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  EXPECT_EQ(done.reason(), "");
+  std::vector<std::string> order;
+  for (const Attempt& st : stages_.starts()) {
+    order.push_back(absl::StrCat(st.task, "@", st.attempt));
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"a@1", "a@2", "b@1"}));
+}
+
+TEST_F(SchedulerFakeClockTest, ACompletionTheLockedStoreRefusedIsRecordedOnceItIsFree) {
+  stages_.Plan({"a"});
+  stages_.blocking["a"] = {1};
+  auto s = Start({"cpu"});
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  // Another connection holds the write lock past the store's busy timeout (5 s).
+  auto locker = store::SqliteDb::Open(dir_ + "/state.db");
+  ASSERT_TRUE(locker.ok()) << locker.status();
+  ASSERT_TRUE((*locker)->Exec("BEGIN IMMEDIATE").ok());
+  stages_.Release("a");
+  ASSERT_TRUE(WaitForLog("store_error: recording quantize a: "));
+  EXPECT_EQ(s->board().Get(id)->state(), v1::RUNNING);
+  ASSERT_TRUE((*locker)->Exec("ROLLBACK").ok());
+  clock_.Advance(1000);
+  const v1::Job done = WaitStopped(*s, id);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.last_error();
+  EXPECT_TRUE(s->serving());
+  EXPECT_EQ(stages_.starts().size(), 1u);
+}
+
+TEST_F(SchedulerFakeClockTest, AStoreThatStaysUnusableStopsTheScheduler) {
+  stages_.Plan({"a"});
+  stages_.blocking["a"] = {1};
+  SchedulerOptions options;
+  options.store_retry_limit_ms = 1000;
+  std::mutex mu;
+  std::vector<std::string> unusable;  // on_store_unusable's messages
+  options.on_store_unusable = [&](const absl::Status& error) {
+    std::lock_guard<std::mutex> lock(mu);
+    unusable.push_back(std::string(error.message()));
+  };
+  auto s = Start({"cpu"}, options);
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  auto locker = store::SqliteDb::Open(dir_ + "/state.db");
+  ASSERT_TRUE(locker.ok()) << locker.status();
+  ASSERT_TRUE((*locker)->Exec("BEGIN IMMEDIATE").ok());
+  stages_.Release("a");
+  ASSERT_TRUE(WaitForLog("store_error: recording quantize a: "));
+  clock_.Advance(1000);  // the retry fails too, store_retry_limit_ms after the first failure
+  auto stopped = s->WaitUntilStopped(id, nullptr);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kUnavailable);
+  // The retried record or the lease renewal, whichever the strand ran first, hit the limit.
+  EXPECT_EQ(stopped.status().message().rfind("the job store failed for 1 s; last error (", 0), 0u)
+      << stopped.status();
+  EXPECT_FALSE(s->serving());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(unusable.size(), 1u);
+    EXPECT_EQ(unusable[0], std::string(stopped.status().message()));
+  }
+  EXPECT_EQ(s->Submit("", Spec(), nullptr).status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE((*locker)->Exec("ROLLBACK").ok());
+}
+
+}  // namespace
+}  // namespace quantd::scheduler

@@ -22,52 +22,39 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/gemm.h"
-#include "kernels/tensor_views.h"
 #include "server/model/v4_config.h"
-#include "server/model/v4_numerics.h"
-#include "server/model/v4_observer.h"
+#include "server/model/v4_linear.h"
+#include "server/model/v4_weights.h"
 
 namespace quantd::model {
-
-// A BF16 matrix in host memory, row-major [rows, cols] (FP8-block weights dequantize to BF16
-// exactly, so every attention matrix is held this way).
-struct Bf16Matrix {
-  std::vector<uint16_t> values;  // BF16 bit patterns, rows * cols
-  int64_t rows = 0;
-  int64_t cols = 0;
-
-  kernels::DenseTensor view() const {
-    return kernels::DenseTensor{values.data(), kernels::FloatType::kBF16, rows, cols};
-  }
-};
 
 // `attn.compressor.*` (width D) or `attn.indexer.compressor.*` (width index_head_dim). With
 // ratio 4 the projections are 2x as wide: [:width] feeds the next window's entry (overlap),
 // [width:] the current one.
 struct V4CompressorWeights {
-  Bf16Matrix wkv;            // wkv.weight [coff*width, d]
-  Bf16Matrix wgate;          // wgate.weight [coff*width, d]
+  LinearWeight wkv;          // wkv.weight [coff*width, d]
+  LinearWeight wgate;        // wgate.weight [coff*width, d]
   std::vector<float> ape;    // ape [ratio, coff*width] (F32 on disk)
   std::vector<float> norm;   // norm.weight [width] (BF16 on disk)
 };
 
 // `attn.indexer.*` (ratio-4 layers).
 struct V4IndexerWeights {
-  Bf16Matrix wq_b;                 // wq_b.weight [index_n_heads*index_head_dim, q_lora_rank]
-  Bf16Matrix weights_proj;         // weights_proj.weight [index_n_heads, d]
+  LinearWeight wq_b;               // wq_b.weight [index_n_heads*index_head_dim, q_lora_rank]
+  LinearWeight weights_proj;       // weights_proj.weight [index_n_heads, d]
   V4CompressorWeights compressor;  // compressor.* (width index_head_dim)
 };
 
-// `layers.N.attn.*` after decoding (official checkpoint names).
+// `layers.N.attn.*` after decoding (official checkpoint names). Linear weights are dense BF16
+// (FP8-block decodes to BF16 exactly); LinearWeight::module names them for the observer.
 struct V4AttentionWeights {
-  Bf16Matrix wq_a;                 // wq_a.weight [q_lora_rank, d]
+  LinearWeight wq_a;               // wq_a.weight [q_lora_rank, d]
   std::vector<float> q_norm;       // q_norm.weight [q_lora_rank]
-  Bf16Matrix wq_b;                 // wq_b.weight [H*D, q_lora_rank]
-  Bf16Matrix wkv;                  // wkv.weight [D, d]
+  LinearWeight wq_b;               // wq_b.weight [H*D, q_lora_rank]
+  LinearWeight wkv;                // wkv.weight [D, d]
   std::vector<float> kv_norm;      // kv_norm.weight [D]
-  Bf16Matrix wo_a;                 // wo_a.weight [o_groups*o_lora_rank, H*D/o_groups]
-  Bf16Matrix wo_b;                 // wo_b.weight [d, o_groups*o_lora_rank]
+  LinearWeight wo_a;               // wo_a.weight [o_groups*o_lora_rank, H*D/o_groups]
+  LinearWeight wo_b;               // wo_b.weight [d, o_groups*o_lora_rank]
   std::vector<float> attn_sink;    // attn_sink [H] (zeros where the checkpoint has none)
   std::optional<V4CompressorWeights> compressor;  // compress ratio 4 or 128
   std::optional<V4IndexerWeights> indexer;        // compress ratio 4 only
@@ -87,20 +74,21 @@ struct AttentionBatch {
 };
 
 // The attention sub-block of layer `layer` (num_hidden_layers: the MTP block), output
-// [sequences * seq_len, hidden_size] (before hc_post). InvalidArgument for weights that fail
-// ValidateAttentionWeights, an empty or null batch, or (official numerics) widths that the FP8/FP4
-// simulation cannot block; errors from `gemm` pass through.
+// [sequences * seq_len, hidden_size] (before hc_post), with ctx's numerics and Gemm.
+// InvalidArgument for weights that fail ValidateAttentionWeights, an empty or null batch, or
+// (official numerics) widths that the FP8/FP4 simulation cannot block; errors from the Gemm pass
+// through.
 //
-// `observer` (may be null) sees every linear's input, before any activation simulation, under
-// its official name — layers.N.attn.{wq_a, wkv, wq_b, wo_a (the inverse-RoPE'd output [T, H*D],
-// groups side by side), wo_b, compressor.wkv, compressor.wgate, indexer.wq_b,
+// ctx.observer (may be null) sees every linear's input, before any activation simulation, under
+// its LinearWeight::module — layers.N.attn.{wq_a, wkv, wq_b, wo_a (the inverse-RoPE'd output
+// [T, H*D], groups side by side), wo_b, compressor.wkv, compressor.wgate, indexer.wq_b,
 // indexer.weights_proj, indexer.compressor.wkv, indexer.compressor.wgate} — and the KV cache as
 // attention reads it, before its FP8 simulation: layers.N.attn.kv (the window K=V, [T, D]) and
 // layers.N.attn.compressor (the compressed entries of all sequences, [B * S/ratio, D]).
-absl::StatusOr<std::vector<float>> AttentionForward(const V4Config& config, int64_t layer,
+absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
+                                                    const V4Config& config, int64_t layer,
                                                     const V4AttentionWeights& weights,
-                                                    Numerics numerics, const AttentionBatch& batch,
-                                                    kernels::Gemm& gemm, Observer* observer);
+                                                    const AttentionBatch& batch);
 
 }  // namespace quantd::model
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <limits>
+#include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
@@ -47,19 +47,26 @@ void HadamardRows(float* x, int64_t rows, int64_t n) {
 
 void SelectTopEntries(const float* scores, int64_t seq_len, int64_t entries, int64_t ratio,
                       int64_t k, int32_t* picks) {
-  std::vector<int32_t> order(static_cast<size_t>(entries));
+  using Candidate = std::pair<float, int32_t>;  // (score, entry), future entries at -inf
+  const auto better = [](const Candidate& a, const Candidate& b) { return a.first > b.first; };
+  std::vector<Candidate> queue(static_cast<size_t>(entries));
   for (int64_t t = 0; t < seq_len; ++t) {
     const float* row = scores + t * entries;
     const int64_t visible = std::min(entries, (t + 1) / ratio);
-    const int64_t take = std::min(k, visible);
-    std::iota(order.begin(), order.begin() + visible, 0);
-    std::partial_sort(order.begin(), order.begin() + take, order.begin() + visible,
-                      [row](int32_t a, int32_t b) {
-                        return row[a] > row[b] || (row[a] == row[b] && a < b);
-                      });
+    for (int64_t s = 0; s < entries; ++s) {
+      queue[s] = {s < visible ? row[s] : -std::numeric_limits<float>::infinity(),
+                  static_cast<int32_t>(s)};
+    }
+    // torch.topk(largest, sorted) on the CPU (ATen TopKImpl.h), so that equal scores (exact
+    // zeros, where every head's relu is 0) resolve as transformers resolves them.
+    if (k * 64 <= entries) {
+      std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), better);
+    } else {
+      std::nth_element(queue.begin(), queue.begin() + (k - 1), queue.end(), better);
+      std::sort(queue.begin(), queue.begin() + (k - 1), better);
+    }
     int32_t* out = picks + t * k;
-    std::copy(order.begin(), order.begin() + take, out);
-    std::fill(out + take, out + k, -1);
+    for (int64_t i = 0; i < k; ++i) out[i] = queue[i].second < visible ? queue[i].second : -1;
   }
 }
 

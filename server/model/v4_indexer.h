@@ -34,8 +34,10 @@ void HadamardRows(float* x, int64_t rows, int64_t n);
 
 // The picks of one sequence from its scores [seq_len, entries] (entries = seq_len / ratio):
 // picks [seq_len, k] hold, for query t, the visible entries (s < (t + 1) / ratio) with the k
-// largest scores, best first (equal scores: lower entry first), then -1 for the slots no visible
-// entry fills. Future entries are never picked, whatever their score.
+// largest scores, best first, then -1 for the slots no visible entry fills. Future entries are
+// never picked, whatever their score. Equal scores resolve exactly as torch.topk on the CPU
+// resolves them (the same libstdc++ selection over (score, entry) pairs), so that `math` picks
+// what transformers picks.
 void SelectTopEntries(const float* scores, int64_t seq_len, int64_t entries, int64_t ratio,
                       int64_t k, int32_t* picks);
 

@@ -208,7 +208,7 @@ TEST(V4IndexerTest, TopEntriesAreTheBestVisibleOnesBestFirst) {
     scores[t * entries + 1] = 3.0f;
     scores[t * entries + 2] = 1000.0f;  // in the future for every query but t = 11
   }
-  scores[7 * entries + 1] = 1.0f;  // tie with entry 0 at t = 7: the lower entry first
+  scores[7 * entries + 1] = 1.0f;  // tie with entry 0 at t = 7
   std::vector<int32_t> picks(seq_len * k);
   SelectTopEntries(scores.data(), seq_len, entries, ratio, k, picks.data());
   auto at = [&](int64_t t) { return std::vector<int32_t>(picks.begin() + t * k, picks.begin() + (t + 1) * k); };
@@ -220,6 +220,25 @@ TEST(V4IndexerTest, TopEntriesAreTheBestVisibleOnesBestFirst) {
   EXPECT_EQ(at(8), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(at(10), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(at(11), (std::vector<int32_t>{2, 1}));
+}
+
+TEST(V4IndexerTest, EqualScoresResolveAsTorchTopkOnTheCpu) {
+  // Exact zeros (every head's relu is 0) tie often; transformers keeps whichever torch.topk
+  // returns. Expected picks printed by torch 2.15 on the CPU: topk([0,3,0,0,2,0], 4) -> [1,4,0,5]
+  // (nth_element path, k * 64 > n) and topk of 200 zeros with a 1 at 5, k = 3 -> [5,1,0]
+  // (partial_sort path). One query that sees every entry (ratio 1, last position).
+  const auto last_row_picks = [](const std::vector<float>& row, int64_t k) {
+    const int64_t n = static_cast<int64_t>(row.size());
+    std::vector<float> scores(n * n, 0.0f);
+    std::copy(row.begin(), row.end(), scores.begin() + (n - 1) * n);
+    std::vector<int32_t> picks(n * k);
+    SelectTopEntries(scores.data(), n, n, /*ratio=*/1, k, picks.data());
+    return std::vector<int32_t>(picks.end() - k, picks.end());
+  };
+  EXPECT_EQ(last_row_picks({0, 3, 0, 0, 2, 0}, 4), (std::vector<int32_t>{1, 4, 0, 5}));
+  std::vector<float> zeros(200, 0.0f);
+  zeros[5] = 1.0f;
+  EXPECT_EQ(last_row_picks(zeros, 3), (std::vector<int32_t>{5, 1, 0}));
 }
 
 // ---- Sparse attention -------------------------------------------------------------------------

@@ -73,6 +73,61 @@ absl::StatusOr<V4AttentionWeights> LoadAttention(const V4Checkpoint& ckpt,
   return w;
 }
 
+// The weights of the decoder block under `p` ("layers.N." or "mtp.0."), layer index `layer`.
+absl::StatusOr<V4LayerWeights> LoadBlock(const V4Checkpoint& ckpt, const std::string& p,
+                                         int64_t layer, compute::Device& device) {
+  const V4Config& c = ckpt.config;
+  const int64_t mix = (2 + c.hc_mult) * c.hc_mult;
+  V4LayerWeights w;
+  w.layer = layer;
+  ASSIGN_OR_RETURN(w.hc_attn, LoadHyperConnection(ckpt, p + "hc_attn_", mix, 3));
+  ASSIGN_OR_RETURN(w.hc_ffn, LoadHyperConnection(ckpt, p + "hc_ffn_", mix, 3));
+  ASSIGN_OR_RETURN(w.attn_norm, LoadFloats(ckpt, p + "attn_norm.weight", {c.hidden_size}));
+  ASSIGN_OR_RETURN(w.ffn_norm, LoadFloats(ckpt, p + "ffn_norm.weight", {c.hidden_size}));
+  ASSIGN_OR_RETURN(w.attn, LoadAttention(ckpt, device.backend(), p, layer));
+  ASSIGN_OR_RETURN(w.moe, LoadMoe(ckpt, device.backend(), p, c.IsHashLayer(layer)));
+  return w;
+}
+
+// hc_head_*, norm under `prefix` ("" or "mtp.0.") and the shared head.weight.
+absl::StatusOr<V4HeadWeights> LoadHeadWeights(const V4Checkpoint& ckpt, compute::Device& device,
+                                              const std::string& prefix) {
+  const V4Config& c = ckpt.config;
+  V4HeadWeights w;
+  ASSIGN_OR_RETURN(w.hc_head, LoadHyperConnection(ckpt, prefix + "hc_head_", c.hc_mult, 1));
+  ASSIGN_OR_RETURN(w.norm, LoadFloats(ckpt, prefix + "norm.weight", {c.hidden_size}));
+  ASSIGN_OR_RETURN(w.head,
+                   LoadLinear(ckpt, device.backend(), "head", c.vocab_size, c.hidden_size));
+  return w;
+}
+
+// The BF16 embedding rows of `ids` as float32, row t at out + t * stride.
+absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids, float* out,
+                       int64_t stride) {
+  const V4Config& c = ckpt.config;
+  const int64_t d = c.hidden_size;
+  const checkpoint::TensorView* embed = ckpt.dir->Find("embed.weight");
+  if (embed == nullptr || embed->dtype != checkpoint::Dtype::kBF16 ||
+      embed->shape != std::vector<int64_t>{c.vocab_size, d}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor embed.weight must be BF16 [", c.vocab_size, ", ", d, "] in ", ckpt.dir->dir()));
+  }
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] < 0 || ids[t] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("Embed: token id at position ", t,
+                                                     " is outside [0, ", c.vocab_size, ")"));
+    }
+    const uint8_t* src = embed->data + static_cast<int64_t>(ids[t]) * d * 2;
+    float* row = out + static_cast<int64_t>(t) * stride;
+    for (int64_t i = 0; i < d; ++i) {
+      uint16_t b;
+      memcpy(&b, src + 2 * i, 2);
+      row[i] = formats::Bf16ToFloat(b);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
   if (a.hc_mult != c.hc_mult || a.hidden_size != c.hidden_size || a.sequences <= 0 ||
       a.seq_len <= 0 || static_cast<int64_t>(a.token_ids.size()) != a.tokens() ||
@@ -108,17 +163,7 @@ absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " is outside [0, ", c.num_hidden_layers, ")"));
   }
-  const std::string p = absl::StrCat("layers.", layer, ".");
-  const int64_t mix = (2 + c.hc_mult) * c.hc_mult;
-  V4LayerWeights w;
-  w.layer = layer;
-  ASSIGN_OR_RETURN(w.hc_attn, LoadHyperConnection(ckpt, p + "hc_attn_", mix, 3));
-  ASSIGN_OR_RETURN(w.hc_ffn, LoadHyperConnection(ckpt, p + "hc_ffn_", mix, 3));
-  ASSIGN_OR_RETURN(w.attn_norm, LoadFloats(ckpt, p + "attn_norm.weight", {c.hidden_size}));
-  ASSIGN_OR_RETURN(w.ffn_norm, LoadFloats(ckpt, p + "ffn_norm.weight", {c.hidden_size}));
-  ASSIGN_OR_RETURN(w.attn, LoadAttention(ckpt, device.backend(), p, layer));
-  ASSIGN_OR_RETURN(w.moe, LoadMoe(ckpt, device.backend(), p, c.IsHashLayer(layer)));
-  return w;
+  return LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device);
 }
 
 absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config& config,
@@ -160,31 +205,16 @@ absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_
     return absl::InvalidArgumentError(absl::StrCat("Embed: ", token_ids.size(),
                                                    " token ids for ", sequences, " x ", seq_len));
   }
-  const checkpoint::TensorView* embed = ckpt.dir->Find("embed.weight");
-  if (embed == nullptr || embed->dtype != checkpoint::Dtype::kBF16 ||
-      embed->shape != std::vector<int64_t>{c.vocab_size, d}) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor embed.weight must be BF16 [", c.vocab_size, ", ", d, "] in ", ckpt.dir->dir()));
-  }
   V4Activations a;
   a.sequences = sequences;
   a.seq_len = seq_len;
   a.hc_mult = hc;
   a.hidden_size = d;
   a.streams.resize(static_cast<size_t>(a.tokens() * hc * d));
+  // Row t of the embedding into stream 0 of token t, then copied to the other streams.
+  RETURN_IF_ERROR(EmbedRows(ckpt, token_ids, a.streams.data(), hc * d));
   for (int64_t t = 0; t < a.tokens(); ++t) {
-    const int32_t id = token_ids[t];
-    if (id < 0 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Embed: token id at position ", t,
-                                                     " is outside [0, ", c.vocab_size, ")"));
-    }
     float* row = a.streams.data() + t * hc * d;
-    const uint8_t* src = embed->data + static_cast<int64_t>(id) * d * 2;
-    for (int64_t i = 0; i < d; ++i) {
-      uint16_t b;
-      memcpy(&b, src + 2 * i, 2);
-      row[i] = formats::Bf16ToFloat(b);
-    }
     for (int64_t j = 1; j < hc; ++j) memcpy(row + j * d, row, static_cast<size_t>(d) * 4);
   }
   a.token_ids = std::move(token_ids);
@@ -192,13 +222,7 @@ absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_
 }
 
 absl::StatusOr<V4HeadWeights> LoadHead(const V4Checkpoint& ckpt, compute::Device& device) {
-  const V4Config& c = ckpt.config;
-  V4HeadWeights w;
-  ASSIGN_OR_RETURN(w.hc_head, LoadHyperConnection(ckpt, "hc_head_", c.hc_mult, 1));
-  ASSIGN_OR_RETURN(w.norm, LoadFloats(ckpt, "norm.weight", {c.hidden_size}));
-  ASSIGN_OR_RETURN(w.head,
-                   LoadLinear(ckpt, device.backend(), "head", c.vocab_size, c.hidden_size));
-  return w;
+  return LoadHeadWeights(ckpt, device, "");
 }
 
 absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
@@ -213,6 +237,55 @@ absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
   logits->resize(static_cast<size_t>(tokens * config.vocab_size));
   return ApplyLinear(ctx, head.head, hidden->data(), tokens, logits->data(),
                      LinearOutput::kFloat32);
+}
+
+absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& device) {
+  const V4Config& c = ckpt.config;
+  const int64_t d = c.hidden_size;
+  const std::string p = "mtp.0.";
+  V4MtpWeights w;
+  ASSIGN_OR_RETURN(w.e_proj, LoadLinear(ckpt, device.backend(), p + "e_proj", d, d));
+  ASSIGN_OR_RETURN(w.h_proj, LoadLinear(ckpt, device.backend(), p + "h_proj", d, d));
+  ASSIGN_OR_RETURN(w.enorm, LoadFloats(ckpt, p + "enorm.weight", {d}));
+  ASSIGN_OR_RETURN(w.hnorm, LoadFloats(ckpt, p + "hnorm.weight", {d}));
+  ASSIGN_OR_RETURN(w.block, LoadBlock(ckpt, p, c.num_hidden_layers, device));
+  ASSIGN_OR_RETURN(w.head, LoadHeadWeights(ckpt, device, p));
+  return w;
+}
+
+absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoint& ckpt,
+                                     const V4MtpWeights& mtp, const V4Activations& h,
+                                     std::vector<int32_t> next_ids) {
+  const V4Config& c = ckpt.config;
+  RETURN_IF_ERROR(CheckActivations(c, h));
+  const int64_t tokens = h.tokens(), d = c.hidden_size, hc = c.hc_mult;
+  if (static_cast<int64_t>(next_ids.size()) != tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunMtp: ", next_ids.size(), " next-token ids for ", tokens, " tokens"));
+  }
+  std::vector<float> e(static_cast<size_t>(tokens * d)), ep(e.size());
+  RETURN_IF_ERROR(EmbedRows(ckpt, next_ids, e.data(), d));
+  RmsNorm(ctx, e.data(), tokens, d, mtp.enorm, c.rms_norm_eps, e.data());
+  RETURN_IF_ERROR(ApplyLinear(ctx, mtp.e_proj, e.data(), tokens, ep.data()));
+  // hnorm and h_proj act on each stream: [tokens * hc, d] rows.
+  std::vector<float> hn(h.streams.size());
+  RmsNorm(ctx, h.streams.data(), tokens * hc, d, mtp.hnorm, c.rms_norm_eps, hn.data());
+  V4Activations x;
+  x.sequences = h.sequences;
+  x.seq_len = h.seq_len;
+  x.hc_mult = hc;
+  x.hidden_size = d;
+  x.streams.resize(h.streams.size());
+  RETURN_IF_ERROR(ApplyLinear(ctx, mtp.h_proj, hn.data(), tokens * hc, x.streams.data()));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < hc; ++j) {
+      float* row = x.streams.data() + (t * hc + j) * d;
+      for (int64_t i = 0; i < d; ++i) row[i] = ep[t * d + i] + row[i];
+    }
+  }
+  ToModelDtype(ctx, x.streams.data(), tokens * hc * d);
+  x.token_ids = std::move(next_ids);
+  return RunLayer(ctx, c, mtp.block, x);
 }
 
 }  // namespace quantd::model

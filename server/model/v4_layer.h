@@ -6,7 +6,7 @@
 //   x, mix_f = hc_pre(h, hc_ffn);         f = moe(ffn_norm(x));    out = hc_post(f, h, mix_f)
 //
 // plus the model's ends: the embedding (ids -> identical streams) and the head
-// (hc_head -> norm -> fp32 logits).
+// (hc_head -> norm -> fp32 logits), and the MTP block as an optional pass after the last layer.
 #ifndef QUANTD_SERVER_MODEL_V4_LAYER_H_
 #define QUANTD_SERVER_MODEL_V4_LAYER_H_
 
@@ -67,6 +67,28 @@ absl::StatusOr<V4HeadWeights> LoadHead(const V4Checkpoint& ckpt, compute::Device
 absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
                          const V4HeadWeights& head, const V4Activations& acts,
                          std::vector<float>* hidden, std::vector<float>* logits);
+
+// The MTP block ("mtp.0.", layer index num_hidden_layers, compress ratio from the last entry of
+// compress_ratios, bias top-k routing): the official MTPBlock, which the shipped inference never
+// calls (v4_forward_crosscheck.md §1b.12), so its input plumbing is the caller's.
+struct V4MtpWeights {
+  LinearWeight e_proj;          // e_proj [d, d], FP8
+  LinearWeight h_proj;          // h_proj [d, d], FP8
+  std::vector<float> enorm;     // enorm.weight [d]
+  std::vector<float> hnorm;     // hnorm.weight [d]
+  V4LayerWeights block;         // the decoder block under mtp.0.
+  V4HeadWeights head;           // mtp.0.hc_head_*, mtp.0.norm and the shared head.weight
+};
+absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& device);
+
+// The MTP block over the last main layer's output streams `h` and `next_ids` [sequences,
+// seq_len], the ids of the tokens that follow each position (the caller shifts them):
+//   x[t, j] = e_proj(enorm(embed(next_ids[t]))) + h_proj(hnorm(h[t, j])) for every stream j,
+// then the decoder block. Returns the block's output streams (their token ids are next_ids);
+// HeadForward with mtp.head gives the MTP logits.
+absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoint& ckpt,
+                                     const V4MtpWeights& mtp, const V4Activations& h,
+                                     std::vector<int32_t> next_ids);
 
 }  // namespace quantd::model
 

@@ -22,7 +22,8 @@ struct LinearInput {
   int64_t cols = 0;
   int64_t ld = 0;
   // Rows of the batch (index into the layer's [batch * seq_len] tokens) that the input rows
-  // belong to; nullptr when row r is token r (every non-expert module).
+  // belong to; nullptr for every non-expert module, whose rows are the batch's tokens in order
+  // (the MTP block's h_proj: each token's hc streams, token-major).
   const int64_t* tokens = nullptr;
   // An expert's w2 only: the routing weight of each row (route_scale included). Official
   // semantics apply it before w2, so `x` already contains it (calibration_runtime.md §1.4).

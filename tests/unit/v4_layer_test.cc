@@ -139,6 +139,25 @@ TEST_F(V4LayerTest, OfficialForwardKeepsBf16StreamsAndShowsEveryLinear) {
   ASSERT_TRUE(HeadForward(*ctx, c, *head, *acts, &hidden, &logits).ok());
   EXPECT_EQ(static_cast<int64_t>(logits.size()), kSequences * kSeqLen * c.vocab_size);
   EXPECT_TRUE(Bf16Exact(hidden));
+
+  // The MTP block on the last layer's streams and the next tokens' ids.
+  auto mtp = LoadMtp(*ckpt_, *device_);
+  ASSERT_TRUE(mtp.ok()) << mtp.status();
+  std::vector<int32_t> next(ids_.begin() + 1, ids_.end());
+  next.push_back(ids_.front());
+  EXPECT_EQ(RunMtp(*ctx, *ckpt_, *mtp, *acts, {1, 2, 3}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto mtp_out = RunMtp(*ctx, *ckpt_, *mtp, *acts, next);
+  ASSERT_TRUE(mtp_out.ok()) << mtp_out.status();
+  EXPECT_TRUE(Bf16Exact(mtp_out->streams));
+  EXPECT_EQ(mtp_out->token_ids, next);
+  for (const char* m : {"mtp.0.e_proj", "mtp.0.h_proj", "mtp.0.attn.wq_a", "mtp.0.ffn.gate",
+                        "mtp.0.ffn.shared_experts.w2"}) {
+    EXPECT_GT(observer.amax_.count(m), 0u) << m;
+  }
+  std::vector<float> mtp_hidden, mtp_logits;
+  ASSERT_TRUE(HeadForward(*ctx, c, mtp->head, *mtp_out, &mtp_hidden, &mtp_logits).ok());
+  for (float f : mtp_logits) ASSERT_TRUE(std::isfinite(f));
 }
 
 TEST_F(V4LayerTest, OfficialStaysAbove20DbSqnrOfMathInOneLayer) {

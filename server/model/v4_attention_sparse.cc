@@ -11,8 +11,10 @@
 namespace quantd::model {
 namespace {
 
-// Query rows (tokens x heads) per chunk: bounds the score blocks to [4096, keys].
+// Query rows (tokens x heads) per chunk, and score elements per chunk (64 MiB of float32 for the
+// window and compressed blocks together): long CSA sequences get chunks of fewer tokens.
 constexpr int64_t kRowsPerChunk = 4096;
+constexpr int64_t kScoresPerChunk = int64_t{1} << 24;
 // List slots per online-softmax block of the official kernel (`block` in sparse_attn_kernel).
 constexpr int64_t kSoftmaxBlock = 64;
 
@@ -86,7 +88,9 @@ absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInp
   const int64_t compressed_slots = in.ratio == 0 ? 0 : (in.picks ? in.picks_per_query : in.entries);
   const int64_t slots = window_slots + compressed_slots;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  const int64_t chunk = std::max<int64_t>(1, kRowsPerChunk / heads);
+  const int64_t keys_per_row = in.window + kRowsPerChunk / heads + in.entries;  // upper bound
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min(kRowsPerChunk / heads, kScoresPerChunk / (heads * keys_per_row)));
 
   std::vector<float> p_window;
   std::vector<float> p_compressed;

@@ -45,14 +45,14 @@ void HadamardRows(float* x, int64_t rows, int64_t n) {
   }
 }
 
-void SelectTopEntries(const float* scores, int64_t seq_len, int64_t entries, int64_t ratio,
-                      int64_t k, int32_t* picks) {
+void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries,
+                      int64_t entries, int64_t ratio, int64_t k, int32_t* picks) {
   using Candidate = std::pair<float, int32_t>;  // (score, entry), future entries at -inf
   const auto better = [](const Candidate& a, const Candidate& b) { return a.first > b.first; };
   std::vector<Candidate> queue(static_cast<size_t>(entries));
-  for (int64_t t = 0; t < seq_len; ++t) {
-    const float* row = scores + t * entries;
-    const int64_t visible = std::min(entries, (t + 1) / ratio);
+  for (int64_t i = 0; i < queries; ++i) {
+    const float* row = scores + i * entries;
+    const int64_t visible = std::min(entries, (first_position + i + 1) / ratio);
     for (int64_t s = 0; s < entries; ++s) {
       queue[s] = {s < visible ? row[s] : -std::numeric_limits<float>::infinity(),
                   static_cast<int32_t>(s)};
@@ -65,8 +65,8 @@ void SelectTopEntries(const float* scores, int64_t seq_len, int64_t entries, int
       std::nth_element(queue.begin(), queue.begin() + (k - 1), queue.end(), better);
       std::sort(queue.begin(), queue.begin() + (k - 1), better);
     }
-    int32_t* out = picks + t * k;
-    for (int64_t i = 0; i < k; ++i) out[i] = queue[i].second < visible ? queue[i].second : -1;
+    int32_t* out = picks + i * k;
+    for (int64_t j = 0; j < k; ++j) out[j] = queue[j].second < visible ? queue[j].second : -1;
   }
 }
 
@@ -113,7 +113,7 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
   if (picks.k == 0) return picks;
 
   std::vector<float> dots(static_cast<size_t>(kQueryChunk * heads * entries));
-  std::vector<float> scores(static_cast<size_t>(seq_len * entries));
+  std::vector<float> scores(static_cast<size_t>(kQueryChunk * entries));
   for (int64_t b = 0; b < batch.sequences; ++b) {
     const float* seq_keys = keys.data() + b * entries * dim;
     for (int64_t t0 = 0; t0 < seq_len; t0 += kQueryChunk) {
@@ -133,7 +133,7 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
       for (int64_t i = 0; i < queries; ++i) {
         const int64_t t = t0 + i;
         const float* w_t = weights.data() + (b * seq_len + t) * heads;
-        float* out = scores.data() + t * entries;
+        float* out = scores.data() + i * entries;
         const int64_t visible = std::min(entries, (t + 1) / ratio);
         for (int64_t s = 0; s < visible; ++s) {
           float sum = 0.0f;
@@ -145,9 +145,9 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
           out[s] = official ? Bf16(sum) : sum;
         }
       }
+      SelectTopEntries(scores.data(), t0, queries, entries, ratio, picks.k,
+                       picks.entries.data() + (b * seq_len + t0) * picks.k);
     }
-    SelectTopEntries(scores.data(), seq_len, entries, ratio, picks.k,
-                     picks.entries.data() + b * seq_len * picks.k);
   }
   return picks;
 }

@@ -32,14 +32,15 @@ namespace quantd::model {
 // place: y[i] = n^-0.5 * sum_j (-1)^popcount(i & j) x[j]. n must be a power of two.
 void HadamardRows(float* x, int64_t rows, int64_t n);
 
-// The picks of one sequence from its scores [seq_len, entries] (entries = seq_len / ratio):
-// picks [seq_len, k] hold, for query t, the visible entries (s < (t + 1) / ratio) with the k
-// largest scores, best first, then -1 for the slots no visible entry fills. Future entries are
-// never picked, whatever their score. Equal scores resolve exactly as torch.topk on the CPU
+// The picks of `queries` consecutive queries of one sequence, the first at position
+// `first_position`, from their scores [queries, entries] (entries = seq_len / ratio): picks
+// [queries, k] hold, for the query at position t, the visible entries (s < (t + 1) / ratio) with
+// the k largest scores, best first, then -1 for the slots no visible entry fills. Future entries
+// are never picked, whatever their score. Equal scores resolve exactly as torch.topk on the CPU
 // resolves them (the same libstdc++ selection over (score, entry) pairs), so that `math` picks
 // what transformers picks.
-void SelectTopEntries(const float* scores, int64_t seq_len, int64_t entries, int64_t ratio,
-                      int64_t k, int32_t* picks);
+void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries,
+                      int64_t entries, int64_t ratio, int64_t k, int32_t* picks);
 
 // The indexer's picks for every token of `batch`: [tokens, k] with k = min(index_topk,
 // seq_len / ratio); entry ids index the token's own sequence. `qr` is the q_norm output

@@ -216,7 +216,7 @@ TEST(V4IndexerTest, TopEntriesAreTheBestVisibleOnesBestFirst) {
   }
   scores[7 * entries + 1] = 1.0f;  // tie with entry 0 at t = 7
   std::vector<int32_t> picks(seq_len * k);
-  SelectTopEntries(scores.data(), seq_len, entries, ratio, k, picks.data());
+  SelectTopEntries(scores.data(), 0, seq_len, entries, ratio, k, picks.data());
   auto at = [&](int64_t t) { return std::vector<int32_t>(picks.begin() + t * k, picks.begin() + (t + 1) * k); };
   EXPECT_EQ(at(0), (std::vector<int32_t>{-1, -1}));  // nothing visible yet
   EXPECT_EQ(at(2), (std::vector<int32_t>{-1, -1}));
@@ -226,6 +226,10 @@ TEST(V4IndexerTest, TopEntriesAreTheBestVisibleOnesBestFirst) {
   EXPECT_EQ(at(8), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(at(10), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(at(11), (std::vector<int32_t>{2, 1}));
+  // A chunk of queries starting later picks what the whole sequence picks for those rows.
+  std::vector<int32_t> chunk(4 * k);
+  SelectTopEntries(scores.data() + 8 * entries, 8, 4, entries, ratio, k, chunk.data());
+  EXPECT_TRUE(std::equal(chunk.begin(), chunk.end(), picks.begin() + 8 * k));
 }
 
 TEST(V4IndexerTest, EqualScoresResolveAsTorchTopkOnTheCpu) {
@@ -238,7 +242,7 @@ TEST(V4IndexerTest, EqualScoresResolveAsTorchTopkOnTheCpu) {
     std::vector<float> scores(n * n, 0.0f);
     std::copy(row.begin(), row.end(), scores.begin() + (n - 1) * n);
     std::vector<int32_t> picks(n * k);
-    SelectTopEntries(scores.data(), n, n, /*ratio=*/1, k, picks.data());
+    SelectTopEntries(scores.data(), 0, n, n, /*ratio=*/1, k, picks.data());
     return std::vector<int32_t>(picks.end() - k, picks.end());
   };
   EXPECT_EQ(last_row_picks({0, 3, 0, 0, 2, 0}, 4), (std::vector<int32_t>{1, 4, 0, 5}));
@@ -724,6 +728,22 @@ TEST(V4AttentionCaseTest, MatchesTheReferenceImplementation) {
       // official is 19-25 dB).
       EXPECT_GE(sqnr_db, 50.0) << "layer " << layer;
       EXPECT_GE(equal_fraction, 0.9) << "layer " << layer;
+    }
+  }
+}
+
+TEST_P(V4AttentionForwardTest, SequencesShorterThanAWindowHaveNoCompressedEntries) {
+  AttentionFixture f(GetParam(), 25);
+  for (const int64_t seq_len : {1, 3, 4}) {
+    for (const Numerics numerics : {Numerics::kMath, Numerics::kOfficial}) {
+      const std::vector<float> x = Bf16Inputs(f.rng(), 2 * seq_len * 128);
+      RecordingObserver observer;
+      const std::vector<float> out = Run(f, numerics, x, 2, seq_len, &observer);
+      ASSERT_EQ(out.size(), x.size());
+      for (float v : out) ASSERT_TRUE(std::isfinite(v)) << seq_len;
+      // The compressed KV reaches the observer only when a full window exists.
+      EXPECT_EQ(observer.shapes.count("layers.0.attn.compressor"),
+                GetParam() == 4 && seq_len == 4 ? 1u : 0u) << seq_len;
     }
   }
 }

@@ -17,22 +17,20 @@
 namespace quantd::model {
 namespace {
 
-float Bf16(float x) { return formats::Bf16ToFloat(formats::FloatToBf16(x)); }
-
 absl::Status CheckLinear(const LinearWeight& w, int64_t out, int64_t in) {
   if (w.view.data == nullptr || w.out_features() != out || w.in_features() != in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(w.module, ": attention needs [", out, ", ", in, "], the weight is [",
-                     w.out_features(), ", ", w.in_features(), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(w.module, ": attention needs [", out, ", ", in,
+                                                   "], the weight is [", w.out_features(), ", ",
+                                                   w.in_features(), "]"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckVector(const std::string& prefix, const char* name,
-                         const std::vector<float>& v, int64_t size) {
+absl::Status CheckVector(const std::string& prefix, const char* name, const std::vector<float>& v,
+                         int64_t size) {
   if (static_cast<int64_t>(v.size()) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, name, ": attention needs ", size,
-                                                   " values, there are ", v.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, name, ": attention needs ", size, " values, there are ", v.size()));
   }
   return absl::OkStatus();
 }
@@ -44,8 +42,8 @@ std::string ModulePrefix(const V4AttentionWeights& w) {
   return dot == std::string::npos ? std::string() : m.substr(0, dot + 1);
 }
 
-absl::Status CheckCompressor(const std::string& prefix, const V4CompressorWeights& w,
-                             int64_t ratio, int64_t width, int64_t hidden) {
+absl::Status CheckCompressor(const std::string& prefix, const V4CompressorWeights& w, int64_t ratio,
+                             int64_t width, int64_t hidden) {
   const int64_t coff = ratio == 4 ? 2 : 1;
   RETURN_IF_ERROR(CheckLinear(w.wkv, coff * width, hidden));
   RETURN_IF_ERROR(CheckLinear(w.wgate, coff * width, hidden));
@@ -60,21 +58,23 @@ void NormalizeHeads(Numerics numerics, float eps, float* q, int64_t rows, int64_
   for (int64_t r = 0; r < rows; ++r) {
     float* v = q + r * dim;
     float sum = 0.0f;
-    for (int64_t i = 0; i < dim; ++i) sum += official ? Bf16(v[i] * v[i]) : v[i] * v[i];
+    for (int64_t i = 0; i < dim; ++i)
+      sum += official ? formats::RoundToBf16(v[i] * v[i]) : v[i] * v[i];
     float mean = sum / static_cast<float>(dim);
     float scale;
     if (official) {
-      mean = Bf16(mean);
-      scale = Bf16(1.0f / std::sqrt(Bf16(mean + eps)));
+      mean = formats::RoundToBf16(mean);
+      scale = formats::RoundToBf16(1.0f / std::sqrt(formats::RoundToBf16(mean + eps)));
     } else {
       scale = 1.0f / std::sqrt(mean + eps);
     }
-    for (int64_t i = 0; i < dim; ++i) v[i] = official ? Bf16(v[i] * scale) : v[i] * scale;
+    for (int64_t i = 0; i < dim; ++i)
+      v[i] = official ? formats::RoundToBf16(v[i] * scale) : v[i] * scale;
   }
 }
 
-void ObserveKv(const ForwardContext& ctx, const std::string& module, const float* kv,
-               int64_t rows, int64_t cols) {
+void ObserveKv(const ForwardContext& ctx, const std::string& module, const float* kv, int64_t rows,
+               int64_t cols) {
   if (ctx.observer == nullptr || rows == 0) return;
   KvCacheInput input;
   input.module = &module;
@@ -152,8 +152,8 @@ absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
   RETURN_IF_ERROR(CheckLinear(w.wq_b, heads * dim, config.q_lora_rank));
   RETURN_IF_ERROR(CheckLinear(w.wkv, dim, d));
   RETURN_IF_ERROR(CheckVector(prefix, "kv_norm.weight", w.kv_norm, dim));
-  RETURN_IF_ERROR(CheckLinear(w.wo_a, config.o_groups * config.o_lora_rank,
-                              heads * dim / config.o_groups));
+  RETURN_IF_ERROR(
+      CheckLinear(w.wo_a, config.o_groups * config.o_lora_rank, heads * dim / config.o_groups));
   RETURN_IF_ERROR(CheckLinear(w.wo_b, d, config.o_groups * config.o_lora_rank));
   RETURN_IF_ERROR(CheckVector(prefix, "attn_sink", w.attn_sink, heads));
   if (w.compressor.has_value() != (ratio != 0) || w.indexer.has_value() != (ratio == 4)) {
@@ -167,8 +167,8 @@ absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
   if (w.indexer) {
     const int64_t n = config.index_n_heads, hd = config.index_head_dim;
     if (hd < rope) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "index_head_dim ", hd, " is smaller than qk_rope_head_dim ", rope));
+      return absl::InvalidArgumentError(
+          absl::StrCat("index_head_dim ", hd, " is smaller than qk_rope_head_dim ", rope));
     }
     RETURN_IF_ERROR(CheckLinear(w.indexer->wq_b, n * hd, config.q_lora_rank));
     RETURN_IF_ERROR(CheckLinear(w.indexer->weights_proj, n, d));
@@ -234,8 +234,8 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
     }
   }
   if (ratio == 4) {
-    ASSIGN_OR_RETURN(picks, RunIndexer(ctx, config, *weights.indexer, ratio, rope, batch,
-                                       qr.data()));
+    ASSIGN_OR_RETURN(picks,
+                     RunIndexer(ctx, config, *weights.indexer, ratio, rope, batch, qr.data()));
   }
 
   std::vector<float> o(static_cast<size_t>(tokens * heads * dim));

@@ -32,10 +32,10 @@ namespace quantd::model {
 // ratio 4 the projections are 2x as wide: [:width] feeds the next window's entry (overlap),
 // [width:] the current one.
 struct V4CompressorWeights {
-  LinearWeight wkv;          // wkv.weight [coff*width, d]
-  LinearWeight wgate;        // wgate.weight [coff*width, d]
-  std::vector<float> ape;    // ape [ratio, coff*width] (F32 on disk)
-  std::vector<float> norm;   // norm.weight [width] (BF16 on disk)
+  LinearWeight wkv;         // wkv.weight [coff*width, d]
+  LinearWeight wgate;       // wgate.weight [coff*width, d]
+  std::vector<float> ape;   // ape [ratio, coff*width] (F32 on disk)
+  std::vector<float> norm;  // norm.weight [width] (BF16 on disk)
 };
 
 // `attn.indexer.*` (ratio-4 layers).
@@ -48,14 +48,14 @@ struct V4IndexerWeights {
 // `layers.N.attn.*` after decoding (official checkpoint names). Linear weights are dense BF16
 // (FP8-block decodes to BF16 exactly); LinearWeight::module names them for the observer.
 struct V4AttentionWeights {
-  LinearWeight wq_a;               // wq_a.weight [q_lora_rank, d]
-  std::vector<float> q_norm;       // q_norm.weight [q_lora_rank]
-  LinearWeight wq_b;               // wq_b.weight [H*D, q_lora_rank]
-  LinearWeight wkv;                // wkv.weight [D, d]
-  std::vector<float> kv_norm;      // kv_norm.weight [D]
-  LinearWeight wo_a;               // wo_a.weight [o_groups*o_lora_rank, H*D/o_groups]
-  LinearWeight wo_b;               // wo_b.weight [d, o_groups*o_lora_rank]
-  std::vector<float> attn_sink;    // attn_sink [H] (zeros where the checkpoint has none)
+  LinearWeight wq_a;             // wq_a.weight [q_lora_rank, d]
+  std::vector<float> q_norm;     // q_norm.weight [q_lora_rank]
+  LinearWeight wq_b;             // wq_b.weight [H*D, q_lora_rank]
+  LinearWeight wkv;              // wkv.weight [D, d]
+  std::vector<float> kv_norm;    // kv_norm.weight [D]
+  LinearWeight wo_a;             // wo_a.weight [o_groups*o_lora_rank, H*D/o_groups]
+  LinearWeight wo_b;             // wo_b.weight [d, o_groups*o_lora_rank]
+  std::vector<float> attn_sink;  // attn_sink [H] (zeros where the checkpoint has none)
   std::optional<V4CompressorWeights> compressor;  // compress ratio 4 or 128
   std::optional<V4IndexerWeights> indexer;        // compress ratio 4 only
 };

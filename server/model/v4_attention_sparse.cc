@@ -18,11 +18,9 @@ constexpr int64_t kScoresPerChunk = int64_t{1} << 24;
 // List slots per online-softmax block of the official kernel (`block` in sparse_attn_kernel).
 constexpr int64_t kSoftmaxBlock = 64;
 
-float Bf16(float x) { return formats::Bf16ToFloat(formats::FloatToBf16(x)); }
-
 // One key a query reads: its score and where its P·V weight goes.
 struct Visit {
-  int64_t slot;   // position in the official key list
+  int64_t slot;  // position in the official key list
   float score;
   float* weight;  // in the P row of the window or of the compressed entries
 };
@@ -58,7 +56,8 @@ float SoftmaxWeights(Numerics numerics, float sink, int64_t slots, RowScratch& s
     float& m = s.block_max[v.slot / kSoftmaxBlock];
     m = std::max(m, v.score);
   }
-  for (int64_t b = 1; b < blocks; ++b) s.block_max[b] = std::max(s.block_max[b], s.block_max[b - 1]);
+  for (int64_t b = 1; b < blocks; ++b)
+    s.block_max[b] = std::max(s.block_max[b], s.block_max[b - 1]);
   // acc_o of block b is rescaled by e^(m_b - m_{b+1}) at every later block.
   for (int64_t b = blocks - 2; b >= 0; --b) {
     s.block_factor[b] = s.block_factor[b + 1] * std::exp(s.block_max[b] - s.block_max[b + 1]);
@@ -67,7 +66,7 @@ float SoftmaxWeights(Numerics numerics, float sink, int64_t slots, RowScratch& s
     const int64_t b = v.slot / kSoftmaxBlock;
     const float e = std::exp(v.score - s.block_max[b]);
     s.block_sum[b] += e;
-    *v.weight = Bf16(e) * s.block_factor[b];
+    *v.weight = formats::RoundToBf16(e) * s.block_factor[b];
   }
   float sum = 0.0f;
   float prev_max = neg_inf;
@@ -180,7 +179,8 @@ absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInp
     }
     if (ctx.numerics == Numerics::kOfficial) {
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < dim; ++c) out[r * dim + c] = Bf16(out[r * dim + c] / divisor[r]);
+        for (int64_t c = 0; c < dim; ++c)
+          out[r * dim + c] = formats::RoundToBf16(out[r * dim + c] / divisor[r]);
       }
     }
   }

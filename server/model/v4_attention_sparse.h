@@ -35,12 +35,12 @@ struct SparseAttentionInput {
   // (HCA).
   const int32_t* picks = nullptr;
   int64_t picks_per_query = 0;
-  const float* sink = nullptr;        // [heads]
+  const float* sink = nullptr;  // [heads]
   int64_t seq_len = 0;
   int64_t heads = 0;
   int64_t head_dim = 0;
   int64_t window = 0;
-  int64_t ratio = 0;                  // 0: no compressed entries
+  int64_t ratio = 0;  // 0: no compressed entries
 };
 
 // o [seq_len, heads, head_dim]. Scores and P·V go through ctx.gemm; errors from it pass through.

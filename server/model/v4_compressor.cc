@@ -14,8 +14,8 @@ constexpr int64_t kMaxSlots = 128;
 
 }  // namespace
 
-void PoolCompressorWindows(const float* kv, const float* score, const float* ape,
-                           int64_t seq_len, int64_t ratio, int64_t width, float* out) {
+void PoolCompressorWindows(const float* kv, const float* score, const float* ape, int64_t seq_len,
+                           int64_t ratio, int64_t width, float* out) {
   const bool overlap = ratio == 4;
   const int64_t stride = overlap ? 2 * width : width;  // row width of kv, score and ape
   const int64_t windows = seq_len / ratio;
@@ -60,8 +60,7 @@ absl::StatusOr<std::vector<float>> RunCompressor(const ForwardContext& ctx,
   std::vector<float> kv(static_cast<size_t>(tokens * projected));
   std::vector<float> score(kv.size());
   RETURN_IF_ERROR(ApplyLinear(ctx, w.wkv, batch.x, tokens, kv.data(), LinearOutput::kFloat32));
-  RETURN_IF_ERROR(
-      ApplyLinear(ctx, w.wgate, batch.x, tokens, score.data(), LinearOutput::kFloat32));
+  RETURN_IF_ERROR(ApplyLinear(ctx, w.wgate, batch.x, tokens, score.data(), LinearOutput::kFloat32));
 
   const int64_t windows = batch.seq_len / ratio;
   const int64_t entries = batch.sequences * windows;

@@ -29,8 +29,8 @@ namespace quantd::model {
 
 // The pooling of one sequence: kv and score [seq_len, coff*width] (coff = 2 when ratio == 4),
 // ape [ratio, coff*width] -> out [seq_len / ratio, width], float32.
-void PoolCompressorWindows(const float* kv, const float* score, const float* ape,
-                           int64_t seq_len, int64_t ratio, int64_t width, float* out);
+void PoolCompressorWindows(const float* kv, const float* score, const float* ape, int64_t seq_len,
+                           int64_t ratio, int64_t width, float* out);
 
 // Projection, pooling, norm and RoPE for every sequence of `batch`: entries
 // [batch.sequences * (batch.seq_len / ratio), width], sequence-major. `rope` covers positions

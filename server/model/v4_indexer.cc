@@ -13,8 +13,6 @@
 namespace quantd::model {
 namespace {
 
-float Bf16(float x) { return formats::Bf16ToFloat(formats::FloatToBf16(x)); }
-
 // Queries per score GEMM: bounds the [queries * n_heads, entries] dot-product block.
 constexpr int64_t kQueryChunk = 64;
 
@@ -45,8 +43,8 @@ void HadamardRows(float* x, int64_t rows, int64_t n) {
   }
 }
 
-void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries,
-                      int64_t entries, int64_t ratio, int64_t k, int32_t* picks) {
+void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries, int64_t entries,
+                      int64_t ratio, int64_t k, int32_t* picks) {
   using Candidate = std::pair<float, int32_t>;  // (score, entry), future entries at -inf
   const auto better = [](const Candidate& a, const Candidate& b) { return a.first > b.first; };
   std::vector<Candidate> queue(static_cast<size_t>(entries));
@@ -102,7 +100,7 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
   if (official) {
     const float scale = static_cast<float>(std::pow(static_cast<double>(dim), -0.5) *
                                            std::pow(static_cast<double>(heads), -0.5));
-    for (float& v : weights) v = Bf16(v * scale);
+    for (float& v : weights) v = formats::RoundToBf16(v * scale);
   } else {
     for (float& v : weights) v *= head_scale;
   }
@@ -139,10 +137,11 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
           float sum = 0.0f;
           for (int64_t h = 0; h < heads; ++h) {
             const float dot = dots[(i * heads + h) * entries + s];
-            sum += official ? Bf16(std::max(Bf16(dot), 0.0f) * w_t[h])
-                            : std::max(dot, 0.0f) * dot_scale * w_t[h];
+            sum += official
+                       ? formats::RoundToBf16(std::max(formats::RoundToBf16(dot), 0.0f) * w_t[h])
+                       : std::max(dot, 0.0f) * dot_scale * w_t[h];
           }
-          out[s] = official ? Bf16(sum) : sum;
+          out[s] = official ? formats::RoundToBf16(sum) : sum;
         }
       }
       SelectTopEntries(scores.data(), t0, queries, entries, ratio, picks.k,

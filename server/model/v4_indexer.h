@@ -39,8 +39,8 @@ void HadamardRows(float* x, int64_t rows, int64_t n);
 // are never picked, whatever their score. Equal scores resolve exactly as torch.topk on the CPU
 // resolves them (the same libstdc++ selection over (score, entry) pairs), so that `math` picks
 // what transformers picks.
-void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries,
-                      int64_t entries, int64_t ratio, int64_t k, int32_t* picks);
+void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries, int64_t entries,
+                      int64_t ratio, int64_t k, int32_t* picks);
 
 // The indexer's picks for every token of `batch`: [tokens, k] with k = min(index_topk,
 // seq_len / ratio); entry ids index the token's own sequence. `qr` is the q_norm output

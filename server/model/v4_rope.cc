@@ -27,8 +27,10 @@ std::vector<float> RopeInvFreq(int64_t rope_dim, double theta, bool yarn, double
     freqs[i] = 1.0f / std::pow(theta_f, exponent);
   }
   if (!yarn) return freqs;
-  double low = std::floor(CorrectionDim(beta_fast, rope_dim, theta, original_max_position_embeddings));
-  double high = std::ceil(CorrectionDim(beta_slow, rope_dim, theta, original_max_position_embeddings));
+  double low =
+      std::floor(CorrectionDim(beta_fast, rope_dim, theta, original_max_position_embeddings));
+  double high =
+      std::ceil(CorrectionDim(beta_slow, rope_dim, theta, original_max_position_embeddings));
   low = std::max(low, 0.0);
   high = std::min(high, static_cast<double>(rope_dim - 1));
   if (low == high) high += 0.001;
@@ -49,8 +51,8 @@ std::vector<float> LayerRopeInvFreq(const V4Config& config, int64_t layer) {
                        0.0);
   }
   return RopeInvFreq(config.qk_rope_head_dim, config.compress_rope_theta, /*yarn=*/true,
-                     config.rope_factor, config.original_max_position_embeddings,
-                     config.beta_fast, config.beta_slow);
+                     config.rope_factor, config.original_max_position_embeddings, config.beta_fast,
+                     config.beta_slow);
 }
 
 RopeTable::RopeTable(const std::vector<float>& inv_freq, int64_t num_positions)

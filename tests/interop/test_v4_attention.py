@@ -42,7 +42,8 @@ def run_case(case, tensors, numerics):
     path = case / "case.safetensors"
     save_file({k: v.detach().float().contiguous() for k, v in tensors.items()}, str(path),
               metadata={"config": json.dumps(CONFIG), "numerics": numerics})
-    binary = Path(os.environ.get("QUANTD_BUILD_DIR", REPO / "build")) / "tests" / "v4_attention_test"
+    build = Path(os.environ.get("QUANTD_BUILD_DIR", REPO / "build"))
+    binary = build / "tests" / "v4_attention_test"
     if not os.access(binary, os.X_OK):
         pytest.fail(f"missing {binary} (build the unit tests)", pytrace=False)
     proc = subprocess.run(
@@ -128,7 +129,8 @@ def test_official_attention_matches_the_official_code(tmp_path):
         compress_rope_theta=float(CONFIG["compress_rope_theta"]),
         original_seq_len=CONFIG["rope_scaling"]["original_max_position_embeddings"],
         rope_theta=float(CONFIG["rope_theta"]), rope_factor=CONFIG["rope_scaling"]["factor"],
-        beta_fast=CONFIG["rope_scaling"]["beta_fast"], beta_slow=CONFIG["rope_scaling"]["beta_slow"],
+        beta_fast=CONFIG["rope_scaling"]["beta_fast"],
+        beta_slow=CONFIG["rope_scaling"]["beta_slow"],
         index_n_heads=CONFIG["index_n_heads"], index_head_dim=CONFIG["index_head_dim"],
         index_topk=CONFIG["index_topk"])
     # What Transformer.__init__ sets for an FP8 checkpoint with E8M0 scales.
@@ -145,7 +147,8 @@ def test_official_attention_matches_the_official_code(tmp_path):
                     if name.endswith(".scale"):
                         continue
                     if p.dtype == torch.float8_e4m3fn:
-                        codes, scale, value = encode_fp8(torch.randn(p.shape) / math.sqrt(p.shape[1]))
+                        w = torch.randn(p.shape) / math.sqrt(p.shape[1])
+                        codes, scale, value = encode_fp8(w)
                         module = attn.get_submodule(name[: -len(".weight")])
                         p.data = codes
                         module.scale.data = scale

@@ -7,6 +7,8 @@
 // differ by at most ~n * 2^-24 relative; the bounds below are that with margin. Official
 // numerics round P and the output to BF16 (relative 2^-9 each), so against the float32
 // reference they are bounded by 2^-8 * max|v| plus the float32 term.
+#include "server/model/v4_attention.h"
+
 #include <stdlib.h>
 
 #include <algorithm>
@@ -24,10 +26,9 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats.h"
+#include "kernels/gemm.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/safetensors_reader.h"
-#include "kernels/gemm.h"
-#include "server/model/v4_attention.h"
 #include "server/model/v4_attention_sparse.h"
 #include "server/model/v4_compressor.h"
 #include "server/model/v4_indexer.h"
@@ -53,7 +54,7 @@ TEST(V4RopeTest, YarnBlendsBetweenTheCorrectionDims) {
   // corr(1) = 64 ln(65536 / (2 pi)) / (2 ln 160000) = 24.71 -> high 25.
   const std::vector<float> plain = RopeInvFreq(64, 160000.0, false, 16.0, 65536, 32, 1);
   const std::vector<float> yarn = RopeInvFreq(64, 160000.0, true, 16.0, 65536, 32, 1);
-  for (int i = 0; i <= 15; ++i) EXPECT_EQ(yarn[i], plain[i]) << i;        // extrapolated
+  for (int i = 0; i <= 15; ++i) EXPECT_EQ(yarn[i], plain[i]) << i;          // extrapolated
   for (int i = 25; i < 32; ++i) EXPECT_EQ(yarn[i], plain[i] / 16.0f) << i;  // interpolated
   for (int i = 16; i < 25; ++i) {
     const double ramp = (i - 15) / 10.0;
@@ -130,10 +131,12 @@ std::vector<double> ReferencePool(const std::vector<float>& kv, const std::vecto
         const int64_t cur = overlap ? width + c : c;
         const int64_t slot = overlap ? ratio + j : j;
         k[slot] = kv[(w * ratio + j) * stride + cur];
-        s[slot] = static_cast<double>(score[(w * ratio + j) * stride + cur]) + ape[j * stride + cur];
+        s[slot] =
+            static_cast<double>(score[(w * ratio + j) * stride + cur]) + ape[j * stride + cur];
         if (overlap && w > 0) {
           k[j] = kv[((w - 1) * ratio + j) * stride + c];
-          s[j] = static_cast<double>(score[((w - 1) * ratio + j) * stride + c]) + ape[j * stride + c];
+          s[j] =
+              static_cast<double>(score[((w - 1) * ratio + j) * stride + c]) + ape[j * stride + c];
         }
       }
       const double m = *std::max_element(s.begin(), s.end());
@@ -217,12 +220,14 @@ TEST(V4IndexerTest, TopEntriesAreTheBestVisibleOnesBestFirst) {
   scores[7 * entries + 1] = 1.0f;  // tie with entry 0 at t = 7
   std::vector<int32_t> picks(seq_len * k);
   SelectTopEntries(scores.data(), 0, seq_len, entries, ratio, k, picks.data());
-  auto at = [&](int64_t t) { return std::vector<int32_t>(picks.begin() + t * k, picks.begin() + (t + 1) * k); };
+  auto at = [&](int64_t t) {
+    return std::vector<int32_t>(picks.begin() + t * k, picks.begin() + (t + 1) * k);
+  };
   EXPECT_EQ(at(0), (std::vector<int32_t>{-1, -1}));  // nothing visible yet
   EXPECT_EQ(at(2), (std::vector<int32_t>{-1, -1}));
-  EXPECT_EQ(at(3), (std::vector<int32_t>{0, -1}));   // entry 0 complete at t = 3
+  EXPECT_EQ(at(3), (std::vector<int32_t>{0, -1}));  // entry 0 complete at t = 3
   EXPECT_EQ(at(6), (std::vector<int32_t>{0, -1}));
-  EXPECT_EQ(at(7), (std::vector<int32_t>{0, 1}));    // tie at 1.0
+  EXPECT_EQ(at(7), (std::vector<int32_t>{0, 1}));  // tie at 1.0
   EXPECT_EQ(at(8), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(at(10), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(at(11), (std::vector<int32_t>{2, 1}));
@@ -259,7 +264,8 @@ std::vector<double> ReferenceAttention(const SparseAttentionInput& in, int64_t t
   const int64_t d = in.head_dim;
   const float* q = in.q + (t * in.heads + h) * d;
   std::vector<const float*> keys;
-  for (int64_t k = std::max<int64_t>(0, t - in.window + 1); k <= t; ++k) keys.push_back(in.kv + k * d);
+  for (int64_t k = std::max<int64_t>(0, t - in.window + 1); k <= t; ++k)
+    keys.push_back(in.kv + k * d);
   if (in.ratio > 0 && in.picks == nullptr) {
     for (int64_t e = 0; e < std::min(in.entries, (t + 1) / in.ratio); ++e) {
       keys.push_back(in.compressed + e * d);
@@ -318,7 +324,8 @@ SparseCase MakeSparseCase(std::mt19937& rng, int64_t seq_len, int64_t ratio, int
       std::vector<int32_t> visible(std::min(entries, (t + 1) / ratio));
       for (size_t i = 0; i < visible.size(); ++i) visible[i] = static_cast<int32_t>(i);
       std::shuffle(visible.begin(), visible.end(), rng);
-      for (int64_t i = 0; i < std::min<int64_t>(k, visible.size()); ++i) c.picks[t * k + i] = visible[i];
+      for (int64_t i = 0; i < std::min<int64_t>(k, visible.size()); ++i)
+        c.picks[t * k + i] = visible[i];
     }
     c.in.picks = c.picks.data();
     c.in.picks_per_query = k;
@@ -339,7 +346,9 @@ class V4SparseAttentionTest : public ::testing::Test {
 
 TEST_F(V4SparseAttentionTest, MatchesTheFormulaForWindowHcaAndCsaKeys) {
   std::mt19937 rng(11);
-  struct Variant { int64_t ratio, topk; };
+  struct Variant {
+    int64_t ratio, topk;
+  };
   for (const Variant v : {Variant{0, 0}, Variant{4, 0}, Variant{4, 3}, Variant{128, 0}}) {
     const int64_t seq_len = v.ratio == 128 ? 300 : 37;
     SparseCase c = MakeSparseCase(rng, seq_len, v.ratio, v.topk);
@@ -510,7 +519,8 @@ class V4AttentionForwardTest : public ::testing::TestWithParam<int64_t> {
     ctx.numerics = numerics;
     ctx.observer = observer;
     AttentionBatch batch{x.data(), sequences, seq_len};
-    absl::StatusOr<std::vector<float>> out = AttentionForward(ctx, f.config(), 0, f.weights(), batch);
+    absl::StatusOr<std::vector<float>> out =
+        AttentionForward(ctx, f.config(), 0, f.weights(), batch);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? *out : std::vector<float>();
   }
@@ -538,7 +548,8 @@ TEST_P(V4AttentionForwardTest, IsCausalAndSequencesAreIndependent) {
       return std::equal(before.begin() + row * d, before.begin() + (row + 1) * d,
                         after.begin() + row * d);
     };
-    for (int64_t r = 0; r < seq_len + t; ++r) ASSERT_TRUE(row_equal(r)) << NumericsName(numerics) << " row " << r;
+    for (int64_t r = 0; r < seq_len + t; ++r)
+      ASSERT_TRUE(row_equal(r)) << NumericsName(numerics) << " row " << r;
     EXPECT_FALSE(row_equal(seq_len + t));
   }
 }
@@ -632,8 +643,8 @@ class ReferenceCase {
     LinearWeight w;
     w.module = name;
     w.quantized_source = quantized;
-    w.view = kernels::DenseTensor{store.data(), kernels::FloatType::kBF16,
-                                  t ? t->shape[0] : 0, t ? t->shape[1] : 0};
+    w.view = kernels::DenseTensor{store.data(), kernels::FloatType::kBF16, t ? t->shape[0] : 0,
+                                  t ? t->shape[1] : 0};
     return w;
   }
   V4CompressorWeights Compressor(const std::string& prefix) {
@@ -684,7 +695,8 @@ TEST(V4AttentionCaseTest, MatchesTheReferenceImplementation) {
   absl::StatusOr<V4Config> config =
       ParseV4Config(nlohmann::json::parse(meta.at("config")), "case config");
   ASSERT_TRUE(config.ok()) << config.status();
-  const Numerics numerics = meta.at("numerics") == "official" ? Numerics::kOfficial : Numerics::kMath;
+  const Numerics numerics =
+      meta.at("numerics") == "official" ? Numerics::kOfficial : Numerics::kMath;
   ReferenceCase reference(**file);
   const checkpoint::TensorView* x_view = (*file)->Find("x");
   ASSERT_NE(x_view, nullptr);
@@ -699,7 +711,8 @@ TEST(V4AttentionCaseTest, MatchesTheReferenceImplementation) {
     absl::StatusOr<std::vector<float>> out = AttentionForward(
         ctx, *config, layer, w, AttentionBatch{x.data(), x_view->shape[0], x_view->shape[1]});
     ASSERT_TRUE(out.ok()) << out.status();
-    const std::vector<float> ref = reference.Floats("layers." + std::to_string(layer) + ".attn.out");
+    const std::vector<float> ref =
+        reference.Floats("layers." + std::to_string(layer) + ".attn.out");
     ASSERT_EQ(out->size(), ref.size());
     double max_ref = 0.0, max_err = 0.0, signal = 0.0, noise = 0.0;
     int64_t equal = 0;
@@ -713,10 +726,11 @@ TEST(V4AttentionCaseTest, MatchesTheReferenceImplementation) {
     }
     const double sqnr_db = noise == 0.0 ? 999.0 : 10.0 * std::log10(signal / noise);
     const double equal_fraction = static_cast<double>(equal) / static_cast<double>(ref.size());
-    std::printf("layer %lld (ratio %lld, %s): max err %.3g of max|ref| %.4g, SQNR %.1f dB, "
-                "%.2f%% bitwise equal\n",
-                static_cast<long long>(layer), static_cast<long long>(config->CompressRatio(layer)),
-                NumericsName(numerics), max_err, max_ref, sqnr_db, 100.0 * equal_fraction);
+    std::printf(
+        "layer %lld (ratio %lld, %s): max err %.3g of max|ref| %.4g, SQNR %.1f dB, "
+        "%.2f%% bitwise equal\n",
+        static_cast<long long>(layer), static_cast<long long>(config->CompressRatio(layer)),
+        NumericsName(numerics), max_err, max_ref, sqnr_db, 100.0 * equal_fraction);
     if (numerics == Numerics::kMath) {
       // float32 in another accumulation order: about ten chained reductions of length <= 512,
       // each within 512 * 2^-24 relative: 3e-4 of max|ref|.
@@ -743,7 +757,8 @@ TEST_P(V4AttentionForwardTest, SequencesShorterThanAWindowHaveNoCompressedEntrie
       for (float v : out) ASSERT_TRUE(std::isfinite(v)) << seq_len;
       // The compressed KV reaches the observer only when a full window exists.
       EXPECT_EQ(observer.shapes.count("layers.0.attn.compressor"),
-                GetParam() == 4 && seq_len == 4 ? 1u : 0u) << seq_len;
+                GetParam() == 4 && seq_len == 4 ? 1u : 0u)
+          << seq_len;
     }
   }
 }

@@ -39,7 +39,8 @@ def fp4_act_quant(x, block_size=32, inplace=False):
     s = _pow2_ceil(amax * torch.tensor(1.0 / 6.0, dtype=torch.float32))
     q = (xf / s).clamp(-6, 6)
     m = q.abs()
-    # E2M1 code of |q|, ties to the even code (0.75 -> 1, 1.75 -> 2, 3.5 -> 4; 0.25, 1.25, 2.5, 5 down).
+    # E2M1 code of |q|, ties to the even code: 0.75 -> 1, 1.75 -> 2, 3.5 -> 4 round up;
+    # 0.25, 1.25, 2.5, 5 round down.
     code = sum((m > b).int() for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))
     code = code + sum((m == t).int() for t in (0.75, 1.75, 3.5))
     v = FP4_VALUES[code] * torch.where(q < 0, -1.0, 1.0)

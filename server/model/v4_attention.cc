@@ -85,9 +85,31 @@ void ObserveKv(const ForwardContext& ctx, const std::string& module, const float
 }
 
 // The official KV simulation: FP8 with a power-of-two scale per 64 nope columns, in place on
-// rows of width `dim` whose last `rope_dim` values stay as they are.
-absl::Status SimulateKvFp8(float* kv, int64_t rows, int64_t dim, int64_t rope_dim) {
-  return SimulateFp8Act(kv, rows, dim - rope_dim, dim, kKvQuantBlock);
+// rows of width `dim` whose last `rope_dim` values stay as they are. Errors name `module`.
+absl::Status SimulateKvFp8(const std::string& module, float* kv, int64_t rows, int64_t dim,
+                           int64_t rope_dim) {
+  absl::Status s = SimulateFp8Act(kv, rows, dim - rope_dim, dim, kKvQuantBlock);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(module, ": ", s.message()));
+  return s;
+}
+
+// What the official simulation needs of the shapes beyond ValidateAttentionWeights: KV nope dims
+// in blocks of 64, and (CSA) an indexer head the Hadamard transform and the FP4 blocks of 32 fit.
+absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
+  const int64_t nope = config.head_dim - config.qk_rope_head_dim;
+  if (nope % kKvQuantBlock != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("official numerics: head_dim - qk_rope_head_dim = ", nope,
+                     " is not a multiple of the KV FP8 block ", kKvQuantBlock));
+  }
+  const int64_t n = config.index_head_dim;
+  if (ratio == 4 && (n % kFp4QuantBlock != 0 || (n & (n - 1)) != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("official numerics: index_head_dim ", n,
+                     " must be a power of two (Hadamard transform) and a multiple of ",
+                     kFp4QuantBlock, " (FP4 blocks)"));
+  }
+  return absl::OkStatus();
 }
 
 // wo_a: per group g, u[:, g] = o[:, g] · wo_a[g]^T; the official code runs it as a BF16 einsum
@@ -191,6 +213,7 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
   }
   const bool official = ctx.numerics == Numerics::kOfficial;
   const int64_t ratio = config.CompressRatio(layer);
+  if (official) RETURN_IF_ERROR(CheckOfficialShapes(config, ratio));
   const int64_t seq_len = batch.seq_len;
   const int64_t tokens = batch.sequences * seq_len;
   const int64_t heads = config.num_attention_heads;
@@ -219,7 +242,7 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
   ApplyRope(rope, positions.data(), /*inverse=*/false, kv.data(), tokens, 1, dim);
   ToModelDtype(ctx, kv.data(), tokens * dim);
   ObserveKv(ctx, prefix + "kv", kv.data(), tokens, dim);
-  if (official) RETURN_IF_ERROR(SimulateKvFp8(kv.data(), tokens, dim, rope_dim));
+  if (official) RETURN_IF_ERROR(SimulateKvFp8(prefix + "kv", kv.data(), tokens, dim, rope_dim));
 
   // Compressed entries, and the indexer's picks among them (CSA).
   std::vector<float> compressed;
@@ -230,7 +253,8 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
                      RunCompressor(ctx, *weights.compressor, ratio, dim, eps, rope, batch));
     ObserveKv(ctx, prefix + "compressor", compressed.data(), batch.sequences * entries, dim);
     if (official) {
-      RETURN_IF_ERROR(SimulateKvFp8(compressed.data(), batch.sequences * entries, dim, rope_dim));
+      RETURN_IF_ERROR(SimulateKvFp8(prefix + "compressor", compressed.data(),
+                                    batch.sequences * entries, dim, rope_dim));
     }
   }
   if (ratio == 4) {

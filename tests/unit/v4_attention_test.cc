@@ -763,6 +763,22 @@ TEST_P(V4AttentionForwardTest, SequencesShorterThanAWindowHaveNoCompressedEntrie
   }
 }
 
+TEST_P(V4AttentionForwardTest, OfficialNumericsRejectShapesTheSimulationCannotBlock) {
+  AttentionFixture f(GetParam(), 26);
+  const std::vector<float> x = Bf16Inputs(f.rng(), 8 * 128);
+  ForwardContext ctx;
+  ctx.gemm = gemm_.get();
+  ctx.numerics = Numerics::kOfficial;
+  f.config().qk_rope_head_dim = 32;  // nope dims 96: not whole KV FP8 blocks of 64
+  absl::StatusOr<std::vector<float>> out =
+      AttentionForward(ctx, f.config(), 0, f.weights(), AttentionBatch{x.data(), 1, 8});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("KV FP8 block"), std::string::npos) << out.status();
+  ctx.numerics = Numerics::kMath;  // math has no blocks
+  EXPECT_TRUE(
+      AttentionForward(ctx, f.config(), 0, f.weights(), AttentionBatch{x.data(), 1, 8}).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ratios, V4AttentionForwardTest, ::testing::Values(0, 4, 128),
                          [](const auto& info) {
                            return info.param == 0 ? std::string("Sliding")

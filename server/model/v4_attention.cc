@@ -1,8 +1,9 @@
 #include "server/model/v4_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
-#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"

@@ -11,8 +11,8 @@
 namespace quantd::kernels {
 namespace {
 
-// Rows of a BF16 operand widened per sgemm call: 64 KiB of float32 per 64-wide row block keeps
-// the tile in L2 for typical k while leaving sgemm large enough panels.
+// Elements of a BF16 weight widened per sgemm call (4 MiB of float32): large enough that sgemm
+// works on full panels, small enough that a large weight never exists whole in float32.
 constexpr int64_t kTileElements = 1 << 20;
 
 void Widen(const uint16_t* src, int64_t n, float* dst) {

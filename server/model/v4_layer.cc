@@ -125,6 +125,7 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
       row[i] = formats::Bf16ToFloat(b);
     }
   }
+  ReleasePages(ckpt, *embed);
   return absl::OkStatus();
 }
 

@@ -21,6 +21,12 @@ absl::Status TensorShapeError(const std::string& name, const std::vector<int64_t
 
 }  // namespace
 
+void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor) {
+  if (const checkpoint::SafetensorsFile* f = ckpt.dir->ShardOf(tensor.name); f != nullptr) {
+    f->ReleasePages(tensor);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path) {
   auto ckpt = std::make_unique<V4Checkpoint>();
   ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path));
@@ -55,6 +61,12 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
   ASSIGN_OR_RETURN(w.host, pipeline::DecodeWeightToHost(backend, source));
   w.view = w.host.dense.tensor;
   w.view.data = w.host.data;
+  if (w.host.data == source.weight->data) {  // read in place from the mapped shard
+    const auto* bytes = static_cast<const uint8_t*>(w.host.data);
+    w.copy.assign(bytes, bytes + w.host.dense.bytes);
+    w.view.data = w.copy.data();
+  }
+  pipeline::ReleaseSource(ctx, source);
   return w;
 }
 
@@ -79,6 +91,7 @@ absl::StatusOr<std::vector<float>> LoadFloats(const V4Checkpoint& ckpt, const st
   } else {
     memcpy(out.data(), t->data, out.size() * sizeof(float));
   }
+  ReleasePages(ckpt, *t);
   for (size_t i = 0; i < out.size(); ++i) {
     if (!formats::IsFinite(out[i])) {
       return absl::InvalidArgumentError(
@@ -133,6 +146,7 @@ absl::StatusOr<std::vector<int32_t>> LoadExpertIds(const V4Checkpoint& ckpt,
       ids[i] = static_cast<int32_t>(id);
     }
   }
+  ReleasePages(ckpt, *t);
   return ids;
 }
 

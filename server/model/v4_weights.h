@@ -32,12 +32,14 @@ struct V4Checkpoint {
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path);
 
 // A linear layer's weight [out, in], dense and readable from host memory: BF16 for FP8-block,
-// MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources.
+// MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources. It owns its values: the
+// source pages are released once loaded, so memory holds only the layers the caller keeps.
 struct LinearWeight {
   std::string module;            // official name: "layers.3.attn.wq_a"
   bool quantized_source = false; // FP8 or MXFP4 on disk: `official` FP8-simulates its input
-  pipeline::HostWeight host;     // owns the decoded values
-  kernels::DenseTensor view;     // host view of them
+  pipeline::HostWeight host;     // the decoded values (or the source bytes read in place)
+  std::vector<uint8_t> copy;     // BF16/F32 values copied out of the mapped source, else empty
+  kernels::DenseTensor view;     // host view of the values: host.data or copy
 
   int64_t out_features() const { return view.rows; }
   int64_t in_features() const { return view.cols; }
@@ -47,6 +49,10 @@ struct LinearWeight {
 // when it is missing or its shape is not [out, in].
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                         const std::string& module, int64_t out, int64_t in);
+
+// Drops the resident pages of a tensor of the mapped source once it has been copied out, so that
+// memory stays flat as the forward moves through the layers.
+void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor);
 
 // A BF16 or F32 tensor of exactly `shape` as float32.
 absl::StatusOr<std::vector<float>> LoadFloats(const V4Checkpoint& ckpt, const std::string& name,

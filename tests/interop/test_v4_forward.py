@@ -378,3 +378,31 @@ def test_spilled_activations_give_identical_bytes(qd, oracle):
     spilled, _ = run_quantd(qd, oracle, "math_spilled", "--numerics", "math", "--spill", spill)
     for name, t in direct.items():
         assert torch.equal(t.view(torch.int32), spilled[name].view(torch.int32)), name
+
+
+def test_official_numerics_keep_bf16_streams_and_report_their_cost(qd, oracle):
+    """`official` against `math` on the same model: what the official rounding (BF16 streams, FP8
+    activation simulation, FP8 KV, FP4 indexer) changes per layer. The streams must be exactly
+    BF16-representable; the SQNR and amax-ratio table is printed for the closing note (its values
+    are a property of this random model, so only finiteness and a loose floor are asserted: a
+    layer keeping less than 10 dB would mean the simulation is applied to the wrong tensor)."""
+    official, amax_o = run_quantd(qd, oracle, "official", "--numerics", "official")
+    math_out, amax_m = run_quantd(qd, oracle, "math_ref", "--numerics", "math")
+    print("tensor      SQNR(official vs math) dB")
+    for name in [f"layers.{n}" for n in range(CONFIG["num_hidden_layers"])] + ["hidden", "logits"]:
+        a, b = official[name], math_out[name]
+        assert torch.isfinite(a).all(), name
+        if name != "logits":  # logits are float32 in both
+            assert torch.equal(a.to(torch.bfloat16).float(), a), name
+        sqnr = 10 * math.log10(float((b ** 2).sum() / ((a - b) ** 2).sum()))
+        print(f"{name:10s}  {sqnr:6.1f}")
+        assert sqnr > 10.0, (name, sqnr)
+    print("layer       linear-input amax ratio official/math: min  max  (linears)")
+    by_layer = {}
+    for module, value in amax_m.items():
+        if module in amax_o and value > 0 and ".attn.kv" not in module and not module.endswith(
+                ".attn.compressor"):
+            key = ".".join(module.split(".")[:2]) if module.startswith("layers.") else module
+            by_layer.setdefault(key, []).append(amax_o[module] / value)
+    for key, ratios in sorted(by_layer.items()):
+        print(f"{key:10s}  {min(ratios):.4f}  {max(ratios):.4f}  ({len(ratios)})")

@@ -13,9 +13,8 @@ namespace quantd::kernels {
 namespace {
 
 absl::Status CublasError(const char* what, cublasStatus_t status) {
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cublasGetStatusName(status), " (", cublasGetStatusString(status),
-                   ")"));
+  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusName(status), " (",
+                                          cublasGetStatusString(status), ")"));
 }
 
 class CublasGemm final : public Gemm {
@@ -52,11 +51,11 @@ class CublasGemm final : public Gemm {
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const cudaDataType_t in_type = x.type == FloatType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
     // out^T[n, m] = w[n, k] (column-major: w^T is k x n, transposed) * x^T[k, m].
-    const cublasStatus_t st = cublasGemmEx(
-        handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-        static_cast<int>(k), &alpha, w.data, in_type, static_cast<int>(k), x.data, in_type,
-        static_cast<int>(k), &beta, out, CUDA_R_32F, static_cast<int>(n),
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t st =
+        cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w.data, in_type, static_cast<int>(k), x.data,
+                     in_type, static_cast<int>(k), &beta, out, CUDA_R_32F, static_cast<int>(n),
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) return CublasError("cublasGemmEx", st);
     return Synchronize();
   }
@@ -70,8 +69,8 @@ class CublasGemm final : public Gemm {
     return absl::OkStatus();
   }
 
-  const int device_;              // CUDA ordinal
-  const cublasHandle_t handle_;   // owned; bound to device_
+  const int device_;             // CUDA ordinal
+  const cublasHandle_t handle_;  // owned; bound to device_
 };
 
 }  // namespace

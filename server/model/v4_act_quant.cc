@@ -6,8 +6,8 @@
 namespace quantd::model {
 namespace {
 
-constexpr float kFp8MinAmax = 1e-4f;              // kernel.py act_quant_kernel
-constexpr float kFp4MinAmax = 6.0f * 0x1p-126f;   // kernel.py fp4_quant_kernel
+constexpr float kFp8MinAmax = 1e-4f;             // kernel.py act_quant_kernel
+constexpr float kFp4MinAmax = 6.0f * 0x1p-126f;  // kernel.py fp4_quant_kernel
 
 absl::Status CheckShape(int64_t rows, int64_t cols, int64_t ld, int64_t block) {
   if (rows < 0 || cols < 0 || ld < cols || block <= 0 || cols % block != 0) {
@@ -30,8 +30,8 @@ absl::Status Simulate(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t 
       float amax = 0.0f;
       for (int64_t c = b; c < b + block; ++c) {
         if (!formats::IsFinite(row[c])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "activation quantization: non-finite value at [", r, ", ", c, "]"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("activation quantization: non-finite value at [", r, ", ", c, "]"));
         }
         const float a = formats::AbsF(row[c]);
         amax = a > amax ? a : amax;
@@ -65,7 +65,7 @@ absl::Status SimulateFp4Act(float* x, int64_t rows, int64_t cols, int64_t ld) {
 }
 
 void RoundToBf16(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = formats::Bf16ToFloat(formats::FloatToBf16(x[i]));
+  for (int64_t i = 0; i < n; ++i) x[i] = formats::RoundToBf16(x[i]);
 }
 
 }  // namespace quantd::model

@@ -19,9 +19,9 @@
 
 namespace quantd::model {
 
-inline constexpr int64_t kActQuantBlock = 128;   // before FP8/FP4 GEMMs
-inline constexpr int64_t kKvQuantBlock = 64;     // KV cache nope dims
-inline constexpr int64_t kFp4QuantBlock = 32;    // indexer FP4 simulation
+inline constexpr int64_t kActQuantBlock = 128;  // before FP8/FP4 GEMMs
+inline constexpr int64_t kKvQuantBlock = 64;    // KV cache nope dims
+inline constexpr int64_t kFp4QuantBlock = 32;   // indexer FP4 simulation
 
 // The power-of-two scale for a block with absolute maximum `amax` (already floored) and format
 // maximum `max_code` (448 or 6): 2^ceil(log2(amax * (1 / max_code))).

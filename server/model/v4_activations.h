@@ -15,12 +15,12 @@
 namespace quantd::model {
 
 struct V4Activations {
-  int64_t sequences = 0;            // samples in the batch, all of length seq_len
+  int64_t sequences = 0;  // samples in the batch, all of length seq_len
   int64_t seq_len = 0;
   int64_t hc_mult = 0;
   int64_t hidden_size = 0;
-  std::vector<int32_t> token_ids;   // [sequences, seq_len]
-  std::vector<float> streams;       // [sequences, seq_len, hc_mult, hidden_size]
+  std::vector<int32_t> token_ids;  // [sequences, seq_len]
+  std::vector<float> streams;      // [sequences, seq_len, hc_mult, hidden_size]
 
   int64_t tokens() const { return sequences * seq_len; }
 };

@@ -15,11 +15,11 @@ namespace quantd::model {
 
 struct V4Config {
   int64_t hidden_size = 0;
-  int64_t num_hidden_layers = 0;       // main layers; the MTP block is layer num_hidden_layers
+  int64_t num_hidden_layers = 0;  // main layers; the MTP block is layer num_hidden_layers
   int64_t vocab_size = 0;
   int64_t num_attention_heads = 0;
-  int64_t head_dim = 0;                // 512 in the real models; K = V, one shared head
-  int64_t qk_rope_head_dim = 0;        // the last dims of each head that get RoPE
+  int64_t head_dim = 0;          // 512 in the real models; K = V, one shared head
+  int64_t qk_rope_head_dim = 0;  // the last dims of each head that get RoPE
   int64_t q_lora_rank = 0;
   int64_t o_groups = 0;
   int64_t o_lora_rank = 0;
@@ -30,9 +30,9 @@ struct V4Config {
   // Per layer: 0 (sliding window only), 4 (CSA) or 128 (HCA). num_hidden_layers + 1 entries;
   // the last is the MTP block (0 when config.json lists only the main layers).
   std::vector<int64_t> compress_ratios;
-  double rope_theta = 0.0;             // layers with ratio 0 and the MTP block
-  double compress_rope_theta = 0.0;    // compressed layers, with YaRN
-  double rope_factor = 1.0;            // YaRN (rope_scaling); 1 when absent
+  double rope_theta = 0.0;           // layers with ratio 0 and the MTP block
+  double compress_rope_theta = 0.0;  // compressed layers, with YaRN
+  double rope_factor = 1.0;          // YaRN (rope_scaling); 1 when absent
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 0.0;
   double beta_slow = 0.0;

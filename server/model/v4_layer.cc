@@ -13,8 +13,7 @@ namespace {
 
 absl::StatusOr<HyperConnectionWeights> LoadHyperConnection(const V4Checkpoint& ckpt,
                                                            const std::string& prefix,
-                                                           int64_t mix_width,
-                                                           int64_t scales) {
+                                                           int64_t mix_width, int64_t scales) {
   const V4Config& c = ckpt.config;
   HyperConnectionWeights w;
   ASSIGN_OR_RETURN(w.fn, LoadFloats(ckpt, prefix + "fn", {mix_width, c.hc_mult * c.hidden_size}));
@@ -61,8 +60,8 @@ absl::StatusOr<V4AttentionWeights> LoadAttention(const V4Checkpoint& ckpt,
   if (ratio == 4) {
     V4IndexerWeights idx;
     const int64_t ih = c.index_n_heads, ihd = c.index_head_dim;
-    ASSIGN_OR_RETURN(idx.wq_b, LoadLinear(ckpt, backend, p + "indexer.wq_b", ih * ihd,
-                                          c.q_lora_rank));
+    ASSIGN_OR_RETURN(idx.wq_b,
+                     LoadLinear(ckpt, backend, p + "indexer.wq_b", ih * ihd, c.q_lora_rank));
     ASSIGN_OR_RETURN(idx.weights_proj,
                      LoadLinear(ckpt, backend, p + "indexer.weights_proj", ih, d));
     ASSIGN_OR_RETURN(idx.compressor,
@@ -96,8 +95,7 @@ absl::StatusOr<V4HeadWeights> LoadHeadWeights(const V4Checkpoint& ckpt, compute:
   V4HeadWeights w;
   ASSIGN_OR_RETURN(w.hc_head, LoadHyperConnection(ckpt, prefix + "hc_head_", c.hc_mult, 1));
   ASSIGN_OR_RETURN(w.norm, LoadFloats(ckpt, prefix + "norm.weight", {c.hidden_size}));
-  ASSIGN_OR_RETURN(w.head,
-                   LoadLinear(ckpt, device.backend(), "head", c.vocab_size, c.hidden_size));
+  ASSIGN_OR_RETURN(w.head, LoadLinear(ckpt, device.backend(), "head", c.vocab_size, c.hidden_size));
   return w;
 }
 
@@ -114,8 +112,8 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
   }
   for (size_t t = 0; t < ids.size(); ++t) {
     if (ids[t] < 0 || ids[t] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Embed: token id at position ", t,
-                                                     " is outside [0, ", c.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Embed: token id at position ", t, " is outside [0, ", c.vocab_size, ")"));
     }
     const uint8_t* src = embed->data + static_cast<int64_t>(ids[t]) * d * 2;
     float* row = out + static_cast<int64_t>(t) * stride;
@@ -134,8 +132,8 @@ absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
       a.seq_len <= 0 || static_cast<int64_t>(a.token_ids.size()) != a.tokens() ||
       static_cast<int64_t>(a.streams.size()) != a.tokens() * c.hc_mult * c.hidden_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "activations [", a.sequences, ", ", a.seq_len, ", ", a.hc_mult, ", ", a.hidden_size,
-        "] (", a.streams.size(), " values) do not fit a model with hc_mult ", c.hc_mult,
+        "activations [", a.sequences, ", ", a.seq_len, ", ", a.hc_mult, ", ", a.hidden_size, "] (",
+        a.streams.size(), " values) do not fit a model with hc_mult ", c.hc_mult,
         " and hidden_size ", c.hidden_size));
   }
   return absl::OkStatus();
@@ -146,9 +144,9 @@ absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
 absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numerics numerics,
                                                   Observer* observer) {
   if (!device.host_visible() || device.gemm() == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the DeepSeek-V4 forward runs its non-GEMM blocks on the host; device ", device.name(),
-        " is not host-visible"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the DeepSeek-V4 forward runs its non-GEMM blocks on the host; device ",
+                     device.name(), " is not host-visible"));
   }
   ForwardContext ctx;
   ctx.gemm = device.gemm();
@@ -175,9 +173,8 @@ absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config
   HcMix mix;
   RETURN_IF_ERROR(HcPre(ctx, config, layer.hc_attn, in.streams.data(), tokens, x.data(), &mix));
   RmsNorm(ctx, x.data(), tokens, d, layer.attn_norm, config.rms_norm_eps, x.data());
-  ASSIGN_OR_RETURN(std::vector<float> attn,
-                   AttentionForward(ctx, config, layer.layer, layer.attn,
-                                    {x.data(), in.sequences, in.seq_len}));
+  ASSIGN_OR_RETURN(std::vector<float> attn, AttentionForward(ctx, config, layer.layer, layer.attn,
+                                                             {x.data(), in.sequences, in.seq_len}));
   std::vector<float> mid(in.streams.size());
   HcPost(ctx, config, mix, attn.data(), in.streams.data(), tokens, mid.data());
 
@@ -203,8 +200,8 @@ absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_
   const int64_t d = c.hidden_size, hc = c.hc_mult;
   if (sequences <= 0 || seq_len <= 0 ||
       static_cast<int64_t>(token_ids.size()) != sequences * seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("Embed: ", token_ids.size(),
-                                                   " token ids for ", sequences, " x ", seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Embed: ", token_ids.size(), " token ids for ", sequences, " x ", seq_len));
   }
   V4Activations a;
   a.sequences = sequences;

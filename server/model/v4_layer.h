@@ -26,13 +26,13 @@
 namespace quantd::model {
 
 struct V4LayerWeights {
-  int64_t layer = 0;                  // index; num_hidden_layers is the MTP block
-  HyperConnectionWeights hc_attn;     // hc_attn_{fn,base,scale}
-  HyperConnectionWeights hc_ffn;      // hc_ffn_{fn,base,scale}
-  std::vector<float> attn_norm;       // attn_norm.weight [d]
-  std::vector<float> ffn_norm;        // ffn_norm.weight [d]
-  V4AttentionWeights attn;            // attn.*
-  MoeWeights moe;                     // ffn.*
+  int64_t layer = 0;               // index; num_hidden_layers is the MTP block
+  HyperConnectionWeights hc_attn;  // hc_attn_{fn,base,scale}
+  HyperConnectionWeights hc_ffn;   // hc_ffn_{fn,base,scale}
+  std::vector<float> attn_norm;    // attn_norm.weight [d]
+  std::vector<float> ffn_norm;     // ffn_norm.weight [d]
+  V4AttentionWeights attn;         // attn.*
+  MoeWeights moe;                  // ffn.*
 };
 
 // A forward context on `device`: its Gemm, the numerics and the observer (may be nullptr).
@@ -72,12 +72,12 @@ absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
 // compress_ratios, bias top-k routing): the official MTPBlock, which the shipped inference never
 // calls (v4_forward_crosscheck.md §1b.12), so its input plumbing is the caller's.
 struct V4MtpWeights {
-  LinearWeight e_proj;          // e_proj [d, d], FP8
-  LinearWeight h_proj;          // h_proj [d, d], FP8
-  std::vector<float> enorm;     // enorm.weight [d]
-  std::vector<float> hnorm;     // hnorm.weight [d]
-  V4LayerWeights block;         // the decoder block under mtp.0.
-  V4HeadWeights head;           // mtp.0.hc_head_*, mtp.0.norm and the shared head.weight
+  LinearWeight e_proj;       // e_proj [d, d], FP8
+  LinearWeight h_proj;       // h_proj [d, d], FP8
+  std::vector<float> enorm;  // enorm.weight [d]
+  std::vector<float> hnorm;  // hnorm.weight [d]
+  V4LayerWeights block;      // the decoder block under mtp.0.
+  V4HeadWeights head;        // mtp.0.hc_head_*, mtp.0.norm and the shared head.weight
 };
 absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& device);
 

@@ -31,8 +31,7 @@ absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const
   std::vector<float> simulated;
   if (ctx.numerics == Numerics::kOfficial && w.quantized_source) {
     simulated.assign(x, x + rows * in);
-    if (absl::Status s = SimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock);
-        !s.ok()) {
+    if (absl::Status s = SimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
     }
     xt.data = simulated.data();

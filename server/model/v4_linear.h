@@ -17,16 +17,16 @@ namespace quantd::model {
 
 // Where and how one forward runs. Host memory throughout (the CPU device).
 struct ForwardContext {
-  kernels::Gemm* gemm = nullptr;       // the device's matrix products
+  kernels::Gemm* gemm = nullptr;  // the device's matrix products
   Numerics numerics = Numerics::kOfficial;
-  Observer* observer = nullptr;        // may be nullptr
+  Observer* observer = nullptr;  // may be nullptr
 };
 
 // Optional facts about the rows of one linear call, passed on to the observer.
 struct LinearRows {
-  const int64_t* tokens = nullptr;            // LinearInput::tokens
-  int expert = -1;                            // LinearInput::expert
-  const float* routing_weights = nullptr;     // LinearInput::routing_weights
+  const int64_t* tokens = nullptr;         // LinearInput::tokens
+  int expert = -1;                         // LinearInput::expert
+  const float* routing_weights = nullptr;  // LinearInput::routing_weights
 };
 
 enum class LinearOutput {

@@ -93,8 +93,8 @@ void SplitSinkhorn(const float* mixes, const float* scale, const float* base, in
 }
 
 absl::Status HcPre(const ForwardContext& ctx, const V4Config& config,
-                   const HyperConnectionWeights& w, const float* streams, int64_t tokens,
-                   float* y, HcMix* mix) {
+                   const HyperConnectionWeights& w, const float* streams, int64_t tokens, float* y,
+                   HcMix* mix) {
   const int64_t hc = config.hc_mult;
   const int64_t mix_width = (2 + hc) * hc;
   std::vector<float> mixes;

@@ -43,8 +43,8 @@ void SplitSinkhorn(const float* mixes, const float* scale, const float* base, in
 // hc_pre: streams [tokens, hc, d] -> the sub-block input y [tokens, d] (model dtype) and the
 // mix. mixes = (streams_flat · fn^T) * rsqrt(mean(streams_flat^2) + rms_norm_eps).
 absl::Status HcPre(const ForwardContext& ctx, const V4Config& config,
-                   const HyperConnectionWeights& w, const float* streams, int64_t tokens,
-                   float* y, HcMix* mix);
+                   const HyperConnectionWeights& w, const float* streams, int64_t tokens, float* y,
+                   HcMix* mix);
 
 // hc_post: out[t, k] = post[t, k] * f[t] + sum_j comb[t, j, k] * streams[t, j] (model dtype).
 // `out` may not alias `streams`.

@@ -24,8 +24,7 @@ absl::StatusOr<ExpertWeights> LoadExpert(const V4Checkpoint& ckpt, kernels::Back
 // `weights` nullptr for the shared expert.
 absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
                            const ExpertWeights& e, const float* x, int64_t rows,
-                           const int64_t* tokens, int expert, const float* weights,
-                           float* out) {
+                           const int64_t* tokens, int expert, const float* weights, float* out) {
   const int64_t inter = e.w1.out_features();
   std::vector<float> g(static_cast<size_t>(rows * inter)), u(g.size());
   const LinearRows facts{tokens, expert, nullptr};
@@ -50,8 +49,8 @@ absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& b
   const V4Config& c = ckpt.config;
   const std::string p = prefix + "ffn.";
   MoeWeights w;
-  ASSIGN_OR_RETURN(w.gate, LoadLinear(ckpt, backend, p + "gate", c.n_routed_experts,
-                                      c.hidden_size));
+  ASSIGN_OR_RETURN(w.gate,
+                   LoadLinear(ckpt, backend, p + "gate", c.n_routed_experts, c.hidden_size));
   if (hash) {
     ASSIGN_OR_RETURN(w.tid2eid, LoadExpertIds(ckpt, p + "gate.tid2eid", c.vocab_size,
                                               c.num_experts_per_tok, c.n_routed_experts));
@@ -60,9 +59,9 @@ absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& b
   }
   w.experts.reserve(static_cast<size_t>(c.n_routed_experts));
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    ASSIGN_OR_RETURN(ExpertWeights ew, LoadExpert(ckpt, backend,
-                                                  absl::StrCat(p, "experts.", e, "."),
-                                                  c.moe_intermediate_size));
+    ASSIGN_OR_RETURN(
+        ExpertWeights ew,
+        LoadExpert(ckpt, backend, absl::StrCat(p, "experts.", e, "."), c.moe_intermediate_size));
     w.experts.push_back(std::move(ew));
   }
   ASSIGN_OR_RETURN(w.shared, LoadExpert(ckpt, backend, p + "shared_experts.",
@@ -116,9 +115,9 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
   const int64_t topk = config.num_experts_per_tok;
   for (int64_t t = 0; t < tokens && !w.tid2eid.empty(); ++t) {
     if (token_ids[t] < 0 || token_ids[t] >= config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("MoE of ", w.gate.module, ": token ", t, " has an id outside [0, ",
-                       config.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("MoE of ", w.gate.module, ": token ", t,
+                                                     " has an id outside [0, ", config.vocab_size,
+                                                     ")"));
     }
   }
   std::vector<float> logits(static_cast<size_t>(tokens * experts));

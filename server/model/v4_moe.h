@@ -24,9 +24,9 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
-  LinearWeight gate;                 // router [experts, d], run in float32
-  std::vector<float> bias;           // [experts]; empty in hash layers
-  std::vector<int32_t> tid2eid;      // [vocab, topk]; hash layers only
+  LinearWeight gate;             // router [experts, d], run in float32
+  std::vector<float> bias;       // [experts]; empty in hash layers
+  std::vector<int32_t> tid2eid;  // [vocab, topk]; hash layers only
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;
 };

@@ -32,9 +32,8 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
   ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path));
   ASSIGN_OR_RETURN(ckpt->inventory, pipeline::BuildInventory(*ckpt->dir));
   if (ckpt->inventory.arch != pipeline::ModelArch::kDeepseekV4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a DeepSeek-V4 checkpoint (model_type \"",
-                     ckpt->inventory.model_type, "\")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a DeepSeek-V4 checkpoint (model_type \"", ckpt->inventory.model_type, "\")"));
   }
   ASSIGN_OR_RETURN(ckpt->config,
                    ParseV4Config(ckpt->dir->config(), absl::StrCat(path, "/config.json")));
@@ -102,8 +101,7 @@ absl::StatusOr<std::vector<float>> LoadFloats(const V4Checkpoint& ckpt, const st
 }
 
 absl::StatusOr<std::vector<float>> LoadFloatsOr(const V4Checkpoint& ckpt, const std::string& name,
-                                                const std::vector<int64_t>& shape,
-                                                float fallback) {
+                                                const std::vector<int64_t>& shape, float fallback) {
   if (ckpt.dir->Find(name) != nullptr) return LoadFloats(ckpt, name, shape);
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -119,7 +117,8 @@ absl::StatusOr<std::vector<int32_t>> LoadExpertIds(const V4Checkpoint& ckpt,
         absl::StrCat("tensor ", name, " is missing from ", ckpt.dir->dir()));
   }
   const bool i64 = t->dtype == checkpoint::Dtype::kI64;
-  if ((!i64 && t->dtype != checkpoint::Dtype::kI32) || t->shape != std::vector<int64_t>{vocab, topk}) {
+  if ((!i64 && t->dtype != checkpoint::Dtype::kI32) ||
+      t->shape != std::vector<int64_t>{vocab, topk}) {
     return TensorShapeError(name, t->shape, {vocab, topk},
                             std::string(checkpoint::DtypeName(t->dtype)));
   }
@@ -138,10 +137,10 @@ absl::StatusOr<std::vector<int32_t>> LoadExpertIds(const V4Checkpoint& ckpt,
       bool repeated = false;
       for (int64_t j = 0; j < k; ++j) repeated |= ids[static_cast<size_t>(r * topk + j)] == id;
       if (id < 0 || id >= experts || repeated) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor ", name, ": [", r, ", ", k, "]: ",
-            repeated ? "repeats an expert of its row"
-                     : absl::StrCat("expert id outside [0, ", experts, ")")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", name, ": [", r, ", ", k, "]: ",
+                         repeated ? "repeats an expert of its row"
+                                  : absl::StrCat("expert id outside [0, ", experts, ")")));
       }
       ids[i] = static_cast<int32_t>(id);
     }

@@ -35,11 +35,11 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
 // MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources. It owns its values: the
 // source pages are released once loaded, so memory holds only the layers the caller keeps.
 struct LinearWeight {
-  std::string module;            // official name: "layers.3.attn.wq_a"
-  bool quantized_source = false; // FP8 or MXFP4 on disk: `official` FP8-simulates its input
-  pipeline::HostWeight host;     // the decoded values (or the source bytes read in place)
-  std::vector<uint8_t> copy;     // BF16/F32 values copied out of the mapped source, else empty
-  kernels::DenseTensor view;     // host view of the values: host.data or copy
+  std::string module;             // official name: "layers.3.attn.wq_a"
+  bool quantized_source = false;  // FP8 or MXFP4 on disk: `official` FP8-simulates its input
+  pipeline::HostWeight host;      // the decoded values (or the source bytes read in place)
+  std::vector<uint8_t> copy;      // BF16/F32 values copied out of the mapped source, else empty
+  kernels::DenseTensor view;      // host view of the values: host.data or copy
 
   int64_t out_features() const { return view.rows; }
   int64_t in_features() const { return view.cols; }

@@ -61,9 +61,9 @@ class CountingGemm final : public kernels::Gemm {
   double seconds() const { return seconds_; }
 
  private:
-  kernels::Gemm* inner_;   // the device's Gemm
-  double flops_ = 0.0;     // since Reset()
-  double seconds_ = 0.0;   // inside inner_, since Reset()
+  kernels::Gemm* inner_;  // the device's Gemm
+  double flops_ = 0.0;    // since Reset()
+  double seconds_ = 0.0;  // inside inner_, since Reset()
 };
 
 // Resident bytes of this process now (statm's second field).
@@ -122,7 +122,8 @@ absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len,
   ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
   ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
   CountingGemm gemm(device->gemm());
-  ASSIGN_OR_RETURN(model::ForwardContext ctx, model::MakeForwardContext(*device, numerics, nullptr));
+  ASSIGN_OR_RETURN(model::ForwardContext ctx,
+                   model::MakeForwardContext(*device, numerics, nullptr));
   ctx.gemm = &gemm;
   const model::V4Config& c = ckpt->config;
   ASSIGN_OR_RETURN(model::V4Activations acts,
@@ -137,14 +138,14 @@ absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len,
     ASSIGN_OR_RETURN(acts, model::RunLayer(ctx, c, w, acts));
     const double run = Seconds(t);
     if (report) {
-      printf("layer %ld ratio %3ld  load %6.2f s  run %6.2f s  %8.1f tokens/s  GEMM %6.2f GFLOP "
-             "%6.1f GFLOP/s of run (%4.1f%% of peak)  %6.1f GFLOP/s in GEMM (%4.1f%%)  GEMM share "
-             "of run %4.1f%%  RSS %.0f MiB\n",
-             static_cast<long>(l), static_cast<long>(c.CompressRatio(l)), load, run, tokens / run,
-             gemm.flops() / 1e9, gemm.flops() / run / 1e9, 100.0 * gemm.flops() / run / 1e9 / peak,
-             gemm.flops() / gemm.seconds() / 1e9,
-             100.0 * gemm.flops() / gemm.seconds() / 1e9 / peak, 100.0 * gemm.seconds() / run,
-             ResidentMib());
+      printf(
+          "layer %ld ratio %3ld  load %6.2f s  run %6.2f s  %8.1f tokens/s  GEMM %6.2f GFLOP "
+          "%6.1f GFLOP/s of run (%4.1f%% of peak)  %6.1f GFLOP/s in GEMM (%4.1f%%)  GEMM share "
+          "of run %4.1f%%  RSS %.0f MiB\n",
+          static_cast<long>(l), static_cast<long>(c.CompressRatio(l)), load, run, tokens / run,
+          gemm.flops() / 1e9, gemm.flops() / run / 1e9, 100.0 * gemm.flops() / run / 1e9 / peak,
+          gemm.flops() / gemm.seconds() / 1e9, 100.0 * gemm.flops() / gemm.seconds() / 1e9 / peak,
+          100.0 * gemm.seconds() / run, ResidentMib());
     }
   }
   ASSIGN_OR_RETURN(model::V4HeadWeights head, model::LoadHead(*ckpt, *device));
@@ -206,14 +207,15 @@ int main(int argc, char** argv) {
   printf("OpenBLAS sgemm 2048^3 peak: %.1f GFLOP/s (threads %d, 0 = all)\n", peak, threads);
   printf("small fixture shape, %d layers, %ld x %ld tokens, %s numerics\n", table_layers,
          static_cast<long>(sequences), static_cast<long>(seq_len), numerics.c_str());
-  if (absl::Status s = Forward(table_layers == 8 ? l8 : l4, sequences, seq_len, threads, mode,
-                               true, peak);
+  if (absl::Status s =
+          Forward(table_layers == 8 ? l8 : l4, sequences, seq_len, threads, mode, true, peak);
       !s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }
-  printf("peak RSS, whole forward layer by layer: 4 layers %.1f MiB, 8 layers %.1f MiB "
-         "(ratio %.3f)\n", rss4 / 1048576.0, rss8 / 1048576.0,
-         static_cast<double>(rss8) / static_cast<double>(rss4));
+  printf(
+      "peak RSS, whole forward layer by layer: 4 layers %.1f MiB, 8 layers %.1f MiB "
+      "(ratio %.3f)\n",
+      rss4 / 1048576.0, rss8 / 1048576.0, static_cast<double>(rss8) / static_cast<double>(rss4));
   return rss4 > 0 && rss8 > 0 ? 0 : 1;
 }

@@ -84,11 +84,11 @@ absl::Status Run(const std::string& checkpoint_dir, const std::string& ids_path,
   const model::V4Config& config = ckpt->config;
   ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
   AmaxObserver observer;
-  ASSIGN_OR_RETURN(model::ForwardContext ctx,
-                   model::MakeForwardContext(
-                       *device, numerics == "math" ? model::Numerics::kMath
-                                                   : model::Numerics::kOfficial,
-                       &observer));
+  ASSIGN_OR_RETURN(
+      model::ForwardContext ctx,
+      model::MakeForwardContext(
+          *device, numerics == "math" ? model::Numerics::kMath : model::Numerics::kOfficial,
+          &observer));
   int64_t sequences = 0, seq_len = 0;
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ReadIds(ids_path, &sequences, &seq_len));
   ASSIGN_OR_RETURN(V4Activations acts, model::Embed(*ckpt, std::move(ids), sequences, seq_len));
@@ -96,7 +96,8 @@ absl::Status Run(const std::string& checkpoint_dir, const std::string& ids_path,
   const int64_t layers = config.num_hidden_layers;
   std::vector<checkpoint::TensorSpec> specs;
   for (int64_t l = 0; l < layers; ++l) {
-    specs.push_back({absl::StrCat("layers.", l), checkpoint::Dtype::kF32,
+    specs.push_back({absl::StrCat("layers.", l),
+                     checkpoint::Dtype::kF32,
                      {sequences, seq_len, config.hc_mult, config.hidden_size}});
   }
   specs.push_back({"hidden", checkpoint::Dtype::kF32, {sequences, seq_len, config.hidden_size}});
@@ -125,7 +126,8 @@ absl::Status Run(const std::string& checkpoint_dir, const std::string& ids_path,
   for (const auto& [module, value] : observer.amax()) amax[module] = value;
   std::ofstream f(out_path + ".amax.json");
   f << amax.dump(1);
-  if (!f.good()) return absl::UnavailableError(absl::StrCat("cannot write ", out_path, ".amax.json"));
+  if (!f.good())
+    return absl::UnavailableError(absl::StrCat("cannot write ", out_path, ".amax.json"));
   return absl::OkStatus();
 }
 

@@ -168,12 +168,18 @@ TEST(CublasGemmTest, MatchesOpenBlasOnDevice) {
     auto dw = (*backend)->Allocate(w.size() * es);
     auto dout = (*backend)->Allocate(static_cast<size_t>(m * n) * 4);
     ASSERT_TRUE(dx.ok() && dw.ok() && dout.ok());
-    ASSERT_TRUE((*backend)->CopyToBackend(dx->data(), bf16 ? (const void*)xb.data() : x.data(),
-                                          x.size() * es).ok());
-    ASSERT_TRUE((*backend)->CopyToBackend(dw->data(), bf16 ? (const void*)wb.data() : w.data(),
-                                          w.size() * es).ok());
-    ASSERT_TRUE((*gemm)->MatMulNT({dx->data(), type, m, k}, {dw->data(), type, n, k},
-                                  dout->as<float>(), false).ok());
+    ASSERT_TRUE(
+        (*backend)
+            ->CopyToBackend(dx->data(), bf16 ? (const void*)xb.data() : x.data(), x.size() * es)
+            .ok());
+    ASSERT_TRUE(
+        (*backend)
+            ->CopyToBackend(dw->data(), bf16 ? (const void*)wb.data() : w.data(), w.size() * es)
+            .ok());
+    ASSERT_TRUE(
+        (*gemm)
+            ->MatMulNT({dx->data(), type, m, k}, {dw->data(), type, n, k}, dout->as<float>(), false)
+            .ok());
     std::vector<float> out(static_cast<size_t>(m * n));
     ASSERT_TRUE((*backend)->CopyToHost(out.data(), dout->data(), out.size() * 4).ok());
     for (size_t i = 0; i < out.size(); ++i) {

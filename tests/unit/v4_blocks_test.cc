@@ -17,10 +17,10 @@ TEST(V4ActQuantTest, Fp8SimulationMatchesHandDerivedValues) {
   std::vector<float> x(3 * 128, 0.0f);
   // Block 0: amax 300 -> s = 2^ceil(log2(300/448)) = 1. E4M3 steps: 32 in [256,512), 0.125 in
   // [1,2), 2^-5 in [0.25,0.5). 1.0625 is the tie between 1 and 1.125: even mantissa -> 1.
-  x[0] = 300.0f;    // -> 288
-  x[1] = -1.2f;     // -> -1.25
-  x[2] = 0.3f;      // -> 0.3125
-  x[3] = 1.0625f;   // -> 1
+  x[0] = 300.0f;   // -> 288
+  x[1] = -1.2f;    // -> -1.25
+  x[2] = 0.3f;     // -> 0.3125
+  x[3] = 1.0625f;  // -> 1
   // Block 1: all 1000 -> s = 2^ceil(log2(2.23)) = 4; 250 -> 256 (step 16) -> 1024.
   for (int c = 128; c < 256; ++c) x[c] = 1000.0f;
   // Block 2: amax 1e-5 floored to 1e-4 -> s = 2^ceil(log2(2.2e-7)) = 2^-22;
@@ -83,8 +83,8 @@ TEST(V4ActQuantTest, PowerOfTwoScaleUsesTheReciprocalProduct) {
 }
 
 // hc_split_sinkhorn in double, straight from kernel.py.
-void SinkhornReference(const float* mixes, const float* scale, const float* base, int hc,
-                       int iters, double eps, double* pre, double* post, double* comb) {
+void SinkhornReference(const float* mixes, const float* scale, const float* base, int hc, int iters,
+                       double eps, double* pre, double* post, double* comb) {
   auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
   for (int j = 0; j < hc; ++j) {
     pre[j] = sigmoid(double(mixes[j]) * scale[0] + base[j]) + eps;
@@ -93,8 +93,8 @@ void SinkhornReference(const float* mixes, const float* scale, const float* base
   for (int j = 0; j < hc; ++j) {
     double sum = 0.0;
     for (int k = 0; k < hc; ++k) {
-      comb[j * hc + k] = std::exp(double(mixes[2 * hc + j * hc + k]) * scale[2] +
-                                  base[2 * hc + j * hc + k]);
+      comb[j * hc + k] =
+          std::exp(double(mixes[2 * hc + j * hc + k]) * scale[2] + base[2 * hc + j * hc + k]);
       sum += comb[j * hc + k];
     }
     for (int k = 0; k < hc; ++k) comb[j * hc + k] = comb[j * hc + k] / sum + eps;

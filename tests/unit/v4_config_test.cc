@@ -46,16 +46,11 @@ TEST(V4ConfigTest, AcceptsRatiosWithoutTheMtpEntry) {
 
 TEST(V4ConfigTest, RefusesMalformedFieldsByName) {
   const std::vector<std::pair<std::string, nlohmann::json>> cases = {
-      {"hidden_size", nullptr},
-      {"hidden_size", "256"},
-      {"num_attention_heads", 0},
-      {"compress_ratios", {0, 4}},
-      {"compress_ratios", {0, 4, 64, 0}},
-      {"o_groups", 3},
-      {"qk_rope_head_dim", 1000},
-      {"num_experts_per_tok", 100},
-      {"routed_scaling_factor", -1.0},
-      {"hc_mult", 64},
+      {"hidden_size", nullptr},           {"hidden_size", "256"},
+      {"num_attention_heads", 0},         {"compress_ratios", {0, 4}},
+      {"compress_ratios", {0, 4, 64, 0}}, {"o_groups", 3},
+      {"qk_rope_head_dim", 1000},         {"num_experts_per_tok", 100},
+      {"routed_scaling_factor", -1.0},    {"hc_mult", 64},
   };
   for (const auto& [field, value] : cases) {
     nlohmann::json j = TinyJson();

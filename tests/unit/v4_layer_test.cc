@@ -41,9 +41,9 @@ class RecordingObserver final : public Observer {
   }
   void OnKvCache(const KvCacheInput& in) override { kv_.insert(*in.module); }
 
-  std::map<std::string, float> amax_;       // module -> max |input|
-  std::map<int64_t, double> weight_sum_;    // token -> sum of its routing weights (one layer)
-  std::set<std::string> kv_;                // KV cache modules seen
+  std::map<std::string, float> amax_;     // module -> max |input|
+  std::map<int64_t, double> weight_sum_;  // token -> sum of its routing weights (one layer)
+  std::set<std::string> kv_;              // KV cache modules seen
 };
 
 class V4LayerTest : public testing_util::TempDirTest {
@@ -109,10 +109,10 @@ TEST_F(V4LayerTest, OfficialForwardKeepsBf16StreamsAndShowsEveryLinear) {
     acts = std::move(out);
   }
   const std::string p = "layers.1.";
-  for (const char* m : {"attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b",
-                        "attn.compressor.wkv", "attn.indexer.wq_b", "attn.indexer.weights_proj",
-                        "ffn.gate", "ffn.shared_experts.w1", "ffn.shared_experts.w2",
-                        "ffn.shared_experts.w3"}) {
+  for (const char* m :
+       {"attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b", "attn.compressor.wkv",
+        "attn.indexer.wq_b", "attn.indexer.weights_proj", "ffn.gate", "ffn.shared_experts.w1",
+        "ffn.shared_experts.w2", "ffn.shared_experts.w3"}) {
     EXPECT_GT(observer.amax_.count(p + m), 0u) << p + m;
   }
   EXPECT_GT(observer.kv_.count("layers.1.attn.kv"), 0u);
@@ -221,8 +221,7 @@ TEST_F(V4LayerTest, RejectsBadLayersActivationsAndIds) {
   ASSERT_TRUE(acts.ok());
   acts->streams.pop_back();
   auto ctx = MakeForwardContext(*device_, Numerics::kMath, nullptr);
-  EXPECT_EQ(RunLayer(*ctx, c, *weights, *acts).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunLayer(*ctx, c, *weights, *acts).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // quantd_v4_forward_bench: the DeepSeek-V4 forward on the CPU, layer by layer, on synthetic
-// checkpoints (the `small` fixture shape), against OpenBLAS sgemm measured in the same run.
+// checkpoints (the `small` fixture shape with 4 and 8 layers, and the `bench` preset), against
+// OpenBLAS sgemm measured in the same run.
 //
 //   quantd_v4_forward_bench --dir SCRATCH [--sequences 2] [--seq-len 256] [--threads 0]
-//                           [--numerics official|math]
+//                           [--numerics official|math] [--table small4|small8|bench]
 //
 // Prints, per layer: load seconds, run seconds, tokens/s, the GFLOP/s of the layer's GEMMs over
 // the whole run time and over the time spent inside the GEMMs, and both as a fraction of the
@@ -104,10 +105,11 @@ fixture::FixtureConfig BenchConfig(int64_t layers) {
   return c;
 }
 
-absl::Status EnsureFixture(const std::string& dir, int64_t layers) {
+absl::Status EnsureFixture(const std::string& dir, const fixture::FixtureConfig& config) {
   if (std::filesystem::exists(dir + "/config.json")) return absl::OkStatus();
-  fprintf(stderr, "writing a %ld-layer fixture to %s\n", static_cast<long>(layers), dir.c_str());
-  return fixture::WriteFixture(BenchConfig(layers), 1, dir, {}).status();
+  fprintf(stderr, "writing a %ld-layer fixture to %s\n",
+          static_cast<long>(config.num_hidden_layers), dir.c_str());
+  return fixture::WriteFixture(config, 1, dir, {}).status();
 }
 
 std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
@@ -178,22 +180,31 @@ int main(int argc, char** argv) {
   CLI::App app{"DeepSeek-V4 CPU forward benchmark"};
   std::string dir, numerics = "official";
   int64_t sequences = 2, seq_len = 256;
-  int threads = 0, table_layers = 4;
+  int threads = 0;
+  std::string table = "small4";
   app.add_option("--dir", dir, "scratch directory for the fixtures (reused)")->required();
   app.add_option("--sequences", sequences, "samples per batch");
   app.add_option("--seq-len", seq_len, "tokens per sample");
   app.add_option("--threads", threads, "CPU threads (0: all)");
   app.add_option("--numerics", numerics, "official or math")
       ->check(CLI::IsMember({"official", "math"}));
-  app.add_option("--table-layers", table_layers, "the model of the per-layer table: 4 or 8")
-      ->check(CLI::IsMember({4, 8}));
+  app.add_option("--table", table,
+                 "the model of the per-layer table: small4 / small8 (the small preset's shape "
+                 "with 4 / 8 layers) or bench (the bench preset)")
+      ->check(CLI::IsMember({"small4", "small8", "bench"}));
   CLI11_PARSE(app, argc, argv);
   using namespace quantd;
   const model::Numerics mode =
       numerics == "math" ? model::Numerics::kMath : model::Numerics::kOfficial;
-  const std::string l4 = dir + "/layers4", l8 = dir + "/layers8";
-  for (const auto& [path, layers] : {std::pair{l4, 4}, std::pair{l8, 8}}) {
-    if (absl::Status s = EnsureFixture(path, layers); !s.ok()) {
+  const std::string l4 = dir + "/layers4", l8 = dir + "/layers8", bench = dir + "/bench";
+  std::vector<std::pair<std::string, fixture::FixtureConfig>> fixtures = {{l4, BenchConfig(4)},
+                                                                          {l8, BenchConfig(8)}};
+  if (table == "bench") {
+    fixtures.push_back(
+        {bench, fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kBench)});
+  }
+  for (const auto& [path, config] : fixtures) {
+    if (absl::Status s = EnsureFixture(path, config); !s.ok()) {
       fprintf(stderr, "%s\n", s.ToString().c_str());
       return 1;
     }
@@ -205,11 +216,10 @@ int main(int argc, char** argv) {
   auto gemm = kernels::MakeOpenBlasGemm(threads);
   const double peak = SgemmPeakGflops(*gemm);
   printf("OpenBLAS sgemm 2048^3 peak: %.1f GFLOP/s (threads %d, 0 = all)\n", peak, threads);
-  printf("small fixture shape, %d layers, %ld x %ld tokens, %s numerics\n", table_layers,
+  printf("per-layer table: %s, %ld x %ld tokens, %s numerics\n", table.c_str(),
          static_cast<long>(sequences), static_cast<long>(seq_len), numerics.c_str());
-  if (absl::Status s =
-          Forward(table_layers == 8 ? l8 : l4, sequences, seq_len, threads, mode, true, peak);
-      !s.ok()) {
+  const std::string table_dir = table == "bench" ? bench : (table == "small8" ? l8 : l4);
+  if (absl::Status s = Forward(table_dir, sequences, seq_len, threads, mode, true, peak); !s.ok()) {
     fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }

@@ -59,6 +59,9 @@ QUANTD_HD uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
+// f rounded to the nearest BF16 value, as float32 (a BF16 tensor's value in float32 code).
+QUANTD_HD float RoundToBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
+
 // ---- E4M3FN (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; 0x7F/0xFF = NaN; no inf) ---
 
 inline constexpr float kE4m3Max = 448.0f;

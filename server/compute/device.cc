@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
+#include "kernels/gemm.h"
 #include "server/compute/device_name.h"
 #include "server/compute/requirement.h"
 
@@ -30,8 +31,9 @@ int64_t ResidentBytes() {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(std::unique_ptr<kernels::Backend> backend, int64_t budget)
-      : backend_(std::move(backend)), budget_(budget) {}
+  CpuDevice(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<kernels::Gemm> gemm,
+            int64_t budget)
+      : backend_(std::move(backend)), gemm_(std::move(gemm)), budget_(budget) {}
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   const std::string& name() const override { return name_; }
   int64_t total_memory_bytes() const override { return budget_; }
@@ -41,10 +43,12 @@ class CpuDevice final : public Device {
   }
   bool host_visible() const override { return true; }
   kernels::Backend& backend() override { return *backend_; }
+  kernels::Gemm* gemm() override { return gemm_.get(); }
 
  private:
   const std::string name_ = "cpu";
   std::unique_ptr<kernels::Backend> backend_;  // owned; used by the owning worker only
+  std::unique_ptr<kernels::Gemm> gemm_;        // OpenBLAS; used by the owning worker only
   const int64_t budget_;                       // bytes; fixed at open
 };
 
@@ -66,7 +70,8 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const std::string& name,
   if (!backend.ok()) return backend.status();
   const int64_t budget =
       options.host_memory_bytes > 0 ? options.host_memory_bytes : PhysicalMemoryBytes();
-  return std::unique_ptr<Device>(new CpuDevice(std::move(*backend), budget));
+  return std::unique_ptr<Device>(new CpuDevice(
+      std::move(*backend), kernels::MakeOpenBlasGemm(options.cpu_threads), budget));
 }
 
 bool Fits(const Device& device, const DeviceRequirement& req, int64_t reserved_bytes) {

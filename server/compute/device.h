@@ -4,8 +4,8 @@
 //
 // What a device offers:
 //   - backend(): the conversion kernels (dequantize, NVFP4 quantize, lossless cast);
-//   - gemm(): matrix products for the model forward (OpenBLAS on CPU, cuBLAS on CUDA), declared in
-//     kernels/gemm.h by the forward; nullptr until a device type provides one;
+//   - gemm(): matrix products for the model forward (kernels/gemm.h): OpenBLAS on CPU, cuBLAS on
+//     CUDA;
 //   - memory: total and free bytes (CUDA: cudaMemGetInfo; CPU: the host budget it was given) and
 //     whether its buffers are host-visible (a stage may then hand it host pointers directly).
 // A Device is used by one worker thread at a time; memory queries are thread-safe.
@@ -44,8 +44,8 @@ class Device {
   virtual bool host_visible() const = 0;
   // The conversion kernels of this device.
   virtual kernels::Backend& backend() = 0;
-  // Matrix products for the model forward; nullptr where this device has none.
-  virtual kernels::Gemm* gemm() { return nullptr; }
+  // Matrix products for the model forward (never nullptr for "cpu" and "cuda:N").
+  virtual kernels::Gemm* gemm() = 0;
 };
 
 struct DeviceOptions {

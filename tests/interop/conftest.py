@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 class Quantd:
     """Runs the quantd binary and quantd_interop_tool."""
 
-    def __init__(self, quantd, tool):
+    def __init__(self, quantd, tool, v4_forward_tool):
         self.quantd = str(quantd)
         self.tool_path = str(tool)
+        self.v4_forward_tool = str(v4_forward_tool)
 
     @staticmethod
     def _run(cmd):
@@ -63,6 +64,10 @@ class Quantd:
         assert proc.stderr.startswith("quantd_interop_tool: "), proc.stderr
         return proc.stderr
 
+    def v4_forward(self, *args):
+        """Runs quantd_v4_forward_tool (the DeepSeek-V4 forward), which must succeed."""
+        return self._run_ok([self.v4_forward_tool, *args])
+
     def simd_levels(self):
         return self.tool("simd-levels").split()
 
@@ -79,14 +84,15 @@ def qd():
     build = Path(os.environ.get("QUANTD_BUILD_DIR", REPO / "build"))
     quantd = build / "server" / "quantd"
     tool = build / "tests" / "interop" / "quantd_interop_tool"
-    missing = [str(p) for p in (quantd, tool) if not os.access(p, os.X_OK)]
+    v4_forward_tool = build / "tests" / "interop" / "quantd_v4_forward_tool"
+    missing = [str(p) for p in (quantd, tool, v4_forward_tool) if not os.access(p, os.X_OK)]
     if missing:
         pytest.fail(
             f"the interop tests need quantd's binaries; missing: {', '.join(missing)} "
             "(build with scripts/setup.sh, or point QUANTD_BUILD_DIR at a build directory)",
             pytrace=False,
         )
-    return Quantd(quantd, tool)
+    return Quantd(quantd, tool, v4_forward_tool)
 
 
 @pytest.fixture(scope="session")

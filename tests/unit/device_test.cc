@@ -2,6 +2,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backends.h"
+#include "kernels/gemm.h"
 #include "server/compute/requirement.h"
 
 namespace quantd::compute {
@@ -19,7 +20,8 @@ TEST(DeviceTest, CpuDeviceReportsItsBudgetAndIsHostVisible) {
   ASSERT_TRUE(free.ok());
   EXPECT_GT(*free, 0);
   EXPECT_LT(*free, int64_t{8} << 30);  // this process holds some of it
-  EXPECT_EQ((*device)->gemm(), nullptr);
+  ASSERT_NE((*device)->gemm(), nullptr);
+  EXPECT_EQ((*device)->gemm()->name(), "openblas");
 }
 
 TEST(DeviceTest, RefusesUnknownNamesAndMissingCudaDevices) {

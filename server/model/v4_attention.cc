@@ -1,0 +1,295 @@
+#include "server/model/v4_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/formats.h"
+#include "server/base/status_macros.h"
+#include "server/model/v4_act_quant.h"
+#include "server/model/v4_attention_sparse.h"
+#include "server/model/v4_compressor.h"
+#include "server/model/v4_indexer.h"
+#include "server/model/v4_mhc.h"
+#include "server/model/v4_rope.h"
+
+namespace quantd::model {
+namespace {
+
+absl::Status CheckLinear(const LinearWeight& w, int64_t out, int64_t in) {
+  if (w.view.data == nullptr || w.out_features() != out || w.in_features() != in) {
+    return absl::InvalidArgumentError(absl::StrCat(w.module, ": attention needs [", out, ", ", in,
+                                                   "], the weight is [", w.out_features(), ", ",
+                                                   w.in_features(), "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVector(const std::string& prefix, const char* name, const std::vector<float>& v,
+                         int64_t size) {
+  if (static_cast<int64_t>(v.size()) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, name, ": attention needs ", size, " values, there are ", v.size()));
+  }
+  return absl::OkStatus();
+}
+
+// The module prefix ("layers.N.attn.") as the weights name it, from wkv's module.
+std::string ModulePrefix(const V4AttentionWeights& w) {
+  const std::string& m = w.wkv.module;
+  const size_t dot = m.rfind('.');
+  return dot == std::string::npos ? std::string() : m.substr(0, dot + 1);
+}
+
+absl::Status CheckCompressor(const std::string& prefix, const V4CompressorWeights& w, int64_t ratio,
+                             int64_t width, int64_t hidden) {
+  const int64_t coff = ratio == 4 ? 2 : 1;
+  RETURN_IF_ERROR(CheckLinear(w.wkv, coff * width, hidden));
+  RETURN_IF_ERROR(CheckLinear(w.wgate, coff * width, hidden));
+  RETURN_IF_ERROR(CheckVector(prefix, "ape", w.ape, ratio * coff * width));
+  return CheckVector(prefix, "norm.weight", w.norm, width);
+}
+
+// Official per-head normalisation `q *= rsqrt(q.square().mean(-1) + eps)` on BF16 tensors: every
+// elementwise step rounds to BF16 (the mean accumulates in float32). Math: float32 throughout.
+void NormalizeHeads(Numerics numerics, float eps, float* q, int64_t rows, int64_t dim) {
+  const bool official = numerics == Numerics::kOfficial;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = q + r * dim;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < dim; ++i)
+      sum += official ? formats::RoundToBf16(v[i] * v[i]) : v[i] * v[i];
+    float mean = sum / static_cast<float>(dim);
+    float scale;
+    if (official) {
+      mean = formats::RoundToBf16(mean);
+      scale = formats::RoundToBf16(1.0f / std::sqrt(formats::RoundToBf16(mean + eps)));
+    } else {
+      scale = 1.0f / std::sqrt(mean + eps);
+    }
+    for (int64_t i = 0; i < dim; ++i)
+      v[i] = official ? formats::RoundToBf16(v[i] * scale) : v[i] * scale;
+  }
+}
+
+void ObserveKv(const ForwardContext& ctx, const std::string& module, const float* kv, int64_t rows,
+               int64_t cols) {
+  if (ctx.observer == nullptr || rows == 0) return;
+  KvCacheInput input;
+  input.module = &module;
+  input.kv = kv;
+  input.rows = rows;
+  input.cols = cols;
+  ctx.observer->OnKvCache(input);
+}
+
+// The official KV simulation: FP8 with a power-of-two scale per 64 nope columns, in place on
+// rows of width `dim` whose last `rope_dim` values stay as they are. Errors name `module`.
+absl::Status SimulateKvFp8(const std::string& module, float* kv, int64_t rows, int64_t dim,
+                           int64_t rope_dim) {
+  absl::Status s = SimulateFp8Act(kv, rows, dim - rope_dim, dim, kKvQuantBlock);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(module, ": ", s.message()));
+  return s;
+}
+
+// What the official simulation needs of the shapes beyond ValidateAttentionWeights: KV nope dims
+// in blocks of 64, and (CSA) an indexer head the Hadamard transform and the FP4 blocks of 32 fit.
+absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
+  const int64_t nope = config.head_dim - config.qk_rope_head_dim;
+  if (nope % kKvQuantBlock != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("official numerics: head_dim - qk_rope_head_dim = ", nope,
+                     " is not a multiple of the KV FP8 block ", kKvQuantBlock));
+  }
+  const int64_t n = config.index_head_dim;
+  if (ratio == 4 && (n % kFp4QuantBlock != 0 || (n & (n - 1)) != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("official numerics: index_head_dim ", n,
+                     " must be a power of two (Hadamard transform) and a multiple of ",
+                     kFp4QuantBlock, " (FP4 blocks)"));
+  }
+  return absl::OkStatus();
+}
+
+// wo_a: per group g, u[:, g] = o[:, g] · wo_a[g]^T; the official code runs it as a BF16 einsum
+// on the dequantised weight, without activation simulation.
+absl::Status GroupedOutputA(const ForwardContext& ctx, const V4Config& config,
+                            const LinearWeight& wo_a, const float* o, int64_t tokens, float* u) {
+  const int64_t groups = config.o_groups;
+  const int64_t rank = config.o_lora_rank;
+  const int64_t width = wo_a.in_features();  // H*D / groups
+  if (ctx.observer != nullptr) {
+    LinearInput input;
+    input.module = &wo_a.module;
+    input.x = o;
+    input.rows = tokens;
+    input.cols = groups * width;
+    input.ld = groups * width;
+    ctx.observer->OnLinearInput(input);
+  }
+  std::vector<float> slice(static_cast<size_t>(tokens * width));
+  std::vector<float> part(static_cast<size_t>(tokens * rank));
+  const size_t weight_bytes = wo_a.view.type == kernels::FloatType::kBF16 ? 2 : 4;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float* src = o + t * groups * width + g * width;
+      std::copy(src, src + width, slice.data() + t * width);
+    }
+    kernels::DenseTensor x{slice.data(), kernels::FloatType::kF32, tokens, width};
+    kernels::DenseTensor w = wo_a.view;
+    w.data = static_cast<const char*>(wo_a.view.data) + g * rank * width * weight_bytes;
+    w.rows = rank;
+    RETURN_IF_ERROR(ctx.gemm->MatMulNT(x, w, part.data(), /*accumulate=*/false));
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::copy(part.data() + t * rank, part.data() + (t + 1) * rank,
+                u + t * groups * rank + g * rank);
+    }
+  }
+  ToModelDtype(ctx, u, tokens * groups * rank);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
+                                      const V4AttentionWeights& w) {
+  const std::string prefix = ModulePrefix(w);
+  const int64_t ratio = config.CompressRatio(layer);
+  const int64_t d = config.hidden_size, heads = config.num_attention_heads;
+  const int64_t dim = config.head_dim, rope = config.qk_rope_head_dim;
+  if (ratio != 0 && ratio != 4 && ratio != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compress_ratios[", layer, "] is ", ratio, ": attention knows 0, 4 and 128"));
+  }
+  if (rope <= 0 || rope % 2 != 0 || rope > dim || config.o_groups <= 0 ||
+      (heads * dim) % config.o_groups != 0 || config.sliding_window <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention of layer ", layer, ": qk_rope_head_dim ", rope, ", head_dim ", dim,
+        ", o_groups ", config.o_groups, ", sliding_window ", config.sliding_window,
+        " do not make an attention (rope dims even and within a head, heads split into groups)"));
+  }
+  RETURN_IF_ERROR(CheckLinear(w.wq_a, config.q_lora_rank, d));
+  RETURN_IF_ERROR(CheckVector(prefix, "q_norm.weight", w.q_norm, config.q_lora_rank));
+  RETURN_IF_ERROR(CheckLinear(w.wq_b, heads * dim, config.q_lora_rank));
+  RETURN_IF_ERROR(CheckLinear(w.wkv, dim, d));
+  RETURN_IF_ERROR(CheckVector(prefix, "kv_norm.weight", w.kv_norm, dim));
+  RETURN_IF_ERROR(
+      CheckLinear(w.wo_a, config.o_groups * config.o_lora_rank, heads * dim / config.o_groups));
+  RETURN_IF_ERROR(CheckLinear(w.wo_b, d, config.o_groups * config.o_lora_rank));
+  RETURN_IF_ERROR(CheckVector(prefix, "attn_sink", w.attn_sink, heads));
+  if (w.compressor.has_value() != (ratio != 0) || w.indexer.has_value() != (ratio == 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "compressor / indexer: layer ", layer, " has compress ratio ", ratio,
+        ", which needs ", ratio == 0 ? "neither" : (ratio == 4 ? "both" : "a compressor only")));
+  }
+  if (w.compressor) {
+    RETURN_IF_ERROR(CheckCompressor(prefix + "compressor.", *w.compressor, ratio, dim, d));
+  }
+  if (w.indexer) {
+    const int64_t n = config.index_n_heads, hd = config.index_head_dim;
+    if (hd < rope) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("index_head_dim ", hd, " is smaller than qk_rope_head_dim ", rope));
+    }
+    RETURN_IF_ERROR(CheckLinear(w.indexer->wq_b, n * hd, config.q_lora_rank));
+    RETURN_IF_ERROR(CheckLinear(w.indexer->weights_proj, n, d));
+    RETURN_IF_ERROR(
+        CheckCompressor(prefix + "indexer.compressor.", w.indexer->compressor, ratio, hd, d));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
+                                                    const V4Config& config, int64_t layer,
+                                                    const V4AttentionWeights& weights,
+                                                    const AttentionBatch& batch) {
+  RETURN_IF_ERROR(ValidateAttentionWeights(config, layer, weights));
+  if (batch.x == nullptr || batch.sequences <= 0 || batch.seq_len <= 0 || ctx.gemm == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention of layer ", layer, ": a batch of ", batch.sequences, " sequences of ",
+        batch.seq_len, " tokens", batch.x == nullptr ? " without data" : "",
+        ctx.gemm == nullptr ? " without a Gemm" : ""));
+  }
+  const bool official = ctx.numerics == Numerics::kOfficial;
+  const int64_t ratio = config.CompressRatio(layer);
+  if (official) RETURN_IF_ERROR(CheckOfficialShapes(config, ratio));
+  const int64_t seq_len = batch.seq_len;
+  const int64_t tokens = batch.sequences * seq_len;
+  const int64_t heads = config.num_attention_heads;
+  const int64_t dim = config.head_dim;
+  const int64_t rope_dim = config.qk_rope_head_dim;
+  const float eps = config.rms_norm_eps;
+  const std::string prefix = ModulePrefix(weights);
+  const RopeTable rope(LayerRopeInvFreq(config, layer), seq_len);
+  std::vector<int64_t> positions(static_cast<size_t>(tokens));
+  for (int64_t r = 0; r < tokens; ++r) positions[r] = r % seq_len;
+
+  // q: wq_a -> q_norm -> wq_b -> per-head RMS -> RoPE.
+  std::vector<float> qr(static_cast<size_t>(tokens * config.q_lora_rank));
+  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wq_a, batch.x, tokens, qr.data()));
+  RmsNorm(ctx, qr.data(), tokens, config.q_lora_rank, weights.q_norm, eps, qr.data());
+  std::vector<float> q(static_cast<size_t>(tokens * heads * dim));
+  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wq_b, qr.data(), tokens, q.data()));
+  NormalizeHeads(ctx.numerics, eps, q.data(), tokens * heads, dim);
+  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim);
+  ToModelDtype(ctx, q.data(), static_cast<int64_t>(q.size()));
+
+  // The window K=V: wkv -> kv_norm -> RoPE -> (official) FP8 simulation of the nope dims.
+  std::vector<float> kv(static_cast<size_t>(tokens * dim));
+  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wkv, batch.x, tokens, kv.data()));
+  RmsNorm(ctx, kv.data(), tokens, dim, weights.kv_norm, eps, kv.data());
+  ApplyRope(rope, positions.data(), /*inverse=*/false, kv.data(), tokens, 1, dim);
+  ToModelDtype(ctx, kv.data(), tokens * dim);
+  ObserveKv(ctx, prefix + "kv", kv.data(), tokens, dim);
+  if (official) RETURN_IF_ERROR(SimulateKvFp8(prefix + "kv", kv.data(), tokens, dim, rope_dim));
+
+  // Compressed entries, and the indexer's picks among them (CSA).
+  std::vector<float> compressed;
+  IndexerPicks picks;
+  const int64_t entries = ratio == 0 ? 0 : seq_len / ratio;
+  if (ratio != 0) {
+    ASSIGN_OR_RETURN(compressed,
+                     RunCompressor(ctx, *weights.compressor, ratio, dim, eps, rope, batch));
+    ObserveKv(ctx, prefix + "compressor", compressed.data(), batch.sequences * entries, dim);
+    if (official) {
+      RETURN_IF_ERROR(SimulateKvFp8(prefix + "compressor", compressed.data(),
+                                    batch.sequences * entries, dim, rope_dim));
+    }
+  }
+  if (ratio == 4) {
+    ASSIGN_OR_RETURN(picks,
+                     RunIndexer(ctx, config, *weights.indexer, ratio, rope, batch, qr.data()));
+  }
+
+  std::vector<float> o(static_cast<size_t>(tokens * heads * dim));
+  for (int64_t b = 0; b < batch.sequences; ++b) {
+    SparseAttentionInput in;
+    in.q = q.data() + b * seq_len * heads * dim;
+    in.kv = kv.data() + b * seq_len * dim;
+    in.compressed = entries > 0 ? compressed.data() + b * entries * dim : nullptr;
+    in.entries = entries;
+    if (ratio == 4) {
+      in.picks = picks.entries.data() + b * seq_len * picks.k;
+      in.picks_per_query = picks.k;
+    }
+    in.sink = weights.attn_sink.data();
+    in.seq_len = seq_len;
+    in.heads = heads;
+    in.head_dim = dim;
+    in.window = config.sliding_window;
+    in.ratio = ratio;
+    RETURN_IF_ERROR(SparseAttention(ctx, in, o.data() + b * seq_len * heads * dim));
+  }
+  ApplyRope(rope, positions.data(), /*inverse=*/true, o.data(), tokens, heads, dim);
+  ToModelDtype(ctx, o.data(), static_cast<int64_t>(o.size()));
+
+  std::vector<float> u(static_cast<size_t>(tokens * config.o_groups * config.o_lora_rank));
+  RETURN_IF_ERROR(GroupedOutputA(ctx, config, weights.wo_a, o.data(), tokens, u.data()));
+  std::vector<float> out(static_cast<size_t>(tokens * config.hidden_size));
+  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wo_b, u.data(), tokens, out.data()));
+  return out;
+}
+
+}  // namespace quantd::model

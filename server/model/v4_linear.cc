@@ -1,0 +1,44 @@
+#include "server/model/v4_linear.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
+#include "server/model/v4_act_quant.h"
+
+namespace quantd::model {
+
+void ToModelDtype(const ForwardContext& ctx, float* x, int64_t n) {
+  if (ctx.numerics == Numerics::kOfficial) RoundToBf16(x, n);
+}
+
+absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const float* x,
+                         int64_t rows, float* out, LinearOutput output, const LinearRows& facts) {
+  const int64_t in = w.in_features();
+  if (ctx.observer != nullptr && rows > 0) {
+    LinearInput input;
+    input.module = &w.module;
+    input.expert = facts.expert;
+    input.x = x;
+    input.rows = rows;
+    input.cols = in;
+    input.ld = in;
+    input.tokens = facts.tokens;
+    input.routing_weights = facts.routing_weights;
+    ctx.observer->OnLinearInput(input);
+  }
+  kernels::DenseTensor xt{x, kernels::FloatType::kF32, rows, in};
+  std::vector<float> simulated;
+  if (ctx.numerics == Numerics::kOfficial && w.quantized_source) {
+    simulated.assign(x, x + rows * in);
+    if (absl::Status s = SimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
+    }
+    xt.data = simulated.data();
+  }
+  RETURN_IF_ERROR(ctx.gemm->MatMulNT(xt, w.view, out, /*accumulate=*/false));
+  if (output == LinearOutput::kModelDtype) ToModelDtype(ctx, out, rows * w.out_features());
+  return absl::OkStatus();
+}
+
+}  // namespace quantd::model

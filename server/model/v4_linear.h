@@ -1,0 +1,48 @@
+// One linear layer of the DeepSeek-V4 forward, as the official `linear()` runs it: the input is
+// shown to the observer, then (official numerics, FP8/MXFP4 weight) FP8-simulated per 128
+// columns, multiplied by the decoded weight through the device's Gemm in float32, and the output
+// rounded to BF16 (official numerics) unless the caller keeps it in float32.
+#ifndef QUANTD_SERVER_MODEL_V4_LINEAR_H_
+#define QUANTD_SERVER_MODEL_V4_LINEAR_H_
+
+#include <stdint.h>
+
+#include "absl/status/status.h"
+#include "kernels/gemm.h"
+#include "server/model/v4_numerics.h"
+#include "server/model/v4_observer.h"
+#include "server/model/v4_weights.h"
+
+namespace quantd::model {
+
+// Where and how one forward runs. Host memory throughout (the CPU device).
+struct ForwardContext {
+  kernels::Gemm* gemm = nullptr;  // the device's matrix products
+  Numerics numerics = Numerics::kOfficial;
+  Observer* observer = nullptr;  // may be nullptr
+};
+
+// Optional facts about the rows of one linear call, passed on to the observer.
+struct LinearRows {
+  const int64_t* tokens = nullptr;         // LinearInput::tokens
+  int expert = -1;                         // LinearInput::expert
+  const float* routing_weights = nullptr;  // LinearInput::routing_weights
+};
+
+enum class LinearOutput {
+  kModelDtype,  // official: rounded to BF16 (the GEMM's output dtype); math: float32
+  kFloat32,     // float32 in both modes (router, compressor: fp32 in the official code)
+};
+
+// out[rows, w.out_features()] = x[rows, w.in_features()] · w^T. x is not modified.
+absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const float* x,
+                         int64_t rows, float* out, LinearOutput output = LinearOutput::kModelDtype,
+                         const LinearRows& facts = {});
+
+// x[rows, cols] as the official code's model dtype: BF16-rounded in official numerics, unchanged
+// in math numerics.
+void ToModelDtype(const ForwardContext& ctx, float* x, int64_t n);
+
+}  // namespace quantd::model
+
+#endif  // QUANTD_SERVER_MODEL_V4_LINEAR_H_

@@ -1,0 +1,158 @@
+#include "server/model/v4_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
+
+namespace quantd::model {
+namespace {
+
+absl::StatusOr<ExpertWeights> LoadExpert(const V4Checkpoint& ckpt, kernels::Backend& backend,
+                                         const std::string& prefix, int64_t inter) {
+  const int64_t d = ckpt.config.hidden_size;
+  ExpertWeights e;
+  ASSIGN_OR_RETURN(e.w1, LoadLinear(ckpt, backend, prefix + "w1", inter, d));
+  ASSIGN_OR_RETURN(e.w2, LoadLinear(ckpt, backend, prefix + "w2", d, inter));
+  ASSIGN_OR_RETURN(e.w3, LoadLinear(ckpt, backend, prefix + "w3", inter, d));
+  return e;
+}
+
+// One expert on `rows` gathered rows of x: out[rows, d] = w2(wt * swiglu(w1 x, w3 x)).
+// `weights` nullptr for the shared expert.
+absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
+                           const ExpertWeights& e, const float* x, int64_t rows,
+                           const int64_t* tokens, int expert, const float* weights, float* out) {
+  const int64_t inter = e.w1.out_features();
+  std::vector<float> g(static_cast<size_t>(rows * inter)), u(g.size());
+  const LinearRows facts{tokens, expert, nullptr};
+  RETURN_IF_ERROR(ApplyLinear(ctx, e.w1, x, rows, g.data(), LinearOutput::kModelDtype, facts));
+  RETURN_IF_ERROR(ApplyLinear(ctx, e.w3, x, rows, u.data(), LinearOutput::kModelDtype, facts));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < inter; ++i) {
+      float a = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
+      if (weights != nullptr) a = weights[r] * a;
+      g[r * inter + i] = a;
+    }
+  }
+  ToModelDtype(ctx, g.data(), rows * inter);
+  return ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kModelDtype,
+                     {tokens, expert, weights});
+}
+
+}  // namespace
+
+absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
+                                   const std::string& prefix, bool hash) {
+  const V4Config& c = ckpt.config;
+  const std::string p = prefix + "ffn.";
+  MoeWeights w;
+  ASSIGN_OR_RETURN(w.gate,
+                   LoadLinear(ckpt, backend, p + "gate", c.n_routed_experts, c.hidden_size));
+  if (hash) {
+    ASSIGN_OR_RETURN(w.tid2eid, LoadExpertIds(ckpt, p + "gate.tid2eid", c.vocab_size,
+                                              c.num_experts_per_tok, c.n_routed_experts));
+  } else {
+    ASSIGN_OR_RETURN(w.bias, LoadFloats(ckpt, p + "gate.bias", {c.n_routed_experts}));
+  }
+  w.experts.reserve(static_cast<size_t>(c.n_routed_experts));
+  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    ASSIGN_OR_RETURN(
+        ExpertWeights ew,
+        LoadExpert(ckpt, backend, absl::StrCat(p, "experts.", e, "."), c.moe_intermediate_size));
+    w.experts.push_back(std::move(ew));
+  }
+  ASSIGN_OR_RETURN(w.shared, LoadExpert(ckpt, backend, p + "shared_experts.",
+                                        c.moe_intermediate_size * c.n_shared_experts));
+  return w;
+}
+
+float SqrtSoftplus(float x) { return std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x))); }
+
+float ClampedSwiglu(float g, float u, float limit) {
+  if (limit > 0.0f) {
+    g = std::min(g, limit);
+    u = std::clamp(u, -limit, limit);
+  }
+  return g / (1.0f + std::exp(-g)) * u;
+}
+
+Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
+              const int32_t* token_ids) {
+  const int64_t experts = config.n_routed_experts, topk = config.num_experts_per_tok;
+  Routing r;
+  r.experts.resize(static_cast<size_t>(tokens * topk));
+  r.weights.resize(r.experts.size());
+  std::vector<float> scores(static_cast<size_t>(experts)), biased(scores.size());
+  std::vector<int32_t> order(scores.size());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < experts; ++e) scores[e] = SqrtSoftplus(logits[t * experts + e]);
+    int32_t* ids = r.experts.data() + t * topk;
+    if (!w.tid2eid.empty()) {
+      std::copy_n(w.tid2eid.data() + static_cast<int64_t>(token_ids[t]) * topk, topk, ids);
+    } else {
+      for (int64_t e = 0; e < experts; ++e) biased[e] = scores[e] + w.bias[e];
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + topk, order.end(),
+                        [&](int32_t a, int32_t b) {
+                          return biased[a] > biased[b] || (biased[a] == biased[b] && a < b);
+                        });
+      std::copy_n(order.begin(), topk, ids);
+    }
+    float* wt = r.weights.data() + t * topk;
+    float sum = 0.0f;
+    for (int64_t k = 0; k < topk; ++k) sum += (wt[k] = scores[ids[k]]);
+    for (int64_t k = 0; k < topk; ++k) wt[k] = wt[k] / sum * config.routed_scaling_factor;
+  }
+  return r;
+}
+
+absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
+                        const float* x, int64_t tokens, const int32_t* token_ids, float* y) {
+  const int64_t d = config.hidden_size, experts = config.n_routed_experts;
+  const int64_t topk = config.num_experts_per_tok;
+  for (int64_t t = 0; t < tokens && !w.tid2eid.empty(); ++t) {
+    if (token_ids[t] < 0 || token_ids[t] >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("MoE of ", w.gate.module, ": token ", t,
+                                                     " has an id outside [0, ", config.vocab_size,
+                                                     ")"));
+    }
+  }
+  std::vector<float> logits(static_cast<size_t>(tokens * experts));
+  RETURN_IF_ERROR(ApplyLinear(ctx, w.gate, x, tokens, logits.data(), LinearOutput::kFloat32));
+  const Routing routing = Route(config, w, logits.data(), tokens, token_ids);
+
+  // Rows routed to each expert, in token order, with their weights.
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(experts));
+  std::vector<std::vector<float>> weights(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < topk; ++k) {
+      const int32_t e = routing.experts[t * topk + k];
+      rows[e].push_back(t);
+      weights[e].push_back(routing.weights[t * topk + k]);
+    }
+  }
+  std::vector<float> sum(static_cast<size_t>(tokens * d), 0.0f);  // fp32 routed sum
+  std::vector<float> xe, out;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = static_cast<int64_t>(rows[e].size());
+    if (n == 0) continue;
+    xe.resize(static_cast<size_t>(n * d));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x + rows[e][i] * d, d, xe.data() + i * d);
+    out.resize(xe.size());
+    RETURN_IF_ERROR(ExpertForward(ctx, config, w.experts[e], xe.data(), n, rows[e].data(),
+                                  static_cast<int>(e), weights[e].data(), out.data()));
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = sum.data() + rows[e][i] * d;
+      for (int64_t c = 0; c < d; ++c) dst[c] += out[i * d + c];
+    }
+  }
+  RETURN_IF_ERROR(ExpertForward(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, y));
+  for (int64_t i = 0; i < tokens * d; ++i) y[i] = sum[i] + y[i];
+  ToModelDtype(ctx, y, tokens * d);
+  return absl::OkStatus();
+}
+
+}  // namespace quantd::model

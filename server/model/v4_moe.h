@@ -1,0 +1,63 @@
+// The DeepSeek-V4 MoE sub-block (deepseek_v4_format.md §7, v4_forward_crosscheck.md §1b.8):
+// sqrtsoftplus scores from the fp32 router, hash routing (tid2eid) in the first
+// num_hash_layers layers and bias top-k elsewhere, weights renormalized and scaled by
+// route_scale, routed experts with the clamped SwiGLU and the routing weight applied before w2,
+// an fp32 sum over experts in ascending id order, plus the (clamped) shared expert.
+#ifndef QUANTD_SERVER_MODEL_V4_MOE_H_
+#define QUANTD_SERVER_MODEL_V4_MOE_H_
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model/v4_config.h"
+#include "server/model/v4_linear.h"
+#include "server/model/v4_weights.h"
+
+namespace quantd::model {
+
+struct ExpertWeights {
+  LinearWeight w1;  // gate [inter, d]
+  LinearWeight w2;  // down [d, inter]
+  LinearWeight w3;  // up [inter, d]
+};
+
+struct MoeWeights {
+  LinearWeight gate;             // router [experts, d], run in float32
+  std::vector<float> bias;       // [experts]; empty in hash layers
+  std::vector<int32_t> tid2eid;  // [vocab, topk]; hash layers only
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+};
+
+// Loads layer `layer`'s (or the MTP block's, prefix "mtp.0.") MoE weights under `prefix`
+// ("layers.3.").
+absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
+                                   const std::string& prefix, bool hash);
+
+// Routing of every token: `topk` expert ids and weights (route_scale included).
+struct Routing {
+  std::vector<int32_t> experts;  // [tokens, topk]
+  std::vector<float> weights;    // [tokens, topk]
+};
+
+// sqrtsoftplus(x) = sqrt(softplus(x)), softplus with torch's threshold (x > 20: x).
+float SqrtSoftplus(float x);
+
+// Routes tokens given their router logits [tokens, experts] (fp32): hash layers take
+// tid2eid[token_ids[t]], the others the top-k of score + bias (ties to the lower id).
+Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
+              const int32_t* token_ids);
+
+// SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp.
+float ClampedSwiglu(float g, float u, float limit);
+
+// y[tokens, d] = MoE(x) for the ffn-normed input x [tokens, d] (model dtype) of the tokens
+// `token_ids` (used by hash layers). Output in the model dtype.
+absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
+                        const float* x, int64_t tokens, const int32_t* token_ids, float* y);
+
+}  // namespace quantd::model
+
+#endif  // QUANTD_SERVER_MODEL_V4_MOE_H_

@@ -1,0 +1,74 @@
+// Reading DeepSeek-V4 weights for the forward from a source checkpoint: linear layers decoded
+// from FP8-block / MXFP4 by the device's kernels (pipeline/stages/shard_io.h DecodeWeightToHost),
+// small parameters (norms, mHC, sinks, biases, tid2eid) converted to float32 / int32. Every
+// tensor's dtype and shape are checked against the config; errors name the tensor.
+#ifndef QUANTD_SERVER_MODEL_V4_WEIGHTS_H_
+#define QUANTD_SERVER_MODEL_V4_WEIGHTS_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/tensor_views.h"
+#include "server/checkpoint/checkpoint_dir.h"
+#include "server/model/v4_config.h"
+#include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/tensor_inventory.h"
+
+namespace quantd::model {
+
+// An opened DeepSeek-V4 source checkpoint: its files, tensor inventory and config.
+struct V4Checkpoint {
+  std::unique_ptr<checkpoint::CheckpointDir> dir;
+  pipeline::TensorInventory inventory;
+  V4Config config;
+};
+
+// Opens `path` and parses its config.json. InvalidArgument when it is not a DeepSeek-V4 layout.
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path);
+
+// A linear layer's weight [out, in], dense and readable from host memory: BF16 for FP8-block,
+// MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources. It owns its values: the
+// source pages are released once loaded, so memory holds only the layers the caller keeps.
+struct LinearWeight {
+  std::string module;             // official name: "layers.3.attn.wq_a"
+  bool quantized_source = false;  // FP8 or MXFP4 on disk: `official` FP8-simulates its input
+  pipeline::HostWeight host;      // the decoded values (or the source bytes read in place)
+  std::vector<uint8_t> copy;      // BF16/F32 values copied out of the mapped source, else empty
+  kernels::DenseTensor view;      // host view of the values: host.data or copy
+
+  int64_t out_features() const { return view.rows; }
+  int64_t in_features() const { return view.cols; }
+};
+
+// Decodes linear `module` with `backend`'s kernels. InvalidArgument
+// when it is missing or its shape is not [out, in].
+absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
+                                        const std::string& module, int64_t out, int64_t in);
+
+// Drops the resident pages of a tensor of the mapped source once it has been copied out, so that
+// memory stays flat as the forward moves through the layers.
+void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor);
+
+// A BF16 or F32 tensor of exactly `shape` as float32.
+absl::StatusOr<std::vector<float>> LoadFloats(const V4Checkpoint& ckpt, const std::string& name,
+                                              const std::vector<int64_t>& shape);
+
+// Like LoadFloats, but an absent tensor gives `fallback` values (the official loader's
+// strict=False: attn_sink is absent in some releases).
+absl::StatusOr<std::vector<float>> LoadFloatsOr(const V4Checkpoint& ckpt, const std::string& name,
+                                                const std::vector<int64_t>& shape, float fallback);
+
+// tid2eid: I64 or I32 [vocab, topk], every id in [0, experts) and distinct within a row (the
+// official MoE adds a repeated expert only once, transformers twice).
+absl::StatusOr<std::vector<int32_t>> LoadExpertIds(const V4Checkpoint& ckpt,
+                                                   const std::string& name, int64_t vocab,
+                                                   int64_t topk, int64_t experts);
+
+}  // namespace quantd::model
+
+#endif  // QUANTD_SERVER_MODEL_V4_WEIGHTS_H_

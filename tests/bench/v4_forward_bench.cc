@@ -1,0 +1,231 @@
+// quantd_v4_forward_bench: the DeepSeek-V4 forward on the CPU, layer by layer, on synthetic
+// checkpoints (the `small` fixture shape with 4 and 8 layers, and the `bench` preset), against
+// OpenBLAS sgemm measured in the same run.
+//
+//   quantd_v4_forward_bench --dir SCRATCH [--sequences 2] [--seq-len 256] [--threads 0]
+//                           [--numerics official|math] [--table small4|small8|bench]
+//
+// Prints, per layer: load seconds, run seconds, tokens/s, the GFLOP/s of the layer's GEMMs over
+// the whole run time and over the time spent inside the GEMMs, and both as a fraction of the
+// sgemm peak (best of 5 square 2048^3 products on the same threads). Then the peak RSS of a full
+// layer-by-layer forward (embed, every layer, head) of a 4-layer and an 8-layer model, each in its
+// own child process: flat in the layer count when only one layer is resident.
+#include <stdio.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "kernels/gemm.h"
+#include "server/base/status_macros.h"
+#include "server/compute/device.h"
+#include "server/fixture/fixture.h"
+#include "server/model/v4_layer.h"
+
+namespace quantd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// Counts the floating-point operations (2 m n k) of every product and the time inside them.
+class CountingGemm final : public kernels::Gemm {
+ public:
+  explicit CountingGemm(kernels::Gemm* inner) : inner_(inner) {}
+  std::string name() const override { return inner_->name(); }
+  absl::Status Sgemm(const kernels::SgemmArgs& g) override {
+    const auto t = Clock::now();
+    absl::Status s = inner_->Sgemm(g);
+    seconds_ += Seconds(t);
+    flops_ += 2.0 * g.m * g.n * g.k;
+    return s;
+  }
+  absl::Status MatMulNT(const kernels::DenseTensor& x, const kernels::DenseTensor& w, float* out,
+                        bool accumulate) override {
+    const auto t = Clock::now();
+    absl::Status s = inner_->MatMulNT(x, w, out, accumulate);
+    seconds_ += Seconds(t);
+    flops_ += 2.0 * x.rows * w.rows * x.cols;
+    return s;
+  }
+  void Reset() { flops_ = seconds_ = 0.0; }
+  double flops() const { return flops_; }
+  double seconds() const { return seconds_; }
+
+ private:
+  kernels::Gemm* inner_;  // the device's Gemm
+  double flops_ = 0.0;    // since Reset()
+  double seconds_ = 0.0;  // inside inner_, since Reset()
+};
+
+// Resident bytes of this process now (statm's second field).
+double ResidentMib() {
+  FILE* f = fopen("/proc/self/statm", "re");
+  if (f == nullptr) return 0.0;
+  long size = 0, resident = 0;
+  const int n = fscanf(f, "%ld %ld", &size, &resident);
+  fclose(f);
+  return n == 2 ? resident * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1048576.0 : 0.0;
+}
+
+double SgemmPeakGflops(kernels::Gemm& gemm) {
+  const int64_t n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  kernels::SgemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
+  g.lda = g.ldb = g.ldc = n;
+  double best = 0.0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = Clock::now();
+    if (!gemm.Sgemm(g).ok()) return 0.0;
+    best = std::max(best, 2.0 * n * n * n / Seconds(t) / 1e9);
+  }
+  return best;
+}
+
+fixture::FixtureConfig BenchConfig(int64_t layers) {
+  fixture::FixtureConfig c =
+      fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kSmall);
+  c.num_hidden_layers = layers;
+  c.compress_ratios.clear();
+  for (int64_t l = 0; l < layers; ++l) c.compress_ratios.push_back(l == 0 ? 0 : (l % 2 ? 4 : 128));
+  c.compress_ratios.push_back(0);  // MTP
+  return c;
+}
+
+absl::Status EnsureFixture(const std::string& dir, const fixture::FixtureConfig& config) {
+  if (std::filesystem::exists(dir + "/config.json")) return absl::OkStatus();
+  fprintf(stderr, "writing a %ld-layer fixture to %s\n",
+          static_cast<long>(config.num_hidden_layers), dir.c_str());
+  return fixture::WriteFixture(config, 1, dir, {}).status();
+}
+
+std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 17) % vocab);
+  return ids;
+}
+
+// The layer-by-layer forward of `dir`; per-layer lines when `report`.
+absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len, int threads,
+                     model::Numerics numerics, bool report, double peak) {
+  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
+  ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
+  CountingGemm gemm(device->gemm());
+  ASSIGN_OR_RETURN(model::ForwardContext ctx,
+                   model::MakeForwardContext(*device, numerics, nullptr));
+  ctx.gemm = &gemm;
+  const model::V4Config& c = ckpt->config;
+  ASSIGN_OR_RETURN(model::V4Activations acts,
+                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len));
+  const double tokens = static_cast<double>(sequences * seq_len);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto t = Clock::now();
+    ASSIGN_OR_RETURN(model::V4LayerWeights w, model::LoadLayer(*ckpt, l, *device));
+    const double load = Seconds(t);
+    gemm.Reset();
+    t = Clock::now();
+    ASSIGN_OR_RETURN(acts, model::RunLayer(ctx, c, w, acts));
+    const double run = Seconds(t);
+    if (report) {
+      printf(
+          "layer %ld ratio %3ld  load %6.2f s  run %6.2f s  %8.1f tokens/s  GEMM %6.2f GFLOP "
+          "%6.1f GFLOP/s of run (%4.1f%% of peak)  %6.1f GFLOP/s in GEMM (%4.1f%%)  GEMM share "
+          "of run %4.1f%%  RSS %.0f MiB\n",
+          static_cast<long>(l), static_cast<long>(c.CompressRatio(l)), load, run, tokens / run,
+          gemm.flops() / 1e9, gemm.flops() / run / 1e9, 100.0 * gemm.flops() / run / 1e9 / peak,
+          gemm.flops() / gemm.seconds() / 1e9, 100.0 * gemm.flops() / gemm.seconds() / 1e9 / peak,
+          100.0 * gemm.seconds() / run, ResidentMib());
+    }
+  }
+  ASSIGN_OR_RETURN(model::V4HeadWeights head, model::LoadHead(*ckpt, *device));
+  std::vector<float> hidden, logits;
+  return model::HeadForward(ctx, c, head, acts, &hidden, &logits);
+}
+
+// Peak RSS (bytes) of Forward(dir) in a child process.
+long ChildPeakRss(const std::string& dir, int64_t sequences, int64_t seq_len, int threads,
+                  model::Numerics numerics) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const absl::Status s = Forward(dir, sequences, seq_len, threads, numerics, false, 1.0);
+    if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
+    _exit(s.ok() ? 0 : 1);
+  }
+  int status = 0;
+  struct rusage usage {};
+  if (pid < 0 || wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    return -1;
+  }
+  return usage.ru_maxrss * 1024L;
+}
+
+}  // namespace
+}  // namespace quantd
+
+int main(int argc, char** argv) {
+  CLI::App app{"DeepSeek-V4 CPU forward benchmark"};
+  std::string dir, numerics = "official";
+  int64_t sequences = 2, seq_len = 256;
+  int threads = 0;
+  std::string table = "small4";
+  app.add_option("--dir", dir, "scratch directory for the fixtures (reused)")->required();
+  app.add_option("--sequences", sequences, "samples per batch");
+  app.add_option("--seq-len", seq_len, "tokens per sample");
+  app.add_option("--threads", threads, "CPU threads (0: all)");
+  app.add_option("--numerics", numerics, "official or math")
+      ->check(CLI::IsMember({"official", "math"}));
+  app.add_option("--table", table,
+                 "the model of the per-layer table: small4 / small8 (the small preset's shape "
+                 "with 4 / 8 layers) or bench (the bench preset)")
+      ->check(CLI::IsMember({"small4", "small8", "bench"}));
+  CLI11_PARSE(app, argc, argv);
+  using namespace quantd;
+  const model::Numerics mode =
+      numerics == "math" ? model::Numerics::kMath : model::Numerics::kOfficial;
+  const std::string l4 = dir + "/layers4", l8 = dir + "/layers8", bench = dir + "/bench";
+  std::vector<std::pair<std::string, fixture::FixtureConfig>> fixtures = {{l4, BenchConfig(4)},
+                                                                          {l8, BenchConfig(8)}};
+  if (table == "bench") {
+    fixtures.push_back(
+        {bench, fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kBench)});
+  }
+  for (const auto& [path, config] : fixtures) {
+    if (absl::Status s = EnsureFixture(path, config); !s.ok()) {
+      fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  // The children first, while this process is small: a child's peak RSS starts from what it
+  // inherits at fork.
+  const long rss4 = ChildPeakRss(l4, sequences, seq_len, threads, mode);
+  const long rss8 = ChildPeakRss(l8, sequences, seq_len, threads, mode);
+  auto gemm = kernels::MakeOpenBlasGemm(threads);
+  const double peak = SgemmPeakGflops(*gemm);
+  printf("OpenBLAS sgemm 2048^3 peak: %.1f GFLOP/s (threads %d, 0 = all)\n", peak, threads);
+  printf("per-layer table: %s, %ld x %ld tokens, %s numerics\n", table.c_str(),
+         static_cast<long>(sequences), static_cast<long>(seq_len), numerics.c_str());
+  const std::string table_dir = table == "bench" ? bench : (table == "small8" ? l8 : l4);
+  if (absl::Status s = Forward(table_dir, sequences, seq_len, threads, mode, true, peak); !s.ok()) {
+    fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  printf(
+      "peak RSS, whole forward layer by layer: 4 layers %.1f MiB, 8 layers %.1f MiB "
+      "(ratio %.3f)\n",
+      rss4 / 1048576.0, rss8 / 1048576.0, static_cast<double>(rss8) / static_cast<double>(rss4));
+  return rss4 > 0 && rss8 > 0 ? 0 : 1;
+}

@@ -1,0 +1,197 @@
+// DeepSeek-V4 forward blocks against scalar references written from the official code's
+// formulas (inference/kernel.py, model.py): activation FP8/FP4 simulation with hand-derived
+// exact values, Sinkhorn mixing, routing and the clamped SwiGLU.
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/model/v4_act_quant.h"
+#include "server/model/v4_mhc.h"
+#include "server/model/v4_moe.h"
+
+namespace quantd::model {
+namespace {
+
+TEST(V4ActQuantTest, Fp8SimulationMatchesHandDerivedValues) {
+  // Three 128-column blocks of one row.
+  std::vector<float> x(3 * 128, 0.0f);
+  // Block 0: amax 300 -> s = 2^ceil(log2(300/448)) = 1. E4M3 steps: 32 in [256,512), 0.125 in
+  // [1,2), 2^-5 in [0.25,0.5). 1.0625 is the tie between 1 and 1.125: even mantissa -> 1.
+  x[0] = 300.0f;   // -> 288
+  x[1] = -1.2f;    // -> -1.25
+  x[2] = 0.3f;     // -> 0.3125
+  x[3] = 1.0625f;  // -> 1
+  // Block 1: all 1000 -> s = 2^ceil(log2(2.23)) = 4; 250 -> 256 (step 16) -> 1024.
+  for (int c = 128; c < 256; ++c) x[c] = 1000.0f;
+  // Block 2: amax 1e-5 floored to 1e-4 -> s = 2^ceil(log2(2.2e-7)) = 2^-22;
+  // 1e-5 / 2^-22 = 41.94 -> 40 (step 4) -> 40 * 2^-22.
+  x[256] = 1e-5f;
+  ASSERT_TRUE(SimulateFp8Act(x.data(), 1, 384, 384, kActQuantBlock).ok());
+  EXPECT_EQ(x[0], 288.0f);
+  EXPECT_EQ(x[1], -1.25f);
+  EXPECT_EQ(x[2], 0.3125f);
+  EXPECT_EQ(x[3], 1.0f);
+  EXPECT_EQ(x[4], 0.0f);
+  for (int c = 128; c < 256; ++c) ASSERT_EQ(x[c], 1024.0f);
+  EXPECT_EQ(x[256], std::ldexp(40.0f, -22));
+}
+
+TEST(V4ActQuantTest, Fp8SimulationClampsAtTheScaleBoundaryAndRespectsBlocks) {
+  // amax exactly 448: s = 1 and 448 stays; the 64-column KV block sees only its own amax.
+  std::vector<float> x(128, 0.0f);
+  x[0] = 448.0f;
+  x[64] = 0.3f;  // block of 64 with amax 0.3: s = 2^ceil(log2(0.3/448)) = 2^-10 -> 307.2 -> 320
+  ASSERT_TRUE(SimulateFp8Act(x.data(), 1, 128, 128, kKvQuantBlock).ok());
+  EXPECT_EQ(x[0], 448.0f);
+  EXPECT_EQ(x[64], std::ldexp(320.0f, -10));
+  EXPECT_EQ(SimulateFp8Act(x.data(), 1, 100, 128, kActQuantBlock).code(),
+            absl::StatusCode::kInvalidArgument);
+  x[5] = NAN;
+  const absl::Status s = SimulateFp8Act(x.data(), 1, 128, 128, kActQuantBlock);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[0, 5]"), std::string::npos);
+}
+
+TEST(V4ActQuantTest, Fp4SimulationMatchesHandDerivedValues) {
+  std::vector<float> x(64, 0.0f);
+  // Block 0: amax 6 -> s = 1. E2M1 ties go to the even code: 0.25 -> 0, 0.75 -> 1, 5 -> 4.
+  x[0] = 6.0f;
+  x[1] = 0.25f;
+  x[2] = 0.75f;
+  x[3] = 2.6f;   // -> 3
+  x[4] = -5.0f;  // -> -4
+  // Block 1: amax 12 -> s = 2: 5 / 2 = 2.5 -> 2 -> 4; 1 / 2 = 0.5 -> 1.
+  x[32] = 12.0f;
+  x[33] = 5.0f;
+  x[34] = 1.0f;
+  ASSERT_TRUE(SimulateFp4Act(x.data(), 1, 64, 64).ok());
+  EXPECT_EQ(x[0], 6.0f);
+  EXPECT_EQ(x[1], 0.0f);
+  EXPECT_EQ(x[2], 1.0f);
+  EXPECT_EQ(x[3], 3.0f);
+  EXPECT_EQ(x[4], -4.0f);
+  EXPECT_EQ(x[32], 12.0f);
+  EXPECT_EQ(x[33], 4.0f);
+  EXPECT_EQ(x[34], 1.0f);
+}
+
+TEST(V4ActQuantTest, PowerOfTwoScaleUsesTheReciprocalProduct) {
+  EXPECT_EQ(PowerOfTwoScale(448.0f, 448.0f), 1.0f);
+  EXPECT_EQ(PowerOfTwoScale(448.00003f, 448.0f), 2.0f);
+  EXPECT_EQ(PowerOfTwoScale(224.0f, 448.0f), 0.5f);
+  EXPECT_EQ(PowerOfTwoScale(6.0f, 6.0f), 1.0f);
+}
+
+// hc_split_sinkhorn in double, straight from kernel.py.
+void SinkhornReference(const float* mixes, const float* scale, const float* base, int hc, int iters,
+                       double eps, double* pre, double* post, double* comb) {
+  auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  for (int j = 0; j < hc; ++j) {
+    pre[j] = sigmoid(double(mixes[j]) * scale[0] + base[j]) + eps;
+    post[j] = 2.0 * sigmoid(double(mixes[hc + j]) * scale[1] + base[hc + j]);
+  }
+  for (int j = 0; j < hc; ++j) {
+    double sum = 0.0;
+    for (int k = 0; k < hc; ++k) {
+      comb[j * hc + k] =
+          std::exp(double(mixes[2 * hc + j * hc + k]) * scale[2] + base[2 * hc + j * hc + k]);
+      sum += comb[j * hc + k];
+    }
+    for (int k = 0; k < hc; ++k) comb[j * hc + k] = comb[j * hc + k] / sum + eps;
+  }
+  auto cols = [&] {
+    for (int k = 0; k < hc; ++k) {
+      double s = 0.0;
+      for (int j = 0; j < hc; ++j) s += comb[j * hc + k];
+      for (int j = 0; j < hc; ++j) comb[j * hc + k] /= s + eps;
+    }
+  };
+  cols();
+  for (int i = 1; i < iters; ++i) {
+    for (int j = 0; j < hc; ++j) {
+      double s = 0.0;
+      for (int k = 0; k < hc; ++k) s += comb[j * hc + k];
+      for (int k = 0; k < hc; ++k) comb[j * hc + k] /= s + eps;
+    }
+    cols();
+  }
+}
+
+TEST(V4MhcTest, SinkhornMatchesTheReferenceAndIsDoublyStochastic) {
+  const int hc = 4, iters = 20;
+  const float eps = 1e-6f;
+  std::vector<float> mixes(24), base(24);
+  for (int i = 0; i < 24; ++i) {
+    mixes[i] = std::sin(1.7f * i) * 2.0f;
+    base[i] = std::cos(0.9f * i);
+  }
+  const float scale[3] = {0.7f, 1.3f, 2.1f};
+  float pre[4], post[4], comb[16];
+  double rpre[4], rpost[4], rcomb[16];
+  SplitSinkhorn(mixes.data(), scale, base.data(), hc, iters, eps, pre, post, comb);
+  SinkhornReference(mixes.data(), scale, base.data(), hc, iters, eps, rpre, rpost, rcomb);
+  // float32 against double: each of the ~2 * 20 normalizations adds a few ulps (2^-24) of
+  // relative error per entry; 1e-5 bounds 40 x 4 rounding steps with margin.
+  for (int j = 0; j < hc; ++j) {
+    EXPECT_NEAR(pre[j], rpre[j], 1e-6 * rpre[j]);
+    EXPECT_NEAR(post[j], rpost[j], 1e-6 * rpost[j]);
+  }
+  for (int i = 0; i < 16; ++i) EXPECT_NEAR(comb[i], rcomb[i], 1e-5 * rcomb[i]) << i;
+  for (int k = 0; k < hc; ++k) {
+    double col = 0.0, row = 0.0;
+    for (int j = 0; j < hc; ++j) {
+      col += comb[j * hc + k];
+      row += comb[k * hc + j];
+    }
+    EXPECT_NEAR(col, 1.0, 1e-5);
+    EXPECT_NEAR(row, 1.0, 1e-3);  // 20 iterations converge the rows to ~1e-3 or better
+  }
+}
+
+V4Config RoutingConfig() {
+  V4Config c;
+  c.n_routed_experts = 6;
+  c.num_experts_per_tok = 2;
+  c.routed_scaling_factor = 1.5f;
+  c.vocab_size = 3;
+  return c;
+}
+
+TEST(V4MoeTest, BiasSelectsButDoesNotWeigh) {
+  const V4Config c = RoutingConfig();
+  MoeWeights w;
+  w.bias = {0.0f, 0.0f, 0.0f, 0.0f, 5.0f, 0.0f};  // pulls expert 4 in
+  const float logits[6] = {1.0f, 3.0f, -2.0f, 2.0f, -1.0f, 25.0f};
+  const Routing r = Route(c, w, logits, 1, nullptr);
+  // scores: sqrt(softplus(l)); softplus(25) = 25 (threshold 20). With the bias, expert 4
+  // (sqrt(softplus(-1)) + 5 = 5.56) beats expert 1 (1.74) but not expert 5 (5).
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{4, 5}));
+  const double s4 = std::sqrt(std::log1p(std::exp(-1.0))), s5 = 5.0;
+  EXPECT_NEAR(r.weights[0], 1.5 * s4 / (s4 + s5), 1e-6);
+  EXPECT_NEAR(r.weights[1], 1.5 * s5 / (s4 + s5), 1e-6);
+}
+
+TEST(V4MoeTest, HashLayersRouteByTokenId) {
+  const V4Config c = RoutingConfig();
+  MoeWeights w;
+  w.tid2eid = {0, 1, 5, 2, 3, 4};  // token 1 -> experts 5, 2
+  const float logits[6] = {0.5f, 0.5f, 1.0f, 0.5f, 0.5f, -1.0f};
+  const int32_t token = 1;
+  const Routing r = Route(c, w, logits, 1, &token);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{5, 2}));
+  const double s5 = std::sqrt(std::log1p(std::exp(-1.0)));
+  const double s2 = std::sqrt(std::log1p(std::exp(1.0)));
+  EXPECT_NEAR(r.weights[0], 1.5 * s5 / (s5 + s2), 1e-6);
+  EXPECT_NEAR(r.weights[1], 1.5 * s2 / (s5 + s2), 1e-6);
+}
+
+TEST(V4MoeTest, SwigluClampsGateAboveAndUpBothWays) {
+  auto silu = [](double g) { return g / (1.0 + std::exp(-g)); };
+  EXPECT_NEAR(ClampedSwiglu(12.0f, -15.0f, 10.0f), silu(10.0) * -10.0, 1e-5);
+  EXPECT_NEAR(ClampedSwiglu(-12.0f, 15.0f, 10.0f), silu(-12.0) * 10.0, 1e-9);  // gate: max only
+  EXPECT_NEAR(ClampedSwiglu(12.0f, -15.0f, 0.0f), silu(12.0) * -15.0, 1e-4);   // no limit
+  EXPECT_NEAR(ClampedSwiglu(0.5f, 2.0f, 10.0f), silu(0.5) * 2.0, 1e-7);
+}
+
+}  // namespace
+}  // namespace quantd::model

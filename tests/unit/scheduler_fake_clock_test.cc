@@ -181,6 +181,7 @@ class FakeDevice final : public compute::Device {
     static kernels::Backend* cpu = kernels::MakeCpuBackend({1, kernels::SimdLevel::kAuto})->release();
     return *cpu;
   }
+  kernels::Gemm* gemm() override { return nullptr; }  // fake stages multiply nothing
 
  private:
   const std::string name_;

@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backends.h"
+#include "server/api/history_pruner.h"
 #include "server/api/server.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/metrics/metrics.h"
@@ -38,6 +40,10 @@ constexpr int kCannotStart = 1;
 constexpr int kUsage = 2;
 // The longest that RPCs in progress get to finish at shutdown (never more than the grace).
 constexpr std::chrono::milliseconds kRpcDrain{5000};
+// How often history retention runs (besides once at start).
+constexpr std::chrono::milliseconds kPrunePeriod{10 * 60 * 1000};
+// The largest --config file read.
+constexpr uint64_t kMaxConfigFileBytes = 1 << 20;
 
 using nlohmann::json;
 
@@ -145,6 +151,37 @@ std::string Describe(const ServeConfig& config, const std::vector<std::string>& 
                       ", shutdown grace ", config.shutdown_grace_seconds, " s");
 }
 
+// Raises the soft RLIMIT_NOFILE to the hard limit: a low soft limit (often 1024) lets a flood of
+// idle connections take every descriptor, and gRPC 1.51 then stops accepting for good.
+void RaiseDescriptorLimit() {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::info("raised the open-file limit from {} to {}", before, limit.rlim_max);
+  }
+}
+
+// Whether the state dir holds anything besides the lock: then a missing or 0-byte quantd.db is a
+// lost database, not a first start.
+bool HoldsOtherStateFiles(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name != "quantd.lock") return true;
+  }
+  return false;
+}
+
+// A log line carries at most this much of a message (paths and errors can be long).
+constexpr size_t kMaxLoggedMessage = 4096;
+
+std::string ForLog(const std::string& message) {
+  if (message.size() <= kMaxLoggedMessage) return message;
+  return absl::StrCat(message.substr(0, kMaxLoggedMessage), "... (", message.size(), " bytes)");
+}
+
 int Usage(const absl::Status& status) {
   std::cerr << "quantd serve: " << status.message() << "\n";
   return kUsage;
@@ -158,7 +195,7 @@ int CannotStart(const absl::Status& status) {
 }  // namespace
 
 absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(path, kMaxConfigFileBytes);
   if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -192,6 +229,10 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Integer(&config->queue_limit);
     } else if (key == "shutdown_grace_seconds") {
       s = r.Number(&config->shutdown_grace_seconds);
+    } else if (key == "retain_jobs") {
+      s = r.Integer(&config->retain_jobs);
+    } else if (key == "retain_days") {
+      s = r.Number(&config->retain_days);
     } else {
       s = r.Error("is not a known setting");
     }
@@ -235,6 +276,14 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
         absl::StrCat("shutdown_grace_seconds (--shutdown-grace-seconds): must be >= 0, got ",
                      config.shutdown_grace_seconds));
   }
+  if (config.retain_jobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_jobs (--retain-jobs): must be >= 0, got ", config.retain_jobs));
+  }
+  if (!std::isfinite(config.retain_days) || config.retain_days < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_days (--retain-days): must be >= 0, got ", config.retain_days));
+  }
   return absl::OkStatus();
 }
 
@@ -252,6 +301,7 @@ int ServeMain(const ServeConfig& config) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  RaiseDescriptorLimit();
   absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config);
   if (!devices.ok()) return CannotStart(devices.status());
   std::error_code ec;
@@ -282,8 +332,12 @@ int ServeMain(const ServeConfig& config) {
     metrics = *std::move(served);
   }
 
+  store::StoreOpenOptions store_options;
+  store_options.must_exist = !config.init && HoldsOtherStateFiles(state_dir);
+  store_options.check_integrity = true;
+  store_options.backup_path = (state_dir / "quantd.db.bak").string();
   absl::StatusOr<std::unique_ptr<store::JobStore>> store =
-      store::JobStore::Open((state_dir / "quantd.db").string());
+      store::JobStore::Open((state_dir / "quantd.db").string(), store_options);
   if (!store.ok()) return CannotStart(store.status());
   scheduler::SchedulerOptions options;
   options.devices = *devices;
@@ -294,7 +348,7 @@ int ServeMain(const ServeConfig& config) {
   options.worker_nice = 5;
   options.metrics = metrics.get();
   options.log = [](int64_t job_id, const std::string& kind, const std::string& message) {
-    spdlog::info("job {} {}: {}", job_id, kind, message);
+    spdlog::info("job {} {}: {}", job_id, kind, ForLog(message));
   };
   absl::StatusOr<std::unique_ptr<scheduler::Scheduler>> scheduler =
       scheduler::Scheduler::Start(*std::move(store), std::move(options));
@@ -323,8 +377,16 @@ int ServeMain(const ServeConfig& config) {
                metrics->listen_address().empty() ? "none" : metrics->listen_address(),
                Describe(config, *devices));
 
+  std::unique_ptr<api::HistoryPruner> pruner;
+  const api::RetentionPolicy retention{config.retain_jobs, config.retain_days};
+  if (retention.enabled()) {
+    pruner = api::HistoryPruner::Start(scheduler->get(), retention, kPrunePeriod,
+                                       [](const std::string& m) { spdlog::info("{}", m); });
+  }
+
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  pruner.reset();
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(config.shutdown_grace_seconds * 1000)));
   spdlog::info("{}: shutting down (grace {} s)", strsignal(signal_number),
@@ -374,6 +436,14 @@ void AddServeCommand(CLI::App& app, int& rc) {
   CLI::Option* grace = cmd->add_option("--shutdown-grace-seconds", f.shutdown_grace_seconds,
                                        "how long running tasks get to stop at SIGTERM")
                            ->capture_default_str();
+  cmd->add_flag("--init", f.init,
+                "create quantd.db even though the state dir holds other files (a lost database)");
+  CLI::Option* retain_jobs =
+      cmd->add_option("--retain-jobs", f.retain_jobs, "finished jobs kept at most (0 = all)")
+          ->capture_default_str();
+  CLI::Option* retain_days =
+      cmd->add_option("--retain-days", f.retain_days, "prune finished jobs after D days (0 = never)")
+          ->capture_default_str();
   cmd->footer("Exit codes: 0 clean shutdown, 1 could not start, 2 usage or config error.");
   cmd->callback([=, &rc] {
     ServeConfig config;
@@ -393,6 +463,9 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (host_memory->count() > 0) config.host_memory_bytes = given.host_memory_bytes;
     if (queue_limit->count() > 0) config.queue_limit = given.queue_limit;
     if (grace->count() > 0) config.shutdown_grace_seconds = given.shutdown_grace_seconds;
+    config.init = given.init;
+    if (retain_jobs->count() > 0) config.retain_jobs = given.retain_jobs;
+    if (retain_days->count() > 0) config.retain_days = given.retain_days;
     rc = ServeMain(config);
   });
 }

@@ -5,6 +5,13 @@
 //   quantd serve [--config FILE] [--listen ADDR]... [--metrics-listen ADDR] [--state-dir DIR]
 //                [--devices auto|LIST] [--cpu-workers N] [--cpu-threads N]
 //                [--host-memory-bytes N] [--queue-limit N] [--shutdown-grace-seconds S]
+//                [--init] [--retain-jobs N] [--retain-days D]
+//
+// At start: RLIMIT_NOFILE is raised to its hard limit (idle connections must not exhaust the
+// descriptors); quantd.db gets PRAGMA quick_check and, when that passes, a copy in
+// quantd.db.bak: a damaged database stops the start naming the file and the backup. A missing or
+// 0-byte quantd.db next to other state files is an error unless --init (a lost database must
+// not silently become an empty history).
 //
 // --config FILE is a JSON object with the same settings in snake_case (listen: a string or an
 // array); flags override it. Once serving, <state-dir>/serve.json holds
@@ -42,6 +49,9 @@ struct ServeConfig {
   int64_t host_memory_bytes = 0;     // host-memory budget; 0 = none
   int queue_limit = 64;              // PENDING jobs at most
   double shutdown_grace_seconds = 30;
+  bool init = false;        // a missing or empty quantd.db next to other state files is created
+  int64_t retain_jobs = 0;  // finished jobs kept at most (api/history_pruner.h); 0 = all
+  double retain_days = 0;   // finished jobs pruned after this many days; 0 = never
 };
 
 // Applies the settings of the JSON config file at `path` to `config`. InvalidArgument naming the

@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include <utility>
 
@@ -14,6 +15,12 @@ namespace quantd::api {
 namespace {
 
 constexpr char kServiceName[] = "quantd.v1.QuantService";
+
+// Connection limits (LimitConnections).
+constexpr int kMaxConcurrentStreams = 128;           // per connection
+constexpr int kHandshakeTimeoutMs = 10'000;          // a connection must speak HTTP/2 by then
+constexpr int kMaxConnectionIdleMs = 10 * 60'000;    // without a call in flight
+constexpr size_t kTransportMemoryBytes = 512 << 20;  // all connections' buffers together
 
 // The ":port" of a "host:port" address, or -1 for a unix socket. InvalidArgument when malformed.
 absl::StatusOr<int> ParsePort(const std::string& address) {
@@ -36,6 +43,19 @@ absl::StatusOr<int> ParsePort(const std::string& address) {
 // gRPC sets SO_REUSEPORT by default, which would let a second daemon share a port with the first.
 void RefuseSharedPorts(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+// Bounds what idle or hostile connections can hold: streams per connection, a deadline for the
+// HTTP/2 handshake (a connection that never speaks is closed), idle connections closed, and a
+// memory quota for the transport. The process's descriptor limit is raised at start
+// (serve_command.cc), so connections cannot exhaust it before these apply.
+void LimitConnections(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
+  grpc::ResourceQuota quota("quantd-api");
+  quota.Resize(kTransportMemoryBytes);
+  builder.SetResourceQuota(quota);
 }
 
 // Whether a server with only `address` starts (to find which one of several cannot be bound).
@@ -71,6 +91,7 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(const std::vector<st
   server->service_ = std::make_unique<QuantService>(scheduler, metrics);
   grpc::ServerBuilder builder;
   RefuseSharedPorts(builder);
+  LimitConnections(builder);
   std::vector<int> bound_ports(listen.size(), 0);
   for (size_t i = 0; i < listen.size(); ++i) {
     builder.AddListeningPort(listen[i], grpc::InsecureServerCredentials(), &bound_ports[i]);

@@ -76,6 +76,8 @@ def run_one_job(qd, stubs, d, source, out):
 def test_damaged_database_stops_the_start_naming_file_and_backup(qd, stubs, source, tmp_path):
     d = Daemon(qd.binary, tmp_path / "state")
     run_one_job(qd, stubs, d, source, tmp_path / "out")
+    d.start()  # a start that passes the check backs up the database, the finished job with it
+    d.stop()
     db = d.state_dir / "quantd.db"
     backup = d.state_dir / "quantd.db.bak"
     assert backup.is_file()

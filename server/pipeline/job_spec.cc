@@ -139,16 +139,13 @@ absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
 
 // The size limits of the header comment; errors name the field, never quote it.
 absl::Status CheckLimits(const std::string& origin, const JobSpec& spec) {
-  const auto prefixed = [&](const absl::Status& s) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", s.message()));
-  };
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{"source", &spec.source},
                                     {"output", &spec.output},
                                     {"materialize_bf16", &spec.materialize_bf16},
                                     {"calibration.amax_file", &spec.calibration.amax_file},
                                     {"calibration.dataset", &spec.calibration.dataset}}) {
-    if (absl::Status s = CheckPathText(absl::StrCat(field, "'"), *path); !s.ok()) {
-      return prefixed(s);
+    if (absl::Status s = CheckPathText(absl::StrCat("field '", field, "'"), *path); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));
     }
   }
   for (const auto& [field, globs] :

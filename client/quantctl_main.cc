@@ -36,6 +36,9 @@ namespace {
 namespace client = quantd::client;
 namespace v1 = quantd::v1;
 
+// The largest TLS certificate, key or CA file read.
+constexpr uint64_t kMaxPemFileBytes = 1 << 20;
+
 // Prints "quantctl: <CODE>: <message>" to stderr; returns the exit code for `code`.
 int Fail(grpc::StatusCode code, const std::string& message) {
   std::cerr << "quantctl: " << absl::StatusCodeToString(static_cast<absl::StatusCode>(code)) << ": "
@@ -77,7 +80,7 @@ class Session {
         {&tls_key, &ssl_.pem_private_key}};
     for (const auto& [path, pem] : pem_files) {
       if (path->empty()) continue;
-      absl::StatusOr<std::string> text = quantd::checkpoint::ReadFile(*path);
+      absl::StatusOr<std::string> text = quantd::checkpoint::ReadFile(*path, kMaxPemFileBytes);
       if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
       *pem = *std::move(text);
     }

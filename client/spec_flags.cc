@@ -11,6 +11,8 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "server/checkpoint/atomic_file.h"
+#include "server/pipeline/job_paths.h"
+#include "server/pipeline/job_spec.h"
 
 namespace quantd::client {
 namespace {
@@ -135,6 +137,9 @@ void AddSpecFlags(CLI::App* cmd, SpecFlags* f) {
   cmd->add_option_function<int64_t>(
       "--host-memory-bytes", [f](const int64_t& v) { f->host_memory_bytes = v; },
       "host memory budget of the job");
+  cmd->add_flag("--overwrite", f->overwrite,
+                "use a non-empty output directory; files quantd did not write are never "
+                "replaced or deleted");
 }
 
 absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin) {
@@ -155,7 +160,7 @@ absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::st
 absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   v1::JobSpec spec;
   if (!f.spec_file.empty()) {
-    absl::StatusOr<std::string> text = checkpoint::ReadFile(f.spec_file);
+    absl::StatusOr<std::string> text = checkpoint::ReadFile(f.spec_file, pipeline::kMaxJobSpecBytes);
     if (!text.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot read --spec file: ", text.status().message()));
@@ -182,6 +187,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   if (f.calibrate_all_experts) cal->set_calibrate_all_experts(true);
   if (f.devices) spec.mutable_devices()->Assign(f.devices->begin(), f.devices->end());
   if (f.host_memory_bytes) spec.set_host_memory_bytes(*f.host_memory_bytes);
+  if (f.overwrite) spec.set_overwrite(true);
 
   if (spec.source().empty()) {
     return absl::InvalidArgumentError("submit needs --source (or \"source\" in the --spec file)");
@@ -200,6 +206,8 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
                              {"calibration.amax_file", cal->mutable_amax_file()},
                              {"calibration.dataset", cal->mutable_dataset()}};
   for (const PathField& p : paths) {
+    // Checked here too: the proto would refuse invalid UTF-8 before the daemon could name the field.
+    if (absl::Status s = pipeline::CheckPathText(p.name, *p.value); !s.ok()) return s;
     absl::StatusOr<std::string> abs = Absolute(*p.value, p.name);
     if (!abs.ok()) return abs.status();
     *p.value = *std::move(abs);

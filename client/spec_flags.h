@@ -36,6 +36,7 @@ struct SpecFlags {
   bool calibrate_all_experts = false;               // --calibrate-all-experts (sets true)
   std::optional<std::vector<std::string>> devices;  // --device, repeatable
   std::optional<int64_t> host_memory_bytes;         // --host-memory-bytes
+  bool overwrite = false;                           // --overwrite (sets true)
 };
 
 // Registers the flags above on `cmd`; `flags` must outlive the parse.

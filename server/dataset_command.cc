@@ -44,7 +44,7 @@ void PrintHistogram(const pipeline::CalibrationSet& set, std::ostream& out) {
 }  // namespace
 
 int DatasetMain(const DatasetArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(err, text.status(), kUsage);
   absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);

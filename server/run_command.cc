@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/atomic_file.h"
+#include "server/pipeline/job_paths.h"
 #include "server/pipeline/job_spec.h"
 #include "server/scheduler/run_job.h"
 
@@ -80,10 +81,13 @@ int RunMain(const RunArgs& args) {
                     absl::StrCat("--device ", args.device, ": expected cpu, cuda:N or auto")),
                 kUsage);
   }
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(text.status(), kUsage);
   absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(spec.status(), kUsage);
+  if (absl::Status s = pipeline::ResolveJobPaths(&*spec, /*allow_relative=*/true); !s.ok()) {
+    return Fail(absl::Status(s.code(), absl::StrCat(args.spec_path, ": ", s.message())), kUsage);
+  }
 
   scheduler::RunOptions options;
   options.state_path = args.state_path;

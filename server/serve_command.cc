@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backends.h"
 #include "server/api/access_policy.h"
+#include "server/api/history_pruner.h"
 #include "server/api/server.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
@@ -51,6 +53,12 @@ constexpr char kNoListen[] = "none";
 constexpr int kStoreUnusable = 3;
 // The longest that RPCs in progress get to finish at shutdown (never more than the grace).
 constexpr std::chrono::milliseconds kRpcDrain{5000};
+// How often history retention runs (besides once at start).
+constexpr std::chrono::milliseconds kPrunePeriod{10 * 60 * 1000};
+// The largest --config file read.
+constexpr uint64_t kMaxConfigFileBytes = 1 << 20;
+// The largest TLS certificate, key or CA file read.
+constexpr uint64_t kMaxPemFileBytes = 1 << 20;
 
 using nlohmann::json;
 
@@ -223,7 +231,7 @@ absl::StatusOr<api::ApiServerOptions> ApiOptions(const ServeConfig& config) {
       {&config.tls_client_ca, &options.tls.client_ca}};
   for (const auto& [path, pem] : pem_files) {
     if (path->empty()) continue;
-    absl::StatusOr<std::string> text = checkpoint::ReadFile(*path);
+    absl::StatusOr<std::string> text = checkpoint::ReadFile(*path, kMaxPemFileBytes);
     if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
     *pem = *std::move(text);
   }
@@ -249,6 +257,37 @@ absl::StatusOr<api::ApiServerOptions> ApiOptions(const ServeConfig& config) {
   return options;
 }
 
+// Raises the soft RLIMIT_NOFILE to the hard limit: a low soft limit (often 1024) lets a flood of
+// idle connections take every descriptor, and gRPC 1.51 then stops accepting for good.
+void RaiseDescriptorLimit() {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::info("raised the open-file limit from {} to {}", before, limit.rlim_max);
+  }
+}
+
+// Whether the state dir holds anything besides the lock: then a missing or 0-byte quantd.db is a
+// lost database, not a first start.
+bool HoldsOtherStateFiles(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name != "quantd.lock") return true;
+  }
+  return false;
+}
+
+// A log line carries at most this much of a message (paths and errors can be long).
+constexpr size_t kMaxLoggedMessage = 4096;
+
+std::string ForLog(const std::string& message) {
+  if (message.size() <= kMaxLoggedMessage) return message;
+  return absl::StrCat(message.substr(0, kMaxLoggedMessage), "... (", message.size(), " bytes)");
+}
+
 int Usage(const absl::Status& status) {
   std::cerr << "quantd serve: " << status.message() << "\n";
   return kUsage;
@@ -262,7 +301,7 @@ int CannotStart(const absl::Status& status) {
 }  // namespace
 
 absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(path, kMaxConfigFileBytes);
   if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -314,6 +353,10 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Bool(&config->insecure);
     } else if (key == "store_retry_seconds") {
       s = r.Number(&config->store_retry_seconds);
+    } else if (key == "retain_jobs") {
+      s = r.Integer(&config->retain_jobs);
+    } else if (key == "retain_days") {
+      s = r.Number(&config->retain_days);
     } else {
       s = r.Error("is not a known setting");
     }
@@ -368,6 +411,14 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
         absl::StrCat("store_retry_seconds (--store-retry-seconds): must be >= 1, got ",
                      config.store_retry_seconds));
   }
+  if (config.retain_jobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_jobs (--retain-jobs): must be >= 0, got ", config.retain_jobs));
+  }
+  if (!std::isfinite(config.retain_days) || config.retain_days < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retain_days (--retain-days): must be >= 0, got ", config.retain_days));
+  }
   return absl::OkStatus();
 }
 
@@ -394,6 +445,7 @@ int ServeMain(const ServeConfig& config) {
   absl::StatusOr<api::ApiServerOptions> api_options = ApiOptions(config);
   if (!api_options.ok()) return Usage(api_options.status());
 
+  RaiseDescriptorLimit();
   absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config);
   if (!devices.ok()) return CannotStart(devices.status());
   std::error_code ec;
@@ -424,8 +476,12 @@ int ServeMain(const ServeConfig& config) {
     metrics = *std::move(served);
   }
 
+  store::StoreOpenOptions store_options;
+  store_options.must_exist = !config.init && HoldsOtherStateFiles(state_dir);
+  store_options.check_integrity = true;
+  store_options.backup_path = (state_dir / "quantd.db.bak").string();
   absl::StatusOr<std::unique_ptr<store::JobStore>> store =
-      store::JobStore::Open((state_dir / "quantd.db").string());
+      store::JobStore::Open((state_dir / "quantd.db").string(), store_options);
   if (!store.ok()) return CannotStart(store.status());
   scheduler::SchedulerOptions options;
   options.devices = *devices;
@@ -438,7 +494,7 @@ int ServeMain(const ServeConfig& config) {
       static_cast<int64_t>(std::llround(config.store_retry_seconds * 1000));
   options.metrics = metrics.get();
   options.log = [](int64_t job_id, const std::string& kind, const std::string& message) {
-    spdlog::info("job {} {}: {}", job_id, kind, message);
+    spdlog::info("job {} {}: {}", job_id, kind, ForLog(message));
   };
   // A supervisor restarts a daemon that exits non-zero; a daemon without its store cannot work.
   options.on_store_unusable = [&](const absl::Status& error) {
@@ -477,9 +533,17 @@ int ServeMain(const ServeConfig& config) {
   Notify("READY=1");
   std::unique_ptr<ops::ServeMonitor> monitor = StartMonitor(config, **scheduler, metrics.get());
 
+  std::unique_ptr<api::HistoryPruner> pruner;
+  const api::RetentionPolicy retention{config.retain_jobs, config.retain_days};
+  if (retention.enabled()) {
+    pruner = api::HistoryPruner::Start(scheduler->get(), retention, kPrunePeriod,
+                                       [](const std::string& m) { spdlog::info("{}", m); });
+  }
+
   main_io.run();
   Notify("STOPPING=1");
   monitor->Stop();
+  pruner.reset();
   const auto grace = std::chrono::milliseconds(
       static_cast<int64_t>(std::llround(config.shutdown_grace_seconds * 1000)));
   if (exit_code != 0) {
@@ -559,6 +623,14 @@ void AddServeCommand(CLI::App& app, int& rc) {
   cmd->footer(
       "Exit codes: 0 clean shutdown (SIGTERM, SIGINT, SIGHUP), 1 could not start, 2 usage or "
       "config error, 3 the job store became unusable.");
+  cmd->add_flag("--init", f.init,
+                "create quantd.db even though the state dir holds other files (a lost database)");
+  CLI::Option* retain_jobs =
+      cmd->add_option("--retain-jobs", f.retain_jobs, "finished jobs kept at most (0 = all)")
+          ->capture_default_str();
+  CLI::Option* retain_days =
+      cmd->add_option("--retain-days", f.retain_days, "prune finished jobs after D days (0 = never)")
+          ->capture_default_str();
   cmd->callback([=, &rc] {
     ServeConfig config;
     if (!parsed->config_path.empty()) {
@@ -586,6 +658,9 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (tls_client_ca->count() > 0) config.tls_client_ca = given.tls_client_ca;
     if (insecure->count() > 0) config.insecure = given.insecure;
     if (store_retry->count() > 0) config.store_retry_seconds = given.store_retry_seconds;
+    config.init = given.init;
+    if (retain_jobs->count() > 0) config.retain_jobs = given.retain_jobs;
+    if (retain_days->count() > 0) config.retain_days = given.retain_days;
     rc = ServeMain(config);
   });
 }

@@ -8,6 +8,13 @@
 //                [--socket PATH] [--socket-group GROUP] [--access-config FILE] [--token-file FILE]
 //                [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--insecure]
 //                [--store-retry-seconds S]
+//                [--init] [--retain-jobs N] [--retain-days D]
+//
+// At start: RLIMIT_NOFILE is raised to its hard limit (idle connections must not exhaust the
+// descriptors); quantd.db gets PRAGMA quick_check and, when that passes, a copy in
+// quantd.db.bak: a damaged database stops the start naming the file and the backup. A missing or
+// 0-byte quantd.db next to other state files is an error unless --init (a lost database must
+// not silently become an empty history).
 //
 // --config FILE is a JSON object with the same settings in snake_case (listen: a string or an
 // array); flags override it. The daemon always listens on the unix socket --socket (default
@@ -66,6 +73,9 @@ struct ServeConfig {
   std::string tls_client_ca;  // PEM CA that TCP clients' certificates must be signed by
   bool insecure = false;      // allow a non-loopback TCP address without TLS
   double store_retry_seconds = 60;  // a store failing this long is unusable: exit 3
+  bool init = false;        // a missing or empty quantd.db next to other state files is created
+  int64_t retain_jobs = 0;  // finished jobs kept at most (api/history_pruner.h); 0 = all
+  double retain_days = 0;   // finished jobs pruned after this many days; 0 = never
 };
 
 // Applies the settings of the JSON config file at `path` to `config`. InvalidArgument naming the

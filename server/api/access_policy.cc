@@ -111,7 +111,7 @@ absl::StatusOr<AccessPolicy> AccessPolicy::Load(const std::string& config_path,
   }
   if (config_path.empty()) return policy;
 
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(config_path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(config_path, kMaxConfigBytes);
   if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
   if (text->size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(

@@ -15,8 +15,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/base/status_macros.h"
+#include "server/pipeline/job_paths.h"
+#include "server/pipeline/job_spec.h"
 #include "server/scheduler/job_proto.h"
 
 namespace quantd::api {
@@ -29,10 +33,13 @@ constexpr char kInvalidRequest[] = "INVALID_REQUEST";  // a request field other 
 constexpr char kInvalidSpec[] = "INVALID_SPEC";
 constexpr char kJobNotFound[] = "JOB_NOT_FOUND";
 constexpr char kShuttingDown[] = "SHUTTING_DOWN";
+constexpr char kOutputInUse[] = "OUTPUT_IN_USE";
 
 constexpr size_t kMaxRequestIdLength = 128;
 constexpr int kDefaultPageSize = 100;
 constexpr int kMaxPageSize = 1000;
+// A ListJobs response stays below this many bytes, under gRPC's default 4 MiB receive limit.
+constexpr size_t kMaxListResponseBytes = 3 << 20;
 // A page token is the decimal id of the previous page's last job; longer ones are not ours.
 constexpr size_t kMaxPageTokenLength = 18;
 
@@ -56,6 +63,55 @@ absl::Status CheckRequestId(const std::string& id) {
       return InvalidRequest(absl::StrFormat(
           "request_id: must be printable ASCII, byte 0x%02x at offset %d is not", c, i));
     }
+  }
+  return absl::OkStatus();
+}
+
+// Every string of the spec (paths, globs, names) must be valid UTF-8 (nlohmann refuses to write
+// anything else into the JSON spec) and at most a path long; the error names the field and never
+// quotes it. ParseJobSpec applies the finer limits (globs) afterwards.
+absl::Status CheckSpecText(const google::protobuf::Message& message, const std::string& prefix) {
+  const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    const std::string name = absl::StrCat(prefix, field->name());
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
+        !field->is_repeated()) {
+      if (!reflection->HasField(message, field)) continue;
+      if (absl::Status s = CheckSpecText(reflection->GetMessage(message, field), name + ".");
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_STRING) continue;
+    const int n = field->is_repeated() ? reflection->FieldSize(message, field) : 1;
+    for (int k = 0; k < n; ++k) {
+      const std::string value = field->is_repeated()
+                                    ? reflection->GetRepeatedString(message, field, k)
+                                    : reflection->GetString(message, field);
+      const std::string entry = field->is_repeated() ? absl::StrCat(" entry ", k) : "";
+      if (value.size() > pipeline::kMaxPathBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("SubmitJobRequest.spec: field '", name, "'", entry, " is ", value.size(),
+                         " bytes, more than ", pipeline::kMaxPathBytes, " (PATH_MAX)"));
+      }
+      if (!pipeline::IsValidUtf8(value)) {
+        return absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: field '", name,
+                                                       "'", entry, " is not valid UTF-8"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSpecLimits(const v1::JobSpec& spec) {
+  if (absl::Status s = CheckSpecText(spec, ""); !s.ok()) return s;
+  if (spec.ByteSizeLong() > pipeline::kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: ", spec.ByteSizeLong(),
+                                                   " bytes, more than the limit of ",
+                                                   pipeline::kMaxJobSpecBytes));
   }
   return absl::OkStatus();
 }
@@ -286,8 +342,22 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
       RETURN_IF_ERROR(authorizer_->AllowSubmit(*context, request->spec()));
     }
     RETURN_IF_ERROR(CheckRequestId(request->request_id()));
+    if (absl::Status s = CheckSpecLimits(request->spec()); !s.ok()) {
+      return WithReason(s, kInvalidSpec);
+    }
     absl::StatusOr<pipeline::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
     if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
+    if (absl::Status s = pipeline::ResolveJobPaths(&*spec, /*allow_relative=*/false); !s.ok()) {
+      return WithReason(
+          absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: ", s.message())),
+          kInvalidSpec);
+    }
+    if (absl::Status s = pipeline::CheckDirsUnclaimed(*spec, ClaimedDirs(request->request_id()));
+        !s.ok()) {
+      return WithReason(
+          absl::Status(s.code(), absl::StrCat("SubmitJobRequest.spec: ", s.message())),
+          kOutputInUse);
+    }
     scheduler_->SubmitAsync(request->request_id(), *spec,
                             [finish, response](absl::StatusOr<v1::Job> job, bool /*created*/) {
                               if (job.ok()) *response = *std::move(job);
@@ -295,6 +365,27 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
                             });
     return absl::OkStatus();
   });
+}
+
+std::vector<pipeline::ClaimedDir> QuantService::ClaimedDirs(const std::string& request_id) const {
+  std::vector<pipeline::ClaimedDir> claimed;
+  bool more = true;
+  for (int64_t after_id = 0; more;) {
+    const std::vector<v1::Job> page =
+        scheduler_->board().List(v1::JOB_STATE_UNSPECIFIED, after_id, kMaxPageSize, &more);
+    for (const v1::Job& job : page) {
+      after_id = job.id();
+      // Failed and cancelled jobs do not hold their output (a resumed one still finds its
+      // marker there); a resubmission of the same request is that job itself.
+      if (job.state() == v1::FAILED || job.state() == v1::CANCELLED) continue;
+      if (!request_id.empty() && job.request_id() == request_id) continue;
+      for (const std::string* dir : {&job.spec().output(), &job.spec().materialize_bf16()}) {
+        if (!dir->empty()) claimed.push_back({job.id(), *dir});
+      }
+    }
+    if (page.empty()) break;
+  }
+  return claimed;
 }
 
 grpc::ServerUnaryReactor* QuantService::GetJob(grpc::CallbackServerContext* context,
@@ -327,7 +418,18 @@ grpc::ServerUnaryReactor* QuantService::ListJobs(grpc::CallbackServerContext* co
     const int limit = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
     bool more = false;
     std::vector<v1::Job> jobs = scheduler_->board().List(request->state(), *after_id, limit, &more);
-    for (v1::Job& job : jobs) *response->add_jobs() = std::move(job);
+    // A page ends early rather than outgrow what clients accept (jobs carry their specs); it
+    // always holds at least one job, which the spec limit keeps far below the cap.
+    size_t bytes = 0;
+    for (v1::Job& job : jobs) {
+      const size_t job_bytes = job.ByteSizeLong();
+      if (response->jobs_size() > 0 && bytes + job_bytes > kMaxListResponseBytes) {
+        more = true;
+        break;
+      }
+      bytes += job_bytes;
+      *response->add_jobs() = std::move(job);
+    }
     if (more) response->set_next_page_token(absl::StrCat(response->jobs().rbegin()->id()));
     return absl::OkStatus();
   });

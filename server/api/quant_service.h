@@ -19,11 +19,13 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "quantd/v1/quantd.grpc.pb.h"
 #include "server/api/authorizer.h"
 #include "server/metrics/metrics.h"
+#include "server/pipeline/job_paths.h"
 #include "server/scheduler/scheduler.h"
 
 namespace quantd::api {
@@ -80,6 +82,9 @@ class QuantService final : public v1::QuantService::CallbackService {
                                        const std::function<absl::Status(const Finisher&)>& start);
   // Counts one finished RPC in the metrics.
   void Record(const char* method, absl::StatusCode code);
+  // The output directories that jobs on the board own (PENDING, RUNNING, PAUSED, SUCCEEDED),
+  // except those of the job a resubmission of `request_id` would return.
+  std::vector<pipeline::ClaimedDir> ClaimedDirs(const std::string& request_id) const;
 
   // Registers a new stream; false once BeginShutdown ran.
   bool AddWatch(WatchReactor* watch);

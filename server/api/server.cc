@@ -4,6 +4,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/resource_quota.h>
 
 #include <optional>
 #include <utility>
@@ -20,6 +21,12 @@ namespace {
 constexpr char kServiceName[] = "quantd.v1.QuantService";
 
 constexpr char kUnixPrefix[] = "unix:";
+
+// Connection limits (LimitConnections).
+constexpr int kMaxConcurrentStreams = 128;           // per connection
+constexpr int kHandshakeTimeoutMs = 10'000;          // a connection must speak HTTP/2 by then
+constexpr int kMaxConnectionIdleMs = 10 * 60'000;    // without a call in flight
+constexpr size_t kTransportMemoryBytes = 512 << 20;  // all connections' buffers together
 
 // The ":port" of a "host:port" address, or -1 for a unix socket. InvalidArgument when malformed.
 absl::StatusOr<int> ParsePort(const std::string& address) {
@@ -42,6 +49,19 @@ absl::StatusOr<int> ParsePort(const std::string& address) {
 // gRPC sets SO_REUSEPORT by default, which would let a second daemon share a port with the first.
 void RefuseSharedPorts(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+}
+
+// Bounds what idle or hostile connections can hold: streams per connection, a deadline for the
+// HTTP/2 handshake (a connection that never speaks is closed), idle connections closed, and a
+// memory quota for the transport. The process's descriptor limit is raised at start
+// (serve_command.cc), so connections cannot exhaust it before these apply.
+void LimitConnections(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
+  grpc::ResourceQuota quota("quantd-api");
+  quota.Resize(kTransportMemoryBytes);
+  builder.SetResourceQuota(quota);
 }
 
 // Whether a server with only `address` starts (to find which one of several cannot be bound).
@@ -119,6 +139,7 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions opt
       std::make_unique<QuantService>(scheduler, metrics, server->authorizer_.get());
   grpc::ServerBuilder builder;
   RefuseSharedPorts(builder);
+  LimitConnections(builder);
   const std::shared_ptr<grpc::ServerCredentials> credentials = TcpCredentials(options.tls);
   std::vector<int> bound_ports(tcp.size(), 0);
   for (size_t i = 0; i < tcp.size(); ++i) {

@@ -25,7 +25,7 @@ std::string DirOf(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<int> CreateForWrite(const std::string& path) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return ErrnoError(errno, "cannot create", path);
   return fd;
 }
@@ -78,23 +78,63 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
   return status;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "cannot open", path);
+absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink,
+                                    struct stat* st) {
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_symlink ? 0 : O_NOFOLLOW);
+  const int fd = open(path.c_str(), flags);
+  if (fd < 0) {
+    if (errno == ELOOP && !follow_symlink) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": is a symbolic link, which quantd does not follow here"));
+    }
+    return ErrnoError(errno, "cannot open", path);
+  }
+  if (fstat(fd, st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoError(err, "cannot stat", path);
+  }
+  if (!S_ISREG(st->st_mode)) {
+    close(fd);
+    const char* kind = S_ISFIFO(st->st_mode)  ? "a FIFO"
+                       : S_ISDIR(st->st_mode) ? "a directory"
+                       : S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) ? "a device"
+                       : S_ISSOCK(st->st_mode)                        ? "a socket"
+                                                                      : "a special file";
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is ", kind, "; only regular files are read"));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) {
+  struct stat st;
+  absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st);
+  if (!fd.ok()) return fd.status();
+  const auto too_large = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": larger than the limit of ", max_bytes, " bytes for this file"));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    close(*fd);
+    return too_large();
+  }
+  // The size may change after fstat: read at most one byte past the cap to notice.
   std::string contents;
   char buffer[1 << 16];
-  while (true) {
-    ssize_t n = read(fd, buffer, sizeof(buffer));
+  while (contents.size() <= max_bytes) {
+    ssize_t n = read(*fd, buffer, sizeof(buffer));
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      close(fd);
+      close(*fd);
       return ErrnoError(err, "read failed", path);
     }
     if (n == 0) break;
     contents.append(buffer, static_cast<size_t>(n));
   }
-  close(fd);
+  close(*fd);
+  if (contents.size() > max_bytes) return too_large();
   return contents;
 }
 

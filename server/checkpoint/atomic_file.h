@@ -5,6 +5,7 @@
 #define QUANTD_SERVER_CHECKPOINT_ATOMIC_FILE_H_
 
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <string>
 #include <string_view>
@@ -19,15 +20,24 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
 absl::Status CommitTmpFile(const std::string& tmp_path, const std::string& path);
 
 // Building blocks for writers that stream into a tmp file themselves:
-// Creates (or truncates) `path` for writing, mode 0644; returns the descriptor.
+// Creates (or truncates) `path` for writing, mode 0644; returns the descriptor. A symlink at `path`
+// is refused (O_NOFOLLOW), so a planted link cannot redirect the write.
 absl::StatusOr<int> CreateForWrite(const std::string& path);
 // Writes all `size` bytes to `fd` (retrying short writes and EINTR); errors name `path`.
 absl::Status WriteFully(int fd, const void* data, uint64_t size, const std::string& path);
 // fsyncs and closes `fd` (closed even when fsync fails); errors name `path`.
 absl::Status SyncAndClose(int fd, const std::string& path);
 
-// Reads a whole (small) file; errors name the path.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+// Opens `path` read-only for a read that must not block or wander: O_NONBLOCK (a FIFO does not
+// wait for a writer), O_NOFOLLOW unless `follow_symlink`, then fstat: anything but a regular file
+// (FIFO, device, directory, socket) is InvalidArgument naming the path and the rule. Returns the
+// descriptor (the caller closes it) and fills *st.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink,
+                                    struct stat* st);
+
+// Reads a whole (small) regular file of at most `max_bytes` (OpenRegularFile, symlinks followed);
+// a larger one is InvalidArgument naming the path and the cap. Errors never quote the content.
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
 
 }  // namespace quantd::checkpoint
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/atomic_file.h"
+#include "server/checkpoint/json_file.h"
 
 namespace quantd::checkpoint {
 namespace {
@@ -26,16 +27,6 @@ bool IsPlainFileName(const std::string& name) {
          name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
 }
 
-absl::StatusOr<json> ParseJsonFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return text.status();
-  try {
-    return json::parse(*text);
-  } catch (const json::exception& e) {
-    return Invalid(path, absl::StrCat("not valid JSON: ", e.what()));
-  }
-}
-
 bool FileExists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
@@ -44,7 +35,7 @@ bool FileExists(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path) {
-  absl::StatusOr<json> root = ParseJsonFile(path);
+  absl::StatusOr<json> root = ReadJsonFile(path, kMaxIndexFileBytes);
   if (!root.ok()) return root.status();
   if (!root->is_object()) return Invalid(path, "not a JSON object");
 
@@ -103,7 +94,7 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
 
   std::string config_path = absl::StrCat(dir, "/", kConfigFileName);
   if (FileExists(config_path)) {
-    absl::StatusOr<json> config = ParseJsonFile(config_path);
+    absl::StatusOr<json> config = ReadJsonFile(config_path, kMaxConfigFileBytes);
     if (!config.ok()) return config.status();
     if (!config->is_object()) return Invalid(config_path, "not a JSON object");
     checkpoint->config_ = std::make_unique<json>(std::move(*config));
@@ -168,6 +159,13 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
 }
 
 CheckpointDir::~CheckpointDir() = default;
+
+absl::Status CheckpointDir::CheckIntact() const {
+  for (const std::unique_ptr<SafetensorsFile>& shard : shards_) {
+    if (absl::Status s = shard->CheckIntact(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
 
 const nlohmann::json& CheckpointDir::config() const { return *config_; }
 

@@ -18,6 +18,10 @@
 namespace quantd::checkpoint {
 
 inline constexpr char kIndexFileName[] = "model.safetensors.index.json";
+// Size caps of the JSON files a checkpoint holds (a DeepSeek-V4 index is ~10 MB, its config a few
+// KB); larger files are refused before they are read.
+inline constexpr uint64_t kMaxIndexFileBytes = 64ull << 20;
+inline constexpr uint64_t kMaxConfigFileBytes = 16ull << 20;
 
 // model.safetensors.index.json: tensor -> shard file name, plus metadata.total_size.
 struct ShardIndex {
@@ -25,7 +29,8 @@ struct ShardIndex {
   uint64_t total_size = 0;                        // sum of tensor bytes over all shards
 };
 
-// Parses and validates an index (shard names must be plain file names, no paths).
+// Parses and validates an index (shard names must be plain file names, no paths); at most
+// kMaxIndexFileBytes.
 absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path);
 // Writes the index atomically (tmp + fsync + rename).
 absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index);
@@ -41,6 +46,9 @@ class CheckpointDir {
   const nlohmann::json& config() const;
   // Shards in file-name order.
   const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
+  // DataLoss naming the first shard that shrank while it was being read (SafetensorsFile::
+  // CheckIntact).
+  absl::Status CheckIntact() const;
   // nullptr when absent.
   const TensorView* Find(const std::string& name) const;
   // The shard holding `name` (nullptr when absent).

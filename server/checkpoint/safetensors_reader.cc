@@ -14,6 +14,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/checkpoint/atomic_file.h"
+#include "server/checkpoint/json_file.h"
+#include "server/checkpoint/mapped_region_guard.h"
 
 namespace quantd::checkpoint {
 namespace {
@@ -46,30 +49,6 @@ absl::Status TensorError(const std::string& path, const std::string& tensor,
                          absl::string_view message) {
   return absl::InvalidArgumentError(
       absl::StrCat(path, ": tensor ", Quoted(tensor), ": ", message));
-}
-
-// True when brackets outside string literals nest deeper than `limit`. Run before parsing so
-// that no parser ever sees unbounded nesting.
-bool NestingExceeds(const uint8_t* text, uint64_t size, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  for (uint64_t i = 0; i < size; ++i) {
-    uint8_t c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character cannot end the string
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > limit) return true;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return false;
 }
 
 // Records the first key that appears twice in one JSON object (nlohmann keeps only one of them).
@@ -210,35 +189,33 @@ int64_t TensorView::numel() const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat(path, ": cannot stat"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return FileError(path, "not a regular file");
-  }
+  absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st);
+  if (!fd.ok()) return fd.status();
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
   file->size_ = static_cast<uint64_t>(st.st_size);
   // Parse() rejects files too short to hold the length prefix; an empty file cannot be mapped.
   if (file->size_ >= kLengthBytes) {
-    void* mapping = mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* mapping = mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, *fd, 0);
     if (mapping == MAP_FAILED) {
       int err = errno;
-      close(fd);
+      close(*fd);
       return absl::ErrnoToStatus(err, absl::StrCat(path, ": mmap failed"));
     }
     file->base_ = static_cast<const uint8_t*>(mapping);
     file->mapped_ = true;
+    absl::StatusOr<int> slot = RegisterMappedRegion(mapping, file->size_);
+    if (!slot.ok()) {
+      close(*fd);
+      return absl::Status(slot.status().code(), absl::StrCat(path, ": ", slot.status().message()));
+    }
+    file->guard_slot_ = *slot;
   }
-  close(fd);
+  close(*fd);
   absl::Status status = file->Parse();
   if (!status.ok()) return status;
+  if (absl::Status intact = file->CheckIntact(); !intact.ok()) return intact;
   return file;
 }
 
@@ -255,7 +232,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std:
 }
 
 SafetensorsFile::~SafetensorsFile() {
+  if (guard_slot_ >= 0) UnregisterMappedRegion(guard_slot_);
   if (mapped_) munmap(const_cast<uint8_t*>(base_), size_);
+}
+
+absl::Status SafetensorsFile::CheckIntact() const {
+  if (guard_slot_ < 0 || !MappedRegionFaulted(guard_slot_)) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      path_, ": the file shrank below its ", size_,
+      " bytes while it was being read (truncated or replaced in place); what was read from it "
+      "cannot be trusted"));
 }
 
 const TensorView* SafetensorsFile::Find(std::string_view name) const {
@@ -284,7 +270,7 @@ absl::Status SafetensorsFile::Parse() {
   if (header_len == 0 || header[0] != '{') {
     return FileError(path_, "header does not start with '{'");
   }
-  if (NestingExceeds(header, header_len, kMaxJsonDepth)) {
+  if (JsonNestingExceeds(header, header_len, kMaxJsonDepth)) {
     return FileError(path_, absl::StrCat("header JSON nests deeper than ", kMaxJsonDepth));
   }
 
@@ -295,8 +281,12 @@ absl::Status SafetensorsFile::Parse() {
                        [&duplicates](int /*depth*/, json::parse_event_t event, json& parsed) {
                          return duplicates.OnEvent(event, parsed);
                        });
+  } catch (const json::parse_error& e) {
+    // e.what() quotes the text near the error; the offset is enough and quotes nothing.
+    return FileError(path_, absl::StrCat("header is not valid JSON (syntax error at byte ",
+                                         kLengthBytes + e.byte, ")"));
   } catch (const json::exception& e) {
-    return FileError(path_, absl::StrCat("header is not valid JSON: ", e.what()));
+    return FileError(path_, "header is not valid JSON");
   }
   if (duplicates.found()) {
     return FileError(path_, absl::StrCat(duplicates.at_top_level() ? "duplicate tensor name "

@@ -1,4 +1,6 @@
-// Read-only, memory-mapped safetensors file with zero-copy tensor views.
+// Read-only, memory-mapped safetensors file with zero-copy tensor views. The file is opened with
+// O_NONBLOCK and must be a regular file (a FIFO or device is refused before any read); the
+// mapping is guarded against the file shrinking under the process (CheckIntact).
 //
 // Open() validates the whole header before anything is exposed: header length within the file
 // and below a size limit, JSON nesting depth bounded (checked before parsing), every entry an
@@ -59,6 +61,10 @@ class SafetensorsFile {
   // The "__metadata__" string map (empty when absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_size() const { return size_; }
+  // DataLoss naming the file once a read of its mapping hit the end of a file that shrank under
+  // the process (mapped_region_guard.h: the read saw zeros instead of crashing the process).
+  // Callers check it after reading tensor data and before they trust or publish what they read.
+  absl::Status CheckIntact() const;
   // Drops the mapped pages that lie wholly inside `view` from this process's memory (they are
   // read again from the file if touched later), so streaming through a large shard keeps the
   // resident set small. A no-op for FromBytes() images and views of other files.
@@ -73,6 +79,7 @@ class SafetensorsFile {
   const uint8_t* base_ = nullptr;                 // start of the mapping (or caller's bytes)
   uint64_t size_ = 0;                             // file size in bytes
   bool mapped_ = false;                           // base_ is an mmap this object must unmap
+  int guard_slot_ = -1;                           // mapped_region_guard slot; -1 = none
   std::vector<TensorView> tensors_;               // sorted by offset
   std::map<std::string, size_t, std::less<>> by_name_;  // name -> index into tensors_
   std::map<std::string, std::string> metadata_;   // "__metadata__"

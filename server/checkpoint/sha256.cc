@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/checkpoint/atomic_file.h"
 
 namespace quantd::checkpoint {
 
@@ -36,8 +37,10 @@ std::string Sha256::HexDigest() {
 }
 
 absl::StatusOr<std::string> Sha256File(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+  struct stat st;
+  absl::StatusOr<int> opened = OpenRegularFile(path, /*follow_symlink=*/false, &st);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   Sha256 hash;
   std::vector<char> buf(4 << 20);
   while (true) {

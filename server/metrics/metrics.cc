@@ -22,6 +22,11 @@
 namespace quantd::metrics {
 namespace {
 
+// The metrics HTTP server: threads (each serves one connection at a time) and how long it waits
+// for a connection's request before it drops the connection.
+constexpr int kExposerThreads = 8;
+constexpr int kExposerRequestTimeoutMs = 2000;
+
 // The fixed label sets whose series exist (at 0) from the start.
 const char* const kJobStates[] = {"PENDING",   "RUNNING", "PAUSED",
                                   "SUCCEEDED", "FAILED",  "CANCELLED"};
@@ -178,7 +183,12 @@ class PrometheusMetrics final : public Metrics {
     if (absl::Status status = ValidateListen(listen); !status.ok()) return status;
     const std::string host = listen.substr(0, listen.rfind(':'));
     try {
-      exposer_ = std::make_unique<prometheus::Exposer>(listen);
+      // civetweb serves each connection on one of num_threads threads and waits up to
+      // request_timeout_ms for its request: with the defaults (2 threads, 30 s) two idle
+      // connections stall every scrape for 30 s.
+      exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+          "listening_ports", listen, "num_threads", std::to_string(kExposerThreads),
+          "request_timeout_ms", std::to_string(kExposerRequestTimeoutMs)});
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));

@@ -483,14 +483,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
+// The largest tokenizer.json / tokenizer_config.json read (DeepSeek's tokenizer.json is 7.8 MB).
+constexpr uint64_t kMaxTokenizerFileBytes = 64ull << 20;
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string& dir) {
   const std::string json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  ASSIGN_OR_RETURN(std::string text, checkpoint::ReadFile(json_path));
+  ASSIGN_OR_RETURN(std::string text, checkpoint::ReadFile(json_path, kMaxTokenizerFileBytes));
   std::optional<std::string> bos_token;
   const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
   std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
-    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path));
+    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path, kMaxTokenizerFileBytes));
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));

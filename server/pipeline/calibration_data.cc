@@ -95,9 +95,12 @@ absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
   return sample;
 }
 
+// The largest dataset JSONL or stored token file read (read whole, so capped).
+constexpr uint64_t kMaxCalibrationFileBytes = 1ull << 30;
+
 absl::StatusOr<std::vector<Sample>> ReadDataset(const std::string& path,
                                                 const model::Tokenizer& tokenizer) {
-  ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path));
+  ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path, kMaxCalibrationFileBytes));
   std::vector<Sample> samples;
   size_t begin = 0;
   for (int64_t line_number = 1; begin < contents.size(); ++line_number) {
@@ -214,7 +217,7 @@ absl::StatusOr<std::string> WriteCalibrationTokens(const CalibrationSet& set, co
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadCalibrationTokens(const std::string& path,
                                                                         const std::string& sha256) {
-  ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path));
+  ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path, kMaxCalibrationFileBytes));
   checkpoint::Sha256 sha;
   sha.Update(contents.data(), contents.size());
   if (sha.HexDigest() != sha256) {

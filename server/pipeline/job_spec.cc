@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/pipeline/job_paths.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -157,6 +158,36 @@ absl::Status ParseCalibrationDatasets(FieldReader& c, const std::string& origin,
   return absl::OkStatus();
 }
 
+// The size limits of the header comment; errors name the field, never quote it.
+absl::Status CheckLimits(const std::string& origin, const JobSpec& spec) {
+  for (const auto& [field, path] : {std::pair<const char*, const std::string*>{"source", &spec.source},
+                                    {"output", &spec.output},
+                                    {"materialize_bf16", &spec.materialize_bf16},
+                                    {"calibration.amax_file", &spec.calibration.amax_file},
+                                    {"calibration.dataset", &spec.calibration.dataset}}) {
+    if (absl::Status s = CheckPathText(absl::StrCat("field '", field, "'"), *path); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));
+    }
+  }
+  for (const auto& [field, globs] :
+       {std::pair<const char*, const std::vector<std::string>*>{"include", &spec.include},
+        {"exclude", &spec.exclude}}) {
+    if (globs->size() > kMaxGlobs) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", field, "' has ",
+                                                     globs->size(), " globs, more than ",
+                                                     kMaxGlobs));
+    }
+    for (size_t i = 0; i < globs->size(); ++i) {
+      if ((*globs)[i].size() > kMaxGlobBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", field, "' glob ", i,
+                                                       " is ", (*globs)[i].size(),
+                                                       " bytes, more than ", kMaxGlobBytes));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* RecipeKindName(RecipeKind k) { return kRecipeNames[static_cast<int>(k)]; }
@@ -166,6 +197,11 @@ const char* ExportFormatName(ExportFormat f) { return kExportFormatNames[static_
 const char* KvCacheName(KvCache k) { return kKvCacheNames[static_cast<int>(k)]; }
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin) {
+  if (json_text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", json_text.size(),
+                                                   " bytes, more than the limit of ",
+                                                   kMaxJobSpecBytes, " for a job spec"));
+  }
   json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
   if (!doc.is_object()) {
@@ -212,12 +248,11 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
   }
   QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
   QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
+  QUANTD_RETURN_IF_ERROR(r.Bool("overwrite", &spec.overwrite));
   QUANTD_RETURN_IF_ERROR(r.RejectUnknown());
-  if (spec.source == spec.output) return r.Error("output", "must differ from 'source'");
-  if (!spec.materialize_bf16.empty() &&
-      (spec.materialize_bf16 == spec.source || spec.materialize_bf16 == spec.output)) {
-    return r.Error("materialize_bf16", "must differ from 'source' and 'output'");
-  }
+  QUANTD_RETURN_IF_ERROR(CheckLimits(origin, spec));
+  // Whether output or materialize_bf16 overlap the source is decided on the resolved paths
+  // (job_paths.h: ResolveJobPaths), not on their spelling here.
   return spec;
 }
 
@@ -257,6 +292,7 @@ std::string JobSpecToJson(const JobSpec& spec) {
     j["devices"] = spec.devices;
   }
   j["host_memory_bytes"] = spec.host_memory_bytes;
+  if (spec.overwrite) j["overwrite"] = true;
   return j.dump();
 }
 

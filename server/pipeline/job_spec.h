@@ -16,7 +16,11 @@
 //                    "seq_len": N, "min_seq_len": N, "seed": N,        default 512, 16, 0
 //                    "add_bos": BOOL, "calibrate_all_experts": BOOL},  default true, false
 //    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
-//    "host_memory_bytes": N}                              default: no budget beyond the plan's
+//    "host_memory_bytes": N,                              default: no budget beyond the plan's
+//    "overwrite": BOOL}                                   default false: see output_marker.h
+//
+// Limits: the JSON text at most kMaxJobSpecBytes; every path at most kMaxPathBytes of valid
+// UTF-8 (job_paths.h); at most kMaxGlobs include / exclude globs of at most kMaxGlobBytes each.
 #ifndef QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
 #define QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
 
@@ -69,7 +73,12 @@ struct JobSpec {
   CalibrationSpec calibration;
   std::vector<std::string> devices;  // empty = auto
   int64_t host_memory_bytes = 0;     // 0 = unset
+  bool overwrite = false;            // a non-empty output directory may be used (output_marker.h)
 };
+
+inline constexpr size_t kMaxJobSpecBytes = 256 << 10;
+inline constexpr size_t kMaxGlobs = 4096;
+inline constexpr size_t kMaxGlobBytes = 1024;
 
 // Parses and validates `json_text`; `origin` (a file name, "request") prefixes errors.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin);

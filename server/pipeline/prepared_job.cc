@@ -10,7 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
+#include "server/checkpoint/json_file.h"
 #include "server/pipeline/stages/dequant_stage.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/quantize_stage.h"
@@ -35,13 +37,18 @@ absl::StatusOr<TaskOutput> RunInspectTask(const JobSpec& spec,
   return TaskOutput{};
 }
 
-// Removes the *.tmp files directly inside `dir` (left by interrupted tasks). Returns how many.
-absl::StatusOr<int> SweepTmpFilesIn(const std::string& dir) {
+// Removes the *.tmp files directly inside `dir` (left by interrupted tasks), except the foreign
+// ones. Returns how many.
+absl::StatusOr<int> SweepTmpFilesIn(const std::string& dir, const OutputMarker& marker) {
   std::error_code ec;
   if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return 0;
   int removed = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file() || entry.path().extension() != ".tmp") continue;
+    // is_symlink first: is_regular_file follows links.
+    if (entry.is_symlink() || !entry.is_regular_file() || entry.path().extension() != ".tmp" ||
+        marker.IsForeign(entry.path().filename().string())) {
+      continue;
+    }
     if (!std::filesystem::remove(entry.path(), ec) || ec) {
       return absl::InternalError(
           absl::StrCat("cannot remove ", entry.path().string(), ": ", ec.message()));
@@ -50,6 +57,29 @@ absl::StatusOr<int> SweepTmpFilesIn(const std::string& dir) {
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   return removed;
+}
+
+// The top-level names a job writes into the directory of `field`: the shards of `shard_stage`,
+// the index and configs, and (conservatively: export copies a subset) every top-level entry of
+// the source.
+absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const char* shard_stage,
+                                                      const std::string& source_dir) {
+  std::vector<std::string> names = {checkpoint::kIndexFileName, "config.json",
+                                    "hf_quant_config.json"};
+  for (const store::StagePlan& stage : plan.stages) {
+    if (stage.kind != shard_stage) continue;
+    for (const store::TaskPlan& t : stage.tasks) names.push_back(t.name);
+  }
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(source_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list ", source_dir, ": ", ec.message()));
+  }
+  return names;
 }
 
 }  // namespace
@@ -81,12 +111,26 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Prepare(
   for (const store::AmaxRow& row : *amax) {
     if (row.kind == "input") job->input_amax_[row.module] = static_cast<float>(row.value);
   }
-  for (const std::string& dir : {spec.output, spec.materialize_bf16}) {
-    std::error_code ec;
-    if (!dir.empty() && !std::filesystem::create_directories(dir, ec) && ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create directory ", dir, ": ", ec.message()));
-    }
+  // The claim names the job by id, creation time and state database (JobIdentity).
+  ASSIGN_OR_RETURN(const store::JobRow row, store.GetJob(job_id));
+  std::error_code ec;
+  const JobIdentity identity{
+      job_id, row.created_ms,
+      std::filesystem::weakly_canonical(std::filesystem::absolute(store.db().path()), ec).string()};
+  struct Dir {
+    const char* field;
+    const std::string* path;
+    const char* shard_stage;
+  };
+  for (const Dir& d : {Dir{"output", &spec.output, "quantize"},
+                       Dir{"materialize_bf16", &spec.materialize_bf16, "dequant"}}) {
+    if (d.path->empty()) continue;
+    ASSIGN_OR_RETURN(std::unique_ptr<OutputMarker> marker,
+                     OutputMarker::Claim(d.field, *d.path, identity, spec.overwrite));
+    ASSIGN_OR_RETURN(std::vector<std::string> names,
+                     NamesWritten(job->plan_, d.shard_stage, spec.source));
+    RETURN_IF_ERROR(marker->RefuseForeign(names));
+    job->markers_.push_back(std::move(marker));
   }
   return job;
 }
@@ -158,10 +202,11 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
 
 absl::StatusOr<int> PreparedJob::SweepTmpFiles() const {
   int removed = 0;
+  size_t claimed = 0;
   for (const std::string& dir : {spec_.output, spec_.materialize_bf16}) {
-    absl::StatusOr<int> n = SweepTmpFilesIn(dir);
-    if (!n.ok()) return n.status();
-    removed += *n;
+    if (dir.empty()) continue;
+    ASSIGN_OR_RETURN(int n, SweepTmpFilesIn(dir, *markers_[claimed++]));
+    removed += n;
   }
   return removed;
 }
@@ -176,9 +221,9 @@ std::optional<int64_t> RetryDelayMs(absl::StatusCode code, int attempt) {
 
 absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path,
                                                          const TensorInventory& inventory) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(path);
-  if (!text.ok()) return text.status();
-  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<nlohmann::json> parsed = checkpoint::ReadJsonFile(path, kMaxAmaxFileBytes);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": expected a JSON object {module: input_amax}"));
@@ -186,15 +231,20 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path
   std::set<std::string> modules;
   for (const LinearModule& m : inventory.linears) modules.insert(m.name);
   std::vector<store::AmaxRow> rows;
+  // The file may not be what the caller says it is (a secret they cannot read themselves): a
+  // key is quoted only once it is known to be a module name, a value never.
+  int64_t entry = 0;
   for (const auto& [module, value] : j.items()) {
+    ++entry;
     if (modules.count(module) == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", module, " is not a linear module of the source checkpoint"));
+          absl::StrCat(path, ": the key of entry ", entry, " (", module.size(),
+                       " bytes) is not a linear module of the source checkpoint"));
     }
     const double v = value.is_number() ? value.get<double>() : NAN;
     if (!isfinite(v) || v < 0 || v > FLT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": amax of ", module, " is ", value.dump(), "; expected a finite float32 >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": amax of ", module, " is not a finite float32 >= 0"));
     }
     rows.push_back(store::AmaxRow{module, "input", static_cast<float>(v), 0});
   }

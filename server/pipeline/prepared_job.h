@@ -24,6 +24,7 @@
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/pipeline/job_spec.h"
+#include "server/pipeline/output_marker.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
 #include "server/pipeline/tensor_inventory.h"
@@ -41,7 +42,8 @@ std::optional<int64_t> RetryDelayMs(absl::StatusCode code, int attempt);
 class PreparedJob {
  public:
   // Opens the source and plans the job (first start) or checks its stored plan (later starts);
-  // creates the output directories. `log` receives the planning summary. Errors name the file,
+  // claims the output directories (OutputMarker: created when absent, refused when they hold
+  // files quantd did not write and the job would replace one of them). `log` receives the planning summary. Errors name the file,
   // tensor or field; the caller fails the job with them.
   static absl::StatusOr<std::unique_ptr<PreparedJob>> Prepare(
       store::JobStore& store, int64_t job_id, const JobSpec& spec, int64_t now_ms,
@@ -53,8 +55,8 @@ class PreparedJob {
                                      const std::atomic<bool>* cancelled,
                                      std::function<void(uint64_t)> add_progress) const;
 
-  // Removes the *.tmp files interrupted tasks left directly in the output directories. Returns
-  // how many.
+  // Removes the *.tmp files interrupted tasks left directly in the output directories, passing
+  // over those that were there before quantd claimed the directory. Returns how many.
   absl::StatusOr<int> SweepTmpFiles() const;
 
   const JobSpec& spec() const { return spec_; }
@@ -71,10 +73,15 @@ class PreparedJob {
   Plan plan_;                                          // rebuilt from spec + source on every start
   std::vector<store::TaskRow> stored_tasks_;           // the stored plan (for the inspect task)
   std::map<std::string, float> input_amax_;            // the amax table, kind "input"
+  std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
 };
 
+// Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).
+inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;
+
 // Reads calibration.amax_file: a JSON object {module: input_amax}. Every value must be a finite
-// float32 >= 0 and every module a linear module of `inventory`. Errors name the file and module.
+// float32 >= 0 and every module a linear module of `inventory`. Errors name the file and the
+// module, but never quote a key that is not a module name, nor a value.
 absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path,
                                                          const TensorInventory& inventory);
 

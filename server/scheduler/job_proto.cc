@@ -52,6 +52,7 @@ std::string JobSpecProtoToJson(const v1::JobSpec& spec) {
     PutList(j, "devices", spec.devices());
   }
   if (spec.host_memory_bytes() != 0) j["host_memory_bytes"] = spec.host_memory_bytes();
+  if (spec.overwrite()) j["overwrite"] = true;
   return j.dump();
 }
 
@@ -79,6 +80,7 @@ v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
   c->set_calibrate_all_experts(spec.calibration.calibrate_all_experts);
   for (const std::string& d : spec.devices) out.add_devices(d);
   out.set_host_memory_bytes(spec.host_memory_bytes);
+  out.set_overwrite(spec.overwrite);
   return out;
 }
 

@@ -1,5 +1,8 @@
 #include "server/store/job_store.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -114,11 +117,39 @@ bool IsTerminal(JobState s) {
   return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
 }
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+                                                        const StoreOpenOptions& options) {
+  // What to do about a damaged or missing database, for the errors below.
+  const std::string remedy =
+      options.backup_path.empty()
+          ? std::string("move it away and start with --init to begin an empty history")
+          : absl::StrCat(
+                access(options.backup_path.c_str(), F_OK) == 0
+                    ? absl::StrCat("restore the backup ", options.backup_path,
+                                   " (written at the last start that passed this check)")
+                    : absl::StrCat("no backup exists at ", options.backup_path),
+                ", or move it away and start with --init to begin an empty history");
+  if (options.must_exist) {
+    struct stat st;
+    const bool missing = stat(path.c_str(), &st) != 0;
+    if (missing || st.st_size == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("state database ", path, missing ? " is missing" : " is empty (0 bytes)",
+                       " but its state dir holds other files: ", remedy));
+    }
+  }
   absl::StatusOr<std::unique_ptr<SqliteDb>> db = SqliteDb::Open(path);
-  if (!db.ok()) return db.status();
+  absl::Status checked = db.ok() && options.check_integrity ? (*db)->QuickCheck() : db.status();
+  if (!checked.ok()) {
+    if (!options.check_integrity) return checked;
+    return absl::Status(checked.code(), absl::StrCat(checked.message(), "; quantd will not run on "
+                                                     "a damaged database: ", remedy));
+  }
   if (absl::StatusOr<int> v = ApplyMigrations(**db, BuiltinMigrations()); !v.ok()) {
     return v.status();
+  }
+  if (!options.backup_path.empty()) {
+    if (absl::Status s = (*db)->BackupTo(options.backup_path); !s.ok()) return s;
   }
   return std::unique_ptr<JobStore>(new JobStore(std::move(*db)));
 }

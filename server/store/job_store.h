@@ -121,10 +121,22 @@ struct TensorStatsRow {
   double max_abs_err = 0;
 };
 
+// How JobStore::Open treats the file; the defaults open or create it, as `quantd run` does.
+struct StoreOpenOptions {
+  // A missing or 0-byte file is FailedPrecondition instead of a new, empty store (the daemon sets
+  // this when its state dir holds other files, unless started with --init).
+  bool must_exist = false;
+  // Before anything else: PRAGMA quick_check; damage is DataLoss naming the file and what to
+  // restore. After the migrations: a copy of the checked database at `backup_path`.
+  bool check_integrity = false;
+  std::string backup_path;  // "" = no backup
+};
+
 class JobStore {
  public:
   // Opens or creates the database at `path` and applies the built-in migrations.
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        const StoreOpenOptions& options = {});
 
   // Creates a PENDING job. With a non-empty request_id that already names a job, returns that
   // job's id and sets *created = false (idempotent submission).

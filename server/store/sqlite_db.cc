@@ -1,6 +1,9 @@
 #include "server/store/sqlite_db.h"
 
+#include <errno.h>
 #include <sqlite3.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include <utility>
 
@@ -173,6 +176,39 @@ absl::Status SqliteDb::Transaction(absl::FunctionRef<absl::Status()> body) {
     (void)Exec("ROLLBACK");
   }
   return result;
+}
+
+absl::Status SqliteDb::QuickCheck() {
+  absl::StatusOr<Statement> check = Prepare("PRAGMA quick_check(1)");
+  absl::StatusOr<bool> row = check.ok() ? check->Step() : absl::StatusOr<bool>(check.status());
+  if (!row.ok()) {
+    return absl::DataLossError(absl::StrCat(path_, ": PRAGMA quick_check failed: ",
+                                            row.status().message()));
+  }
+  const std::string verdict = *row ? check->ColumnText(0) : "no result";
+  if (verdict == "ok") return absl::OkStatus();
+  constexpr size_t kMaxShown = 200;  // SQLite's finding names pages and indexes, not data
+  return absl::DataLossError(absl::StrCat(path_, ": PRAGMA quick_check found damage: ",
+                                          verdict.substr(0, kMaxShown)));
+}
+
+absl::Status SqliteDb::BackupTo(const std::string& path) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  unlink(tmp.c_str());  // VACUUM INTO refuses an existing file
+  absl::StatusOr<Statement> vacuum = Prepare("VACUUM INTO ?");
+  if (!vacuum.ok()) return vacuum.status();
+  vacuum->Bind(1, tmp);
+  if (absl::Status s = vacuum->Run(); !s.ok()) {
+    unlink(tmp.c_str());
+    return absl::Status(s.code(), absl::StrCat("backing up ", path_, " to ", tmp, ": ",
+                                               s.message()));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 int64_t SqliteDb::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }

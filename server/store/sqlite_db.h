@@ -75,6 +75,11 @@ class SqliteDb {
   // BEGIN IMMEDIATE; body; COMMIT. Rolls back when body fails and returns its status. Not
   // reentrant.
   absl::Status Transaction(absl::FunctionRef<absl::Status()> body);
+  // PRAGMA quick_check: DataLoss naming the file and SQLite's first finding when the pages or
+  // indexes are damaged.
+  absl::Status QuickCheck();
+  // Writes a consistent copy of the database to `path` (VACUUM INTO a .tmp, then rename).
+  absl::Status BackupTo(const std::string& path);
   int64_t LastInsertRowId() const;
   // Rows changed by the last INSERT/UPDATE/DELETE.
   int Changes() const;

@@ -14,10 +14,16 @@ def write_spec(path, source, out, bf16=None, **fields):
     return path
 
 
+MARKER = ".quantd-job"  # quantd's claim on an output directory (job id, state database)
+
+
 def tree_hashes(directory):
-    """File name -> bytes of every file in `directory` (flat: quantd writes no subdirectories)."""
+    """File name -> bytes of every file in `directory` (flat: quantd writes no subdirectories),
+    but the marker, which names the job that wrote them."""
     out = {}
     for p in sorted(Path(directory).iterdir()):
+        if p.name == MARKER:
+            continue
         assert p.is_file(), p
         out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out

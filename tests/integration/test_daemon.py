@@ -394,7 +394,7 @@ def test_sigkill_at_hook_point_then_restart_finishes_by_itself(own_daemon, stubs
     assert d.wait(60) == -signal.SIGKILL, d.log()
     # Killed with the 2nd quantize task half written (one worker: shards in plan order).
     assert sorted(p.name for p in out.iterdir()) == [
-        "model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors.tmp"]
+        ".quantd-job", "model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors.tmp"]
 
     d.env = {}
     d.start()

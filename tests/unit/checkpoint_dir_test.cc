@@ -252,7 +252,7 @@ TEST_F(AtomicFileTest, WritesReplacesAndReads) {
   ASSERT_TRUE(WriteFileAtomically(path, "first").ok());
   ASSERT_TRUE(WriteFileAtomically(path, std::string("se\0cond", 7)).ok());
   EXPECT_FALSE(fs::exists(path + ".tmp"));
-  absl::StatusOr<std::string> read = ReadFile(path);
+  absl::StatusOr<std::string> read = ReadFile(path, 1 << 20);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, std::string("se\0cond", 7));
 }
@@ -261,13 +261,13 @@ TEST_F(AtomicFileTest, ReplacesStaleTmp) {
   std::string path = dir_ + "/f.txt";
   WriteText(path + ".tmp", "stale contents that are longer");
   ASSERT_TRUE(WriteFileAtomically(path, "new").ok());
-  EXPECT_EQ(*ReadFile(path), "new");
+  EXPECT_EQ(*ReadFile(path, 1 << 20), "new");
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
 TEST_F(AtomicFileTest, ErrorsNameThePath) {
   const std::string& dir = dir_;
-  absl::Status status = ReadFile(dir + "/absent").status();
+  absl::Status status = ReadFile(dir + "/absent", 1 << 20).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(std::string(status.message()).rfind(dir + "/absent: cannot open", 0), 0u) << status;
   status = WriteFileAtomically(dir + "/no/dir/f", "x");
@@ -283,7 +283,7 @@ TEST_F(AtomicFileTest, ReadsLargeFile) {
   std::string contents(300000, '\0');
   for (size_t i = 0; i < contents.size(); ++i) contents[i] = static_cast<char>(i * 7);
   ASSERT_TRUE(WriteFileAtomically(path, contents).ok());
-  EXPECT_EQ(*ReadFile(path), contents);
+  EXPECT_EQ(*ReadFile(path, 1 << 20), contents);
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 std::string Read(const std::string& path) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(path, 64 << 20);
   EXPECT_TRUE(text.ok()) << text.status();
   return text.ok() ? *text : "";
 }
@@ -56,8 +56,12 @@ class ExportStageTest : public testing::Test {
     WriteFile(src_ + "/inference/model.py", "import torch\n");
     fs::create_directories(src_ + "/.cache/huggingface");
     WriteFile(src_ + "/.cache/huggingface/model-00001-of-00004.safetensors.lock", "");
-    WriteFile(root_ + "/blob", "MIT License\n");  // a Hugging Face cache snapshot links to blobs
+    // A symlink out of the source (a Hugging Face cache blob, or a file the caller could not read)
+    // is never followed; one that stays inside the source is.
+    WriteFile(root_ + "/blob", "MIT License\n");
     fs::create_symlink(root_ + "/blob", src_ + "/LICENSE");
+    fs::create_symlink(src_ + "/inference", src_ + "/linked_dir");
+    fs::create_symlink("tokenizer.json", src_ + "/tokenizer_alias.json");
 
     auto source = checkpoint::CheckpointDir::Open(src_);
     ASSERT_TRUE(source.ok()) << source.status();
@@ -188,12 +192,16 @@ TEST_F(ExportStageTest, V4ExpertsMirrorsNvidiaPublishedLayout) {
                    {"producer", {{"name", "quantd"}}}};
   EXPECT_EQ(Read(out_ + "/config.json"), ConfigWith(qc).dump(2) + "\n");
 
-  // Other files copied byte for byte (symlinks followed); weights, caches and configs are not.
+  // Other regular files inside the source copied byte for byte (a symlink to one of them as a
+  // copy); weights, caches, configs and anything reached through a symlink out of the source or
+  // a symlinked directory are not.
   for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                           "inference/model.py", "LICENSE"}) {
+                           "inference/model.py", "tokenizer_alias.json"}) {
     EXPECT_EQ(Read(out_ + "/" + name), Read(src_ + "/" + name)) << name;
   }
-  EXPECT_FALSE(fs::is_symlink(out_ + "/LICENSE"));
+  EXPECT_FALSE(fs::is_symlink(out_ + "/tokenizer_alias.json"));
+  EXPECT_FALSE(fs::exists(out_ + "/LICENSE"));
+  EXPECT_FALSE(fs::exists(out_ + "/linked_dir"));
   EXPECT_FALSE(fs::exists(out_ + "/.cache"));
   EXPECT_EQ(Read(out_ + "/model-00001-of-00004.safetensors"), shard_bytes);
   std::vector<std::string> files;
@@ -202,11 +210,11 @@ TEST_F(ExportStageTest, V4ExpertsMirrorsNvidiaPublishedLayout) {
   }
   std::sort(files.begin(), files.end());
   EXPECT_EQ(files, (std::vector<std::string>{
-                       "LICENSE", "config.json", "generation_config.json", "hf_quant_config.json",
+                       "config.json", "generation_config.json", "hf_quant_config.json",
                        "inference/model.py", "model-00001-of-00004.safetensors",
                        "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
                        "model-00004-of-00004.safetensors", "model.safetensors.index.json",
-                       "tokenizer.json", "tokenizer_config.json"}));
+                       "tokenizer.json", "tokenizer_alias.json", "tokenizer_config.json"}));
 
   // The task's output: the directory, the bytes of the files it wrote, a digest over them.
   uint64_t written = 0;

@@ -131,10 +131,12 @@ class RunnerTest : public testing::Test {
     return amax;
   }
 
-  // File name -> SHA-256 of every file in `dir`.
+  // File name -> SHA-256 of every file in `dir` but the marker, which names the job that wrote
+  // them (output_marker.h).
   static std::map<std::string, std::string> Hashes(const std::string& dir) {
     std::map<std::string, std::string> out;
     for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().filename() == pipeline::OutputMarker::kFileName) continue;
       auto sha = checkpoint::Sha256File(e.path().string());
       EXPECT_TRUE(sha.ok()) << sha.status();
       out[e.path().filename().string()] = sha.ok() ? *sha : "";
@@ -286,13 +288,17 @@ TEST_F(RunnerTest, AmaxFileIsValidated) {
   const std::string file = (root_ / "amax.json").string();
   const std::vector<Case> cases = {
       {"[1, 2]", file + ": expected a JSON object {module: input_amax}"},
-      {"{\"nope.w1\": 1}", file + ": nope.w1 is not a linear module of the source checkpoint"},
-      {"{\"" + module + "\": -1}",
-       file + ": amax of " + module + " is -1; expected a finite float32 >= 0"},
+      // A key that is not a module, and every value, stay out of the message (the file may be a
+      // secret the caller cannot read).
+      {"{\"nope.w1\": 1}",
+       file + ": the key of entry 1 (7 bytes) is not a linear module of the source checkpoint"},
+      {"{\"" + module + "\": -1}", file + ": amax of " + module + " is not a finite float32 >= 0"},
       {"{\"" + module + "\": \"3\"}",
-       file + ": amax of " + module + " is \"3\"; expected a finite float32 >= 0"},
+       file + ": amax of " + module + " is not a finite float32 >= 0"},
       {"{\"" + module + "\": 1e39}",
-       file + ": amax of " + module + " is 1e+39; expected a finite float32 >= 0"},
+       file + ": amax of " + module + " is not a finite float32 >= 0"},
+      {"{\"" + module + "\": ", file + ": not valid JSON (syntax error at byte " +
+                                     std::to_string(module.size() + 6) + ")"},
   };
   for (const Case& c : cases) {
     std::ofstream(file) << c.json;

@@ -91,7 +91,7 @@ absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const Dequant
     ReleaseSource(ctx, e.source);
     AddProgress(ctx, e.source->size);
   }
-  absl::StatusOr<TaskOutput> out = FinishShard(**writer, path);
+  absl::StatusOr<TaskOutput> out = FinishShard(ctx, **writer, path);
   if (out.ok()) AddProgress(ctx, dropped_bytes);
   return out;
 }

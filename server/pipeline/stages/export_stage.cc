@@ -31,10 +31,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -84,11 +86,14 @@ absl::Status WriteText(const std::string& dir, const std::string& name, const st
   return absl::OkStatus();
 }
 
-// Copies src to dst byte for byte through dst.tmp (fsync + rename).
+// Copies the regular file src (a symlink there is refused) to dst byte for byte through dst.tmp
+// (fsync + rename).
 absl::Status CopyFile(const std::string& src, const std::string& dst, const std::string& name,
                       std::vector<Written>* written) {
-  const int in = open(src.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return absl::UnavailableError(absl::StrCat("cannot open ", src, ": ", strerror(errno)));
+  struct stat st;
+  absl::StatusOr<int> opened = checkpoint::OpenRegularFile(src, /*follow_symlink=*/false, &st);
+  if (!opened.ok()) return opened.status();
+  const int in = *opened;
   const std::string tmp = dst + ".tmp";
   absl::StatusOr<int> out = checkpoint::CreateForWrite(tmp);
   if (!out.ok()) {
@@ -131,11 +136,30 @@ bool SkippedSourceFile(const std::string& name, bool top_level) {
   return top_level && (name == kConfigName || name == kHfQuantConfigName);
 }
 
-// Copies every other file of the source tree (tokenizer, generation config, code, docs),
-// following symlinks (Hugging Face cache snapshots are symlinks to blobs).
-absl::Status CopySourceFiles(const StageContext& ctx, const std::string& src_dir,
-                             const std::string& dst_dir, const std::string& rel, int depth,
-                             std::vector<Written>* written) {
+// The file a source entry names when it may be copied: a regular file, or a symlink whose target
+// resolves to a regular file inside the source directory `root` (canonical). nullopt for anything
+// else: a symlink out of the source would copy a file the caller may not be able to read (the
+// daemon may run as root), so it is never followed.
+std::optional<std::filesystem::path> CopyableFile(const std::filesystem::path& p,
+                                                  const std::filesystem::file_status& link_status,
+                                                  const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(link_status)) return p;
+  if (!fs::is_symlink(link_status)) return std::nullopt;
+  std::error_code ec;
+  const fs::path target = fs::canonical(p, ec);
+  if (ec || !fs::is_regular_file(fs::symlink_status(target, ec))) return std::nullopt;
+  if (std::mismatch(root.begin(), root.end(), target.begin(), target.end()).first != root.end()) {
+    return std::nullopt;
+  }
+  return target;
+}
+
+// Copies every other regular file of the source tree (tokenizer, generation config, code, docs)
+// that lies inside it (CopyableFile); symlinked directories are not entered.
+absl::Status CopySourceFiles(const StageContext& ctx, const std::filesystem::path& root,
+                             const std::string& src_dir, const std::string& dst_dir,
+                             const std::string& rel, int depth, std::vector<Written>* written) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::vector<fs::path> entries;
@@ -152,18 +176,26 @@ absl::Status CopySourceFiles(const StageContext& ctx, const std::string& src_dir
     if (SkippedSourceFile(name, depth == 0)) continue;
     const std::string rel_name = rel.empty() ? name : absl::StrCat(rel, "/", name);
     const std::string dst = absl::StrCat(dst_dir, "/", name);
-    if (fs::is_directory(p, ec)) {
-      if (depth >= 8) continue;  // a symlink loop, or nothing a model repository holds
+    const fs::file_status link_status = fs::symlink_status(p, ec);
+    if (fs::is_directory(link_status)) {
+      if (depth >= 8) continue;  // nothing a model repository holds
       fs::create_directories(dst, ec);
       if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dst, ": ", ec.message()));
-      absl::Status s = CopySourceFiles(ctx, p.string(), dst, rel_name, depth + 1, written);
+      absl::Status s = CopySourceFiles(ctx, root, p.string(), dst, rel_name, depth + 1, written);
       if (!s.ok()) return s;
-    } else if (fs::is_regular_file(p, ec)) {
-      absl::Status s = CopyFile(p.string(), dst, rel_name, written);
+    } else if (std::optional<fs::path> file = CopyableFile(p, link_status, root); file) {
+      absl::Status s = CopyFile(file->string(), dst, rel_name, written);
       if (!s.ok()) return s;
     }
   }
   return absl::OkStatus();
+}
+
+// The source directory with every symlink resolved: what CopyableFile compares targets with.
+std::filesystem::path CanonicalSourceDir(const StageContext& ctx) {
+  std::error_code ec;
+  std::filesystem::path root = std::filesystem::canonical(ctx.source->dir(), ec);
+  return ec ? std::filesystem::path(ctx.source->dir()) : root;
 }
 
 // model.safetensors.index.json from the output shards' headers.
@@ -328,14 +360,15 @@ absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
   const std::string index_path = absl::StrCat(dir, "/", checkpoint::kIndexFileName);
   absl::Status s = checkpoint::WriteShardIndex(index_path, *index);
   if (!s.ok()) return s;
-  absl::StatusOr<std::string> index_text = checkpoint::ReadFile(index_path);
+  absl::StatusOr<std::string> index_text =
+      checkpoint::ReadFile(index_path, checkpoint::kMaxIndexFileBytes);
   if (!index_text.ok()) return index_text.status();
   bf16.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
   json config = ctx.source->config();
   config.erase("quantization_config");
   s = WriteText(dir, kConfigName, config.dump(2) + "\n", &bf16);
   if (!s.ok()) return s;
-  s = CopySourceFiles(ctx, ctx.source->dir(), dir, "", 0, &bf16);
+  s = CopySourceFiles(ctx, CanonicalSourceDir(ctx), ctx.source->dir(), dir, "", 0, &bf16);
   if (!s.ok()) return s;
   for (Written& w : bf16) written->push_back({absl::StrCat("bf16/", w.name), w.bytes, w.sha256});
   return absl::OkStatus();
@@ -359,7 +392,8 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
       checkpoint::WriteShardIndex(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName), *index);
   if (!s.ok()) return s;
   absl::StatusOr<std::string> index_text =
-      checkpoint::ReadFile(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName));
+      checkpoint::ReadFile(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName),
+                           checkpoint::kMaxIndexFileBytes);
   if (!index_text.ok()) return index_text.status();
   written.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
 
@@ -432,7 +466,7 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   s = WriteText(out_dir, kConfigName, config.dump(2) + "\n", &written);
   if (!s.ok()) return s;
 
-  s = CopySourceFiles(ctx, ctx.source->dir(), out_dir, "", 0, &written);
+  s = CopySourceFiles(ctx, CanonicalSourceDir(ctx), ctx.source->dir(), out_dir, "", 0, &written);
   if (!s.ok()) return s;
   if (!spec.materialize_bf16.empty()) {
     s = ExportBf16Copy(ctx, plan, &written);

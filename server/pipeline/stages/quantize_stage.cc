@@ -271,7 +271,7 @@ absl::StatusOr<TaskOutput> QuantizeRun::Run() {
     if (absl::Status s = CheckCancelled(ctx_, task_.shard); !s.ok()) return s;
     if (absl::Status s = WriteEntry(**writer, e); !s.ok()) return s;
   }
-  return FinishShard(**writer, path);
+  return FinishShard(ctx_, **writer, path);
 }
 
 }  // namespace

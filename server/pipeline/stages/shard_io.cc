@@ -263,8 +263,11 @@ absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::Safetensor
   return absl::OkStatus();
 }
 
-absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
+absl::StatusOr<TaskOutput> FinishShard(const StageContext& ctx,
+                                       checkpoint::SafetensorsWriter& writer,
                                        const std::string& path) {
+  // The writer removes its .tmp file when it is destroyed unfinished.
+  if (absl::Status s = CheckSourceIntact(ctx); !s.ok()) return s;
   if (absl::Status s = writer.Finish(); !s.ok()) return s;
   TaskOutput out;
   out.path = path;
@@ -273,7 +276,12 @@ absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
   return out;
 }
 
+absl::Status CheckSourceIntact(const StageContext& ctx) {
+  return ctx.source == nullptr ? absl::OkStatus() : ctx.source->CheckIntact();
+}
+
 absl::Status CheckCancelled(const StageContext& ctx, const std::string& shard) {
+  if (absl::Status s = CheckSourceIntact(ctx); !s.ok()) return s;
   if (ctx.cancelled != nullptr && ctx.cancelled->load(std::memory_order_relaxed)) {
     return absl::CancelledError(absl::StrCat(shard, ": cancelled"));
   }

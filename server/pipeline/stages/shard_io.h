@@ -93,11 +93,16 @@ absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* da
 // Appends the weight of `module` decoded to BF16 (DecodeWeight) and releases its source pages.
 absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
                                  const std::string& module);
-// Finishes the writer (fsync, rename) and describes the file: path, size, SHA-256.
-absl::StatusOr<TaskOutput> FinishShard(checkpoint::SafetensorsWriter& writer,
+// Finishes the writer (fsync, rename) and describes the file: path, size, SHA-256. Refuses (and
+// removes the .tmp file) when a source shard shrank while the task read it (CheckSourceIntact).
+absl::StatusOr<TaskOutput> FinishShard(const StageContext& ctx,
+                                       checkpoint::SafetensorsWriter& writer,
                                        const std::string& path);
 
-// Cancelled, naming the shard, once ctx.cancelled is set.
+// DataLoss naming the source shard that shrank under the job (its mapped reads saw zeros:
+// checkpoint/mapped_region_guard.h); the job fails, the process lives.
+absl::Status CheckSourceIntact(const StageContext& ctx);
+// Cancelled, naming the shard, once ctx.cancelled is set; CheckSourceIntact's DataLoss before that.
 absl::Status CheckCancelled(const StageContext& ctx, const std::string& shard);
 void AddProgress(const StageContext& ctx, uint64_t source_bytes);
 

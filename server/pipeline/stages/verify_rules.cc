@@ -237,7 +237,7 @@ std::optional<json> ReadJsonFile(const std::string& dir, const char* name, const
     out->push_back({rule, name, "file is missing"});
     return std::nullopt;
   }
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(path);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(path, checkpoint::kMaxIndexFileBytes);
   if (!text.ok()) {
     out->push_back({rule, name, std::string(text.status().message())});
     return std::nullopt;

@@ -174,12 +174,18 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     linears[module] = m;
   }
 
+  // Both files are mapped: what was read from them counts only while they are intact.
+  const auto intact = [&] {
+    absl::Status s = CheckSourceIntact(ctx);
+    return s.ok() ? (*shard)->CheckIntact() : s;
+  };
   std::vector<Violation> violations;
   CheckShardContents(ctx, task, linears, **shard, &violations);
   std::vector<const TensorView*> views;
   for (const TensorView& v : (*shard)->tensors()) views.push_back(&v);
   const std::vector<Nvfp4ModuleViews> modules = FindNvfp4Modules(views);
   CheckNvfp4Modules(modules, ctx.spec->weight_format == WeightFormat::kNvfp4, &violations);
+  if (absl::Status s = intact(); !s.ok()) return s;
   if (!violations.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", violations.size(),
                                                    " export rule violation(s):\n",
@@ -215,6 +221,7 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     (*shard)->ReleasePages(written);
     AddProgress(ctx, m->bytes);
   }
+  if (absl::Status s = intact(); !s.ok()) return s;
   if (!violations.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", violations.size(),
                                                    " export rule violation(s):\n",
@@ -226,6 +233,7 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     if (src != nullptr) copied += src->size;
   }
   AddProgress(ctx, copied);
+  if (absl::Status s = intact(); !s.ok()) return s;
   return output;
 }
 

@@ -1,0 +1,64 @@
+// History retention (`quantd serve --retain-jobs N --retain-days D`): finished jobs (SUCCEEDED,
+// FAILED, CANCELLED) beyond the newest N, or finished more than D days ago, are deleted through
+// the scheduler (as DeleteJob would), so the database and ListJobs stay bounded. PENDING, RUNNING
+// and PAUSED jobs are never pruned. Output files stay on disk.
+#ifndef QUANTD_SERVER_API_HISTORY_PRUNER_H_
+#define QUANTD_SERVER_API_HISTORY_PRUNER_H_
+
+#include <stdint.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "quantd/v1/quantd.pb.h"
+#include "server/scheduler/scheduler.h"
+
+namespace quantd::api {
+
+struct RetentionPolicy {
+  int64_t keep_jobs = 0;  // finished jobs kept at most; 0 = no count limit
+  double keep_days = 0;   // finished jobs older than this are pruned; 0 = no age limit
+
+  bool enabled() const { return keep_jobs > 0 || keep_days > 0; }
+};
+
+// The ids of the finished jobs among `jobs` that `policy` prunes at `now_ms` (Unix ms).
+std::vector<int64_t> JobsToPrune(const std::vector<v1::Job>& jobs, const RetentionPolicy& policy,
+                                 int64_t now_ms);
+
+// Prunes once at Start and then every `period`, until destroyed.
+class HistoryPruner {
+ public:
+  // `log` receives one line per pass that pruned something.
+  static std::unique_ptr<HistoryPruner> Start(scheduler::Scheduler* scheduler,
+                                              const RetentionPolicy& policy,
+                                              std::chrono::milliseconds period,
+                                              std::function<void(const std::string&)> log);
+  ~HistoryPruner();
+  HistoryPruner(const HistoryPruner&) = delete;
+  HistoryPruner& operator=(const HistoryPruner&) = delete;
+
+ private:
+  HistoryPruner() = default;
+  void Loop();
+  void PruneOnce();
+
+  scheduler::Scheduler* scheduler_ = nullptr;       // not owned
+  RetentionPolicy policy_;                          // what to keep
+  std::chrono::milliseconds period_{0};             // between passes
+  std::function<void(const std::string&)> log_;     // pass summaries
+  std::mutex mu_;                                   // guards stop_
+  std::condition_variable wake_;                    // signalled on stop
+  bool stop_ = false;                               // the destructor runs
+  std::thread thread_;                              // runs Loop
+};
+
+}  // namespace quantd::api
+
+#endif  // QUANTD_SERVER_API_HISTORY_PRUNER_H_

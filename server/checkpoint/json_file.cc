@@ -1,0 +1,53 @@
+#include "server/checkpoint/json_file.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/checkpoint/atomic_file.h"
+
+namespace quantd::checkpoint {
+
+bool JsonNestingExceeds(const uint8_t* text, uint64_t size, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (uint64_t i = 0; i < size; ++i) {
+    uint8_t c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > limit) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::string& origin) {
+  if (JsonNestingExceeds(reinterpret_cast<const uint8_t*>(text.data()), text.size(),
+                         kMaxJsonFileDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": JSON nests deeper than ", kMaxJsonFileDepth, " levels"));
+  }
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() quotes the text around the error; the offset alone is enough to find it.
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": not valid JSON (syntax error at byte ", e.byte, ")"));
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
+  }
+}
+
+absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes) {
+  absl::StatusOr<std::string> text = ReadFile(path, max_bytes);
+  if (!text.ok()) return text.status();
+  return ParseJsonText(*text, path);
+}
+
+}  // namespace quantd::checkpoint

@@ -1,0 +1,32 @@
+// JSON files read from paths that a caller names (config.json, the shard index, an amax file, a
+// job spec, the serve config): read under a size cap with ReadFile's checks (regular file only,
+// O_NONBLOCK), nesting bounded before any parser sees the text, and errors that give the byte
+// offset of a syntax error but never quote the text (it may be a secret the caller cannot read).
+#ifndef QUANTD_SERVER_CHECKPOINT_JSON_FILE_H_
+#define QUANTD_SERVER_CHECKPOINT_JSON_FILE_H_
+
+#include <stdint.h>
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace quantd::checkpoint {
+
+// Brackets nested deeper than this (outside string literals) are refused before parsing.
+inline constexpr int kMaxJsonFileDepth = 32;
+
+// True when brackets outside string literals nest deeper than `limit`.
+bool JsonNestingExceeds(const uint8_t* text, uint64_t size, int limit);
+
+// Parses `text`; errors start with `origin` (a path, "request").
+absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::string& origin);
+
+// ReadFile(path, max_bytes), then ParseJsonText.
+absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes);
+
+}  // namespace quantd::checkpoint
+
+#endif  // QUANTD_SERVER_CHECKPOINT_JSON_FILE_H_

@@ -1,0 +1,56 @@
+// The paths of a job spec: their text checked, made absolute and canonical, and compared by what
+// they name, so that no spelling (model/, model/./, a symlink, a bind mount) lets a job write into
+// its own source or into another job's output.
+//
+// Two directories overlap when one is the other or lies inside it. That is decided twice: by the
+// path components after std::filesystem::weakly_canonical (symlinks in the existing part
+// resolved, "." and ".." removed), and by device and inode: the outer directory's (st_dev,
+// st_ino) against the inner path's and each of its existing ancestors' (a bind mount or a second
+// mount of one file system names one directory by two canonical paths).
+#ifndef QUANTD_SERVER_PIPELINE_JOB_PATHS_H_
+#define QUANTD_SERVER_PIPELINE_JOB_PATHS_H_
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/pipeline/job_spec.h"
+
+namespace quantd::pipeline {
+
+// The longest path a spec may hold: one byte less than PATH_MAX, which counts the NUL.
+inline constexpr size_t kMaxPathBytes = PATH_MAX - 1;
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points > U+10FFFF).
+bool IsValidUtf8(std::string_view text);
+
+// The text of a path field: at most kMaxPathBytes, valid UTF-8, no NUL byte. InvalidArgument
+// naming `field` (and the length, never the text).
+absl::Status CheckPathText(absl::string_view field, const std::string& path);
+
+// Makes source, output, materialize_bf16, calibration.amax_file and calibration.dataset absolute
+// and canonical. A relative path is refused unless `allow_relative` (quantd run resolves against
+// its current directory; the daemon cannot know the caller's). Then refuses, with
+// InvalidArgument naming the field: output overlapping source; materialize_bf16 overlapping
+// source or output.
+absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative);
+
+// An output directory that a job other than the one being submitted owns.
+struct ClaimedDir {
+  int64_t job_id = 0;
+  std::string dir;  // canonical, as ResolveJobPaths left it
+};
+
+// Refuses (FailedPrecondition naming the field and the job) spec.output or
+// spec.materialize_bf16 overlapping one of `claimed`.
+absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDir>& claimed);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_JOB_PATHS_H_

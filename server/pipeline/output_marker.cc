@@ -1,0 +1,194 @@
+#include "server/pipeline/output_marker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "server/checkpoint/json_file.h"
+
+namespace quantd::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// What a marker file says.
+struct MarkerContent {
+  JobIdentity job;
+  std::set<std::string> foreign;
+};
+
+// Reads the whole marker through `fd` (at most kMaxMarkerBytes).
+absl::StatusOr<std::string> ReadMarker(int fd, const std::string& path) {
+  std::string text;
+  char buffer[1 << 16];
+  for (off_t offset = 0;;) {
+    const ssize_t n = pread(fd, buffer, sizeof(buffer), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": read failed"));
+    if (n == 0) return text;
+    text.append(buffer, static_cast<size_t>(n));
+    offset += n;
+    if (text.size() > OutputMarker::kMaxMarkerBytes) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": larger than ", OutputMarker::kMaxMarkerBytes,
+                       " bytes, not a quantd marker"));
+    }
+  }
+}
+
+absl::StatusOr<MarkerContent> ParseMarker(const std::string& text, const std::string& path) {
+  absl::StatusOr<json> j = checkpoint::ParseJsonText(text, path);
+  const auto not_ours = [&] {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": not a quantd marker"));
+  };
+  if (!j.ok() || !j->is_object()) return not_ours();
+  MarkerContent m;
+  const auto id = j->find("job_id");
+  const auto created = j->find("created_ms");
+  const auto store = j->find("store");
+  const auto foreign = j->find("foreign");
+  if (id == j->end() || !id->is_number_integer() || created == j->end() ||
+      !created->is_number_integer() || store == j->end() || !store->is_string() ||
+      foreign == j->end() || !foreign->is_array()) {
+    return not_ours();
+  }
+  m.job = {id->get<int64_t>(), created->get<int64_t>(), store->get<std::string>()};
+  for (const json& name : *foreign) {
+    if (!name.is_string()) return not_ours();
+    m.foreign.insert(name.get<std::string>());
+  }
+  return m;
+}
+
+// Replaces the marker's content through `fd` and makes it durable.
+absl::Status WriteMarker(int fd, const std::string& path, const MarkerContent& m) {
+  const json j = {{"job_id", m.job.job_id},
+                  {"created_ms", m.job.created_ms},
+                  {"store", m.job.store},
+                  {"foreign", m.foreign}};
+  const std::string text = j.dump() + "\n";
+  if (ftruncate(fd, 0) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": truncate"));
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = pwrite(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": write failed"));
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": fsync failed"));
+  return absl::OkStatus();
+}
+
+// The top-level entries of `dir` but the marker.
+absl::StatusOr<std::set<std::string>> ListEntries(const std::string& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name != OutputMarker::kFileName) names.insert(name);
+  }
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  return names;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::string& field,
+                                                                  const std::string& dir,
+                                                                  const JobIdentity& job,
+                                                                  bool overwrite) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": cannot create directory ", dir, ": ", ec.message()));
+  }
+  struct stat dir_st;
+  if (lstat(dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": ", dir, " is not a directory (or became a symbolic link)"));
+  }
+  const std::string path = absl::StrCat(dir, "/", kFileName);
+  const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+  bool created = true;
+  int fd = open(path.c_str(), flags | O_CREAT | O_EXCL, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    created = false;
+    fd = open(path.c_str(), flags);
+  }
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": cannot open ", path, ": ", strerror(errno)));
+  }
+  // From here on, a refusal closes the file and removes it when this call created it.
+  const auto refuse = [&](const std::string& message) {
+    close(fd);
+    if (created) unlink(path.c_str());
+    return absl::FailedPreconditionError(absl::StrCat(field, ": ", message));
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return refuse(absl::StrCat(path, " is not a regular file"));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    return refuse(absl::StrCat(dir, " is being written by another quantd process (", path,
+                               " is locked)"));
+  }
+  absl::StatusOr<std::string> text = ReadMarker(fd, path);
+  if (!text.ok()) return refuse(std::string(text.status().message()));
+  std::optional<MarkerContent> previous;
+  if (!text->empty()) {
+    absl::StatusOr<MarkerContent> parsed = ParseMarker(*text, path);
+    if (!parsed.ok()) return refuse(std::string(parsed.status().message()));
+    previous = *std::move(parsed);
+    if (previous->job == job) {
+      return std::unique_ptr<OutputMarker>(
+          new OutputMarker(field, dir, fd, std::move(previous->foreign)));
+    }
+  }
+  absl::StatusOr<std::set<std::string>> entries = ListEntries(dir);
+  if (!entries.ok()) return refuse(std::string(entries.status().message()));
+  if (!entries->empty() && !overwrite) {
+    const std::string whose =
+        previous.has_value()
+            ? absl::StrCat("holds the output of job ", previous->job.job_id, " of ",
+                           previous->job.store)
+            : absl::StrCat("is not empty (", entries->size(),
+                           " entries) and holds no quantd marker");
+    return refuse(absl::StrCat(dir, " ", whose,
+                               "; use an empty directory, or set overwrite to write next to "
+                               "the files there (quantd never replaces or deletes them)"));
+  }
+  MarkerContent mine{job, *std::move(entries)};
+  if (absl::Status s = WriteMarker(fd, path, mine); !s.ok()) {
+    return refuse(std::string(s.message()));
+  }
+  return std::unique_ptr<OutputMarker>(new OutputMarker(field, dir, fd, std::move(mine.foreign)));
+}
+
+OutputMarker::~OutputMarker() { close(fd_); }
+
+absl::Status OutputMarker::RefuseForeign(const std::vector<std::string>& names) const {
+  for (const std::string& name : names) {
+    for (const std::string& written : {name, absl::StrCat(name, ".tmp")}) {
+      if (!IsForeign(written)) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          field_, ": ", dir_, "/", written,
+          " was there before quantd claimed the directory and this job would replace it; "
+          "quantd never replaces files it did not write: move it away or use another directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace quantd::pipeline

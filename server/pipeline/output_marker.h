@@ -1,0 +1,79 @@
+// OutputMarker: the claim a job lays on a directory it writes (its output, its materialize_bf16
+// copy), so that quantd never writes into a directory that holds someone else's files by accident
+// and two processes never write one directory at once.
+//
+// The claim is <dir>/.quantd-job, a JSON file
+// {"job_id": N, "created_ms": T, "store": PATH, "foreign": [NAME...]} written before anything
+// else in the directory (JobIdentity: which job of which state database), and flock'ed for as long as the OutputMarker lives (the job's process
+// writes there). Claim():
+//   absent or empty directory                 claimed (created when absent)
+//   the marker of this job                    claimed again: a rerun resumes there
+//   otherwise non-empty (no marker, or another job's)
+//                                             refused unless `overwrite`; with it, claimed, and
+//                                             every entry present now is recorded as foreign
+//   the lock held by another process          refused
+// Foreign entries are files quantd did not write: the job never deletes, truncates or replaces
+// them (RefuseForeign before any task runs, IsForeign when sweeping .tmp files).
+#ifndef QUANTD_SERVER_PIPELINE_OUTPUT_MARKER_H_
+#define QUANTD_SERVER_PIPELINE_OUTPUT_MARKER_H_
+
+#include <stdint.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace quantd::pipeline {
+
+// The job a marker names. Job ids are per state database, and the id of a deleted job may be
+// given again, so its creation time is part of its identity.
+struct JobIdentity {
+  int64_t job_id = 0;
+  int64_t created_ms = 0;
+  std::string store;  // the state database, absolute
+
+  bool operator==(const JobIdentity& other) const {
+    return job_id == other.job_id && created_ms == other.created_ms && store == other.store;
+  }
+};
+
+class OutputMarker {
+ public:
+  static constexpr char kFileName[] = ".quantd-job";
+  // A marker larger than this is not quantd's.
+  static constexpr uint64_t kMaxMarkerBytes = 16 << 20;
+
+  // Claims `dir` (absolute, canonical) for `job`. `field` ("output", "materialize_bf16") names
+  // the directory in errors, which are FailedPrecondition.
+  static absl::StatusOr<std::unique_ptr<OutputMarker>> Claim(const std::string& field,
+                                                             const std::string& dir,
+                                                             const JobIdentity& job,
+                                                             bool overwrite);
+  // Releases the lock; the file stays, so that a rerun of the job finds its claim.
+  ~OutputMarker();
+  OutputMarker(const OutputMarker&) = delete;
+  OutputMarker& operator=(const OutputMarker&) = delete;
+
+  // Whether the top-level entry `name` was in the directory before quantd claimed it.
+  bool IsForeign(const std::string& name) const { return foreign_.count(name) > 0; }
+  // FailedPrecondition naming the first of `names` (top-level entries the job will write, each
+  // also through `<name>.tmp`) that is foreign.
+  absl::Status RefuseForeign(const std::vector<std::string>& names) const;
+
+ private:
+  OutputMarker(std::string field, std::string dir, int fd, std::set<std::string> foreign)
+      : field_(std::move(field)), dir_(std::move(dir)), fd_(fd), foreign_(std::move(foreign)) {}
+
+  std::string field_;              // spec field naming the directory, for errors
+  std::string dir_;                // the claimed directory
+  int fd_;                         // the open, flock'ed marker file
+  std::set<std::string> foreign_;  // entries present before the claim (overwrite only)
+};
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_OUTPUT_MARKER_H_

@@ -1,0 +1,233 @@
+"""Issue 9 items 1 and 2, against the real daemon: no spelling of a path lets a job write into its
+source, into another job's output or over files quantd did not write.
+
+Each test reproduces one failure of the issue and asserts the fix: the submit is refused (or the
+job FAILS before any task runs) with an error naming the field or the file, and the bytes on disk
+are unchanged. Connections go through daemon.Daemon's helpers only.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from daemon import Daemon, grpc_stubs
+from run_helpers import MARKER, tree_hashes
+
+RPC_TIMEOUT_S = 10
+WATCH_TIMEOUT_S = 180
+SPEC = {"recipe": "experts", "weight_format": "w4a16_nvfp4"}
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+@pytest.fixture(scope="module")
+def daemon(qd, tmp_path_factory):
+    d = Daemon(qd.binary, tmp_path_factory.mktemp("safety-paths") / "state")
+    d.start()
+    yield d
+    try:
+        d.stop()
+    finally:
+        d.close()
+
+
+class Client:
+    def __init__(self, stubs, channel):
+        self.pb, pb_grpc = stubs
+        self.stub = pb_grpc.QuantServiceStub(channel)
+
+    def submit(self, request_id="", **spec):
+        request = self.pb.SubmitJobRequest(request_id=request_id,
+                                           spec=self.pb.JobSpec(**{**SPEC, **spec}))
+        return self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_S)
+
+    def refused(self, code, **spec):
+        with pytest.raises(grpc.RpcError) as info:
+            self.submit(**spec)
+        assert info.value.code() == code, (info.value.code(), info.value.details())
+        return info.value
+
+    def finish(self, job_id):
+        """The job's last snapshot once it is SUCCEEDED, FAILED or CANCELLED."""
+        last = None
+        for last in self.stub.WatchJob(self.pb.WatchJobRequest(id=job_id),
+                                       timeout=WATCH_TIMEOUT_S):
+            pass
+        return last
+
+    def delete(self, job_id):
+        self.stub.DeleteJob(self.pb.DeleteJobRequest(id=job_id), timeout=RPC_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def client(daemon, stubs):
+    return Client(stubs, daemon.channel())
+
+
+@pytest.fixture
+def model(source, tmp_path):
+    """A private copy of the tiny fixture (tests may put things next to or inside it)."""
+    dst = tmp_path / "model"
+    shutil.copytree(source["dir"], dst)
+    return dst
+
+
+def digest_tree(root):
+    """Relative path -> SHA-256 of every file under `root` (recursive), symlinks as their target."""
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = "-> " + os.readlink(p)
+        elif p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# --- 1. the source is never an output ------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling", ["same", "slash", "dot-slash", "symlink", "inside",
+                                      "containing"])
+def test_output_overlapping_the_source_is_refused(client, model, tmp_path, spelling):
+    link = tmp_path / "model-link"
+    link.symlink_to(model)
+    before = digest_tree(model.parent)
+    output = {"same": str(model), "slash": f"{model}/", "dot-slash": f"{model}/./",
+              "symlink": str(link), "inside": str(model / "quantized"),
+              "containing": str(model.parent)}[spelling]
+    err = client.refused(grpc.StatusCode.INVALID_ARGUMENT, source=str(model), output=output)
+    how = {"inside": "lies inside", "containing": "contains"}.get(spelling, "is")
+    assert err.details().startswith(f"SubmitJobRequest.spec: output: "), err.details()
+    assert f" {how} the source directory {model}" in err.details(), err.details()
+    assert digest_tree(model.parent) == before
+
+
+def test_materialize_bf16_overlapping_source_or_output_is_refused(client, model, tmp_path):
+    before = digest_tree(model)
+    out = tmp_path / "out"
+    err = client.refused(grpc.StatusCode.INVALID_ARGUMENT, source=str(model), output=str(out),
+                         materialize_bf16=f"{model}/")
+    assert f"materialize_bf16: {model} is the source directory {model}" in err.details()
+    err = client.refused(grpc.StatusCode.INVALID_ARGUMENT, source=str(model), output=str(out),
+                         materialize_bf16=str(out / "bf16"))
+    assert f"lies inside the output directory {out}" in err.details(), err.details()
+    assert digest_tree(model) == before
+    assert not out.exists()
+
+
+def test_quantctl_relative_spelling_of_the_source_is_refused(qd, daemon, model):
+    """The issue's command line: --source model --output model/ from the parent directory."""
+    quantctl = Path(qd.binary).parents[1] / "client" / "quantctl"
+    before = digest_tree(model)
+    proc = subprocess.run([str(quantctl), "--server", daemon.address, "submit", "--source",
+                           "model", "--output", "model/", "--weight-format", "w4a16_nvfp4",
+                           "--watch"], cwd=model.parent, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("quantctl: INVALID_ARGUMENT: "), proc.stderr
+    assert f"output: {model} is the source directory {model}" in proc.stderr, proc.stderr
+    assert digest_tree(model) == before
+
+
+def test_paths_longer_than_path_max_or_not_utf8_are_invalid_arguments(qd, client, daemon, model,
+                                                                       tmp_path):
+    huge = "/" + "a" * (3_800_000)  # the issue's 3.8 MB path
+    err = client.refused(grpc.StatusCode.INVALID_ARGUMENT, source=huge, output=str(tmp_path / "o"))
+    assert "field 'source'" in err.details() and "PATH_MAX" in err.details(), err.details()[:300]
+    assert len(err.details()) < 300
+    err = client.refused(grpc.StatusCode.INVALID_ARGUMENT, source=str(model),
+                         output=str(tmp_path / "o"), exclude=["x" * 2000])
+    assert "field 'exclude' glob 0 is 2000 bytes, more than 1024" in err.details(), \
+        err.details()[:300]
+    # Invalid UTF-8 cannot travel in a proto3 string: quantctl refuses it, naming the field.
+    quantctl = Path(qd.binary).parents[1] / "client" / "quantctl"
+    proc = subprocess.run([str(quantctl).encode(), b"--server", daemon.address.encode(), b"submit",
+                           b"--source", str(model).encode(), b"--output", b"/tmp/\xff\xfe"],
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2, proc
+    assert b"output: is not valid UTF-8" in proc.stderr, proc.stderr
+
+
+# --- 2. files quantd did not write ----------------------------------------------------------------
+
+def test_non_empty_output_without_marker_fails_and_files_stay(client, stubs, model, tmp_path):
+    pb = stubs[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "draft.tmp").write_text("also mine")
+    (out / "config.json").write_text('{"mine": true}')
+    before = digest_tree(out)
+    job = client.finish(client.submit(source=str(model), output=str(out)).id)
+    assert job.state == pb.FAILED, job
+    assert f"output: {out} is not empty (3 entries) and holds no quantd marker" in job.last_error
+    assert digest_tree(out) == before  # nothing added, not even the marker
+
+    # overwrite: allowed next to foreign files, never over them.
+    job = client.finish(client.submit(source=str(model), output=str(out), overwrite=True).id)
+    assert job.state == pb.FAILED, job
+    assert f"output: {out}/config.json was there before quantd claimed the directory" in \
+        job.last_error, job.last_error
+    after = digest_tree(out)
+    assert {k: v for k, v in after.items() if k != MARKER} == before
+
+    (out / "config.json").unlink()
+    before = digest_tree(out)
+    del before[MARKER]
+    job = client.finish(client.submit(source=str(model), output=str(out), overwrite=True).id)
+    assert job.state == pb.SUCCEEDED, job
+    after = digest_tree(out)
+    # The foreign files (a .tmp one included: the sweep passes it over) are untouched.
+    assert {k: after[k] for k in ("notes.txt", "draft.tmp")} == \
+        {k: before[k] for k in ("notes.txt", "draft.tmp")}
+
+
+def test_another_jobs_output_is_refused_until_that_job_is_deleted(client, stubs, model, tmp_path):
+    pb = stubs[0]
+    out = tmp_path / "out"
+    first = client.finish(client.submit("paths-first", source=str(model), output=str(out)).id)
+    assert first.state == pb.SUCCEEDED, first
+    before = tree_hashes(out)
+    for output in (str(out), f"{out}/./", str(out / "nested")):
+        err = client.refused(grpc.StatusCode.FAILED_PRECONDITION, source=str(model), output=output)
+        assert f"an output of job {first.id}" in err.details(), err.details()
+        assert dict(err.trailing_metadata())["quantd-reason"] == "OUTPUT_IN_USE"
+    # An idempotent resubmission is the same job, not a second writer.
+    assert client.submit("paths-first", source=str(model), output=str(out)).id == first.id
+    assert tree_hashes(out) == before
+    client.delete(first.id)
+    # Deleted: the directory is no longer claimed by a job, but it holds that job's files and
+    # marker, so a new job there fails instead of replacing them.
+    job = client.finish(client.submit(source=str(model), output=str(out)).id)
+    assert job.state == pb.FAILED and f"holds the output of job {first.id}" in job.last_error, job
+    assert tree_hashes(out) == before
+
+
+def test_two_daemons_never_write_one_output(qd, stubs, source, tmp_path):
+    """The issue's corrupt shard: a second daemon (its own state dir) targets the output that a
+    first daemon's job is writing. The marker's lock (and its job id) refuse the second job."""
+    pb = stubs[0]
+    small = tmp_path / "small"
+    qd.run_ok("mkfixture", "--arch", "deepseek-v4", "--preset", "small", "--seed", 3, small)
+    out = tmp_path / "out"
+    with Daemon(qd.binary, tmp_path / "a") as a, Daemon(qd.binary, tmp_path / "b") as b:
+        ca, cb = Client(stubs, a.channel()), Client(stubs, b.channel())
+        first = ca.submit(source=str(small), output=str(out))
+        for snapshot in ca.stub.WatchJob(pb.WatchJobRequest(id=first.id), timeout=WATCH_TIMEOUT_S):
+            if any(s.kind == "quantize" and s.bytes_done > 0 for s in snapshot.stages):
+                break
+        second = cb.finish(cb.submit(source=str(small), output=str(out)).id)
+        assert second.state == pb.FAILED, second
+        assert ("is being written by another quantd process" in second.last_error or
+                "holds the output of job" in second.last_error), second.last_error
+        done = ca.finish(first.id)
+        assert done.state == pb.SUCCEEDED, done
+    assert qd.run("verify", out).returncode == 0
+

@@ -1,0 +1,223 @@
+"""Issue 9 items 4 and 5 against the real daemon: a state store that checks itself (a damaged or
+lost database stops the start with a clear message), history retention, ListJobs pages under the
+message size limit, and limits that hostile connections cannot exhaust (idle gRPC connections
+under a low descriptor limit, half-open metrics connections).
+"""
+
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from daemon import Daemon, grpc_stubs
+
+RPC_TIMEOUT_S = 10
+WATCH_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+class Client:
+    def __init__(self, stubs, channel):
+        self.pb, pb_grpc = stubs
+        self.stub = pb_grpc.QuantServiceStub(channel)
+
+    def submit(self, src, out, **spec):
+        fields = {"recipe": "experts", "weight_format": "w4a16_nvfp4", **spec}
+        return self.stub.SubmitJob(self.pb.SubmitJobRequest(
+            spec=self.pb.JobSpec(source=str(src), output=str(out), **fields)),
+            timeout=RPC_TIMEOUT_S)
+
+    def finish(self, job_id):
+        last = None
+        for last in self.stub.WatchJob(self.pb.WatchJobRequest(id=job_id),
+                                       timeout=WATCH_TIMEOUT_S):
+            pass
+        return last
+
+    def list_all(self, page_size=0):
+        jobs, pages, token = [], [], ""
+        while True:
+            page = self.stub.ListJobs(self.pb.ListJobsRequest(page_size=page_size,
+                                                              page_token=token),
+                                      timeout=RPC_TIMEOUT_S)
+            pages.append(page)
+            jobs.extend(page.jobs)
+            token = page.next_page_token
+            if not token:
+                return jobs, pages
+
+
+def start_fails(d):
+    """Runs the daemon's command line, which must exit 1 before serving; returns its output."""
+    proc = subprocess.run(d.cmd(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert not d.ready_file.exists()
+    return proc.stdout + proc.stderr
+
+
+def run_one_job(qd, stubs, d, source, out):
+    d.start()
+    client = Client(stubs, d.channel())
+    job = client.finish(client.submit(source["dir"], out).id)
+    assert job.state == client.pb.SUCCEEDED, job
+    d.stop()
+
+
+def test_damaged_database_stops_the_start_naming_file_and_backup(qd, stubs, source, tmp_path):
+    d = Daemon(qd.binary, tmp_path / "state")
+    run_one_job(qd, stubs, d, source, tmp_path / "out")
+    d.start()  # a start that passes the check backs up the database, the finished job with it
+    d.stop()
+    db = d.state_dir / "quantd.db"
+    backup = d.state_dir / "quantd.db.bak"
+    assert backup.is_file()
+    # Garbage over every page but the first (the file header): the issue's "garbage in pages".
+    size = db.stat().st_size
+    with open(db, "r+b") as f:
+        f.seek(4096)
+        f.write(bytes([0xA5]) * (size - 4096))
+    message = start_fails(d)
+    assert str(db) in message and "quantd will not run on a damaged database" in message, message
+    assert f"restore the backup {backup}" in message, message
+    # Restoring the backup brings the history back.
+    shutil.copyfile(backup, db)
+    d.start()
+    client = Client(stubs, d.channel())
+    jobs, _ = client.list_all()
+    assert [j.state for j in jobs] == [client.pb.SUCCEEDED]
+    d.stop()
+
+
+def test_empty_or_missing_database_needs_init(qd, stubs, source, tmp_path):
+    d = Daemon(qd.binary, tmp_path / "state")
+    run_one_job(qd, stubs, d, source, tmp_path / "out")
+    db = d.state_dir / "quantd.db"
+    os.truncate(db, 0)
+    message = start_fails(d)
+    assert f"state database {db} is empty (0 bytes) but its state dir holds other files" in \
+        message, message
+    db.unlink()
+    message = start_fails(d)
+    assert f"state database {db} is missing" in message, message
+    d.extra = ["--init"]
+    d.start()
+    jobs, _ = Client(stubs, d.channel()).list_all()
+    assert jobs == []
+    d.stop()
+
+
+def test_first_start_on_an_empty_state_dir_needs_no_init(qd, tmp_path):
+    with Daemon(qd.binary, tmp_path / "state") as d:
+        d.stop()
+
+
+def test_retention_prunes_finished_jobs_only(qd, stubs, source, tmp_path):
+    d = Daemon(qd.binary, tmp_path / "state")
+    d.start()
+    client = Client(stubs, d.channel())
+    ids = []
+    for i in range(3):
+        job = client.finish(client.submit(source["dir"], tmp_path / f"out{i}").id)
+        assert job.state == client.pb.SUCCEEDED, job
+        ids.append(job.id)
+    d.stop()
+    d.extra = ["--retain-jobs", "1"]
+    d.start()
+    client = Client(stubs, d.channel())
+    deadline = time.monotonic() + 30
+    while True:
+        jobs, _ = client.list_all()
+        if len(jobs) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    # The newest finished job (unfinished ones are never pruned: history_pruner_test).
+    assert [j.id for j in jobs] == [ids[-1]], jobs
+    assert "history retention: deleted 2 finished job(s)" in d.log()
+    d.stop()
+
+
+def test_list_jobs_pages_stay_under_the_message_limit(qd, stubs, source, tmp_path):
+    """Jobs whose specs are near the spec limit: one page of them all would be above 4 MiB.
+    (Their source is missing, so they fail at once: only their specs matter here.)"""
+    globs = [f"layers.{i}.never_{'x' * 40}" for i in range(3000)]  # ~190 KB of JSON
+    with Daemon(qd.binary, tmp_path / "state") as d:
+        client = Client(stubs, d.channel())
+        ids = [client.submit(tmp_path / "missing", tmp_path / f"out{i}", exclude=globs).id
+               for i in range(24)]
+        jobs, pages = client.list_all(page_size=1000)
+        assert [j.id for j in jobs] == ids
+        assert len(pages) > 1
+        assert all(p.ByteSize() < 4 << 20 for p in pages), [p.ByteSize() for p in pages]
+        d.stop()
+
+
+def connect_raw(address):
+    if address.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(address[len("unix:"):])
+    else:
+        host, port = address.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)))
+    return s
+
+
+def test_idle_connection_flood_does_not_stop_new_clients(qd, stubs, source, tmp_path):
+    """The daemon starts with a soft descriptor limit of 256; 400 idle connections (no HTTP/2
+    preface) would exhaust it if quantd did not raise it to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"hard RLIMIT_NOFILE is {hard}: nothing to raise to")
+
+    class LowLimitDaemon(Daemon):
+        def cmd(self):
+            return ["prlimit", f"--nofile=256:{hard}", "--", *super().cmd()]
+
+    d = LowLimitDaemon(qd.binary, tmp_path / "state")
+    d.start()
+    flood = []
+    try:
+        for _ in range(400):
+            flood.append(connect_raw(d.address))
+        client = Client(stubs, d.channel())
+        job = client.finish(client.submit(source["dir"], tmp_path / "out").id)
+        assert job.state == client.pb.SUCCEEDED, job
+        assert "raised the open-file limit from 256" in d.log()
+    finally:
+        for s in flood:
+            s.close()
+    d.stop()
+
+
+def test_half_open_metrics_connections_do_not_block_scrapes(qd, tmp_path):
+    class MetricsDaemon(Daemon):
+        def cmd(self):
+            cmd = super().cmd()
+            cmd[cmd.index("--metrics-listen") + 1] = "127.0.0.1:0"
+            return cmd
+
+    d = MetricsDaemon(qd.binary, tmp_path / "state")
+    d.start()
+    metrics = d.info["metrics_listen"]
+    host, port = metrics.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port))) for _ in range(6)]
+    try:
+        for s in idle[:3]:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")  # a request that never ends
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+            assert r.status == 200 and b"quantd_" in r.read()
+        assert time.monotonic() - started < 5
+    finally:
+        for s in idle:
+            s.close()
+    d.stop()

@@ -1,0 +1,119 @@
+// job_paths.h: path text limits, resolution, and overlap by components and by device/inode.
+#include "server/pipeline/job_paths.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/test_dirs.h"
+
+namespace quantd::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using JobPathsTest = testing_util::TempDirTest;
+
+TEST(Utf8Test, AcceptsWellFormedAndRefusesTheRest) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("/models/Ünïcödé/日本/😀"));
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+  EXPECT_FALSE(IsValidUtf8("\xc3"));              // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));      // overlong '/', 3 bytes
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // beyond U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("a\x80" "b"));         // a lone continuation byte
+}
+
+TEST(CheckPathTextTest, NamesTheFieldNeverTheText) {
+  EXPECT_TRUE(CheckPathText("source", std::string(kMaxPathBytes, 'a')).ok());
+  absl::Status s = CheckPathText("source", std::string(kMaxPathBytes + 1, 'a'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "source: 4096 bytes, longer than the limit of 4095 (PATH_MAX)");
+  EXPECT_EQ(CheckPathText("output", "/a\xff").message(), "output: is not valid UTF-8");
+  EXPECT_EQ(CheckPathText("output", std::string("/a\0b", 4)).message(),
+            "output: contains a NUL byte");
+}
+
+JobSpec Spec(const std::string& source, const std::string& output) {
+  JobSpec spec;
+  spec.source = source;
+  spec.output = output;
+  return spec;
+}
+
+TEST_F(JobPathsTest, EverySpellingOfTheSourceIsRefusedAsOutput) {
+  const std::string model = dir_ + "/model";
+  fs::create_directories(model);
+  fs::create_directory_symlink(model, dir_ + "/link");
+  struct Case {
+    std::string output;
+    std::string how;
+  };
+  for (const Case& c : {Case{model, "is"}, Case{model + "/", "is"}, Case{model + "/./", "is"},
+                        Case{model + "/../model", "is"}, Case{dir_ + "/link", "is"},
+                        Case{dir_ + "/link/q", "lies inside"}, Case{model + "/a/b", "lies inside"},
+                        Case{dir_, "contains"}}) {
+    JobSpec spec = Spec(model + "/", c.output);
+    absl::Status s = ResolveJobPaths(&spec, /*allow_relative=*/false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.output;
+    EXPECT_EQ(s.message(),
+              "output: " + spec.output + " " + c.how + " the source directory " + model)
+        << c.output;
+  }
+}
+
+TEST_F(JobPathsTest, ResolvesToCanonicalAbsolutePaths) {
+  fs::create_directories(dir_ + "/model");
+  fs::create_directory_symlink(dir_ + "/model", dir_ + "/link");
+  JobSpec spec = Spec(dir_ + "/link/", dir_ + "/x/../out/");
+  spec.calibration.amax_file = dir_ + "/./amax.json";
+  ASSERT_TRUE(ResolveJobPaths(&spec, false).ok());
+  EXPECT_EQ(spec.source, dir_ + "/model");
+  EXPECT_EQ(spec.output, dir_ + "/out");
+  EXPECT_EQ(spec.calibration.amax_file, dir_ + "/amax.json");
+
+  JobSpec relative = Spec("model", "out");
+  EXPECT_EQ(ResolveJobPaths(&relative, false).message(),
+            "source: must be an absolute path (the daemon does not know the caller's directory)");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir_);
+  absl::Status s = ResolveJobPaths(&relative, /*allow_relative=*/true);
+  fs::current_path(cwd);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(relative.source, dir_ + "/model");
+}
+
+TEST_F(JobPathsTest, MaterializeBf16MustNotOverlapSourceOrOutput) {
+  fs::create_directories(dir_ + "/model");
+  JobSpec spec = Spec(dir_ + "/model", dir_ + "/out");
+  spec.materialize_bf16 = dir_ + "/model/";
+  EXPECT_EQ(ResolveJobPaths(&spec, false).message(),
+            "materialize_bf16: " + dir_ + "/model is the source directory " + dir_ + "/model");
+  spec = Spec(dir_ + "/model", dir_ + "/out");
+  spec.materialize_bf16 = dir_ + "/out/bf16";
+  EXPECT_EQ(ResolveJobPaths(&spec, false).message(),
+            "materialize_bf16: " + dir_ + "/out/bf16 lies inside the output directory " + dir_ +
+                "/out");
+}
+
+TEST_F(JobPathsTest, OtherJobsOutputsAreRefused) {
+  fs::create_directories(dir_ + "/model");
+  std::vector<ClaimedDir> claimed = {{7, dir_ + "/out"}};
+  JobSpec spec = Spec(dir_ + "/model", dir_ + "/out/sub");
+  absl::Status s = CheckDirsUnclaimed(spec, claimed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "output: " + dir_ + "/out/sub lies inside " + dir_ +
+                             "/out, an output of job 7 (delete that job first to reuse its "
+                             "directory)");
+  spec = Spec(dir_ + "/model", dir_ + "/other");
+  EXPECT_TRUE(CheckDirsUnclaimed(spec, claimed).ok());
+  spec.materialize_bf16 = dir_;
+  EXPECT_EQ(CheckDirsUnclaimed(spec, claimed).message(),
+            "materialize_bf16: " + dir_ + " contains " + dir_ + "/out, an output of job 7 "
+            "(delete that job first to reuse its directory)");
+}
+
+}  // namespace
+}  // namespace quantd::pipeline

@@ -1,0 +1,96 @@
+// OutputMarker: which directories a job may claim, the lock, and the foreign files it records.
+#include "server/pipeline/output_marker.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/unit/test_dirs.h"
+
+namespace quantd::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using OutputMarkerTest = testing_util::TempDirTest;
+
+void Touch(const std::string& path) { std::ofstream(path) << "user data"; }
+
+TEST_F(OutputMarkerTest, AbsentOrEmptyDirectoryIsClaimedAndResumable) {
+  const std::string out = dir_ + "/out";
+  {
+    auto marker = OutputMarker::Claim("output", out, {3, 1000, "/state/quantd.db"}, false);
+    ASSERT_TRUE(marker.ok()) << marker.status();
+    EXPECT_TRUE(fs::is_regular_file(out + "/.quantd-job"));
+    Touch(out + "/model-00001.safetensors");  // the job's own output
+  }
+  // The same job of the same store resumes there; nothing is foreign.
+  auto again = OutputMarker::Claim("output", out, {3, 1000, "/state/quantd.db"}, false);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE((*again)->IsForeign("model-00001.safetensors"));
+}
+
+TEST_F(OutputMarkerTest, OneWriterAtATime) {
+  auto first = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.status().message(),
+            "output: " + dir_ + " is being written by another quantd process (" + dir_ +
+                "/.quantd-job is locked)");
+}
+
+TEST_F(OutputMarkerTest, ForeignFilesNeedOverwriteAndAreNeverReplaced) {
+  Touch(dir_ + "/notes.txt");
+  Touch(dir_ + "/config.json");
+  auto refused = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false);
+  EXPECT_EQ(refused.status().message(),
+            "output: " + dir_ + " is not empty (2 entries) and holds no quantd marker; use an "
+            "empty directory, or set overwrite to write next to the files there (quantd never "
+            "replaces or deletes them)");
+  EXPECT_FALSE(fs::exists(dir_ + "/.quantd-job"));  // a refusal leaves nothing behind
+
+  auto marker = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, /*overwrite=*/true);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  EXPECT_TRUE((*marker)->IsForeign("notes.txt"));
+  EXPECT_TRUE((*marker)->RefuseForeign({"model-00001.safetensors"}).ok());
+  absl::Status s = (*marker)->RefuseForeign({"model-00001.safetensors", "config.json"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "output: " + dir_ + "/config.json was there before quantd claimed the "
+                         "directory and this job would replace it; quantd never replaces files "
+                         "it did not write: move it away or use another directory");
+  marker->reset();
+  // The record survives a restart of the job.
+  auto resumed = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, true);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_TRUE((*resumed)->IsForeign("config.json"));
+  EXPECT_FALSE((*resumed)->IsForeign(".quantd-job"));
+}
+
+TEST_F(OutputMarkerTest, AnotherJobsDirectoryIsRefused) {
+  ASSERT_TRUE(OutputMarker::Claim("output", dir_, {1, 1000, "/a/quantd.db"}, false).ok());
+  Touch(dir_ + "/model.safetensors");
+  // Another id, another store, or the same id given again after the job was deleted.
+  for (const JobIdentity& other_job : {JobIdentity{2, 1000, "/a/quantd.db"},
+                                       JobIdentity{1, 1000, "/b/quantd.db"},
+                                       JobIdentity{1, 2000, "/a/quantd.db"}}) {
+    auto other = OutputMarker::Claim("materialize_bf16", dir_, other_job, false);
+    EXPECT_EQ(other.status().message(),
+              "materialize_bf16: " + dir_ + " holds the output of job 1 of /a/quantd.db; use an "
+              "empty directory, or set overwrite to write next to the files there (quantd never "
+              "replaces or deletes them)");
+  }
+}
+
+TEST_F(OutputMarkerTest, APlantedSymlinkMarkerIsRefused) {
+  Touch(dir_ + "/victim");
+  fs::create_symlink(dir_ + "/victim", dir_ + "/.quantd-job");
+  auto marker = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, true);
+  EXPECT_EQ(marker.status().code(), absl::StatusCode::kFailedPrecondition);
+  std::ifstream in(dir_ + "/victim");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "user data");
+}
+
+}  // namespace
+}  // namespace quantd::pipeline

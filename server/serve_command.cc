@@ -27,6 +27,7 @@
 #include "server/checkpoint/atomic_file.h"
 #include "server/metrics/metrics.h"
 #include "server/pipeline/job_spec.h"
+#include "server/pipeline/stage_registry.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
 #include "server/store/job_store.h"
@@ -281,6 +282,7 @@ int ServeMain(const ServeConfig& config) {
     }
     metrics = *std::move(served);
   }
+  metrics->DeclareStages(pipeline::BuiltinStages().kinds());
 
   absl::StatusOr<std::unique_ptr<store::JobStore>> store =
       store::JobStore::Open((state_dir / "quantd.db").string());

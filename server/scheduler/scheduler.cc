@@ -21,8 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "kernels/backends.h"
+#include "server/compute/device.h"
 #include "server/pipeline/prepared_job.h"
+#include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/blocking_queue.h"
 #include "server/scheduler/job_proto.h"
 
@@ -79,17 +80,6 @@ absl::StatusOr<std::optional<KillHook>> ParseKillHook(const char* value) {
 [[noreturn]] void KillSelf() {
   kill(getpid(), SIGKILL);
   for (;;) pause();
-}
-
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const std::string& device,
-                                                              int cpu_threads) {
-  int index = 0;
-  if (!pipeline::ParseDeviceName(device, &index)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device \"", device, "\": expected cpu or cuda:N"));
-  }
-  if (index < 0) return kernels::MakeCpuBackend({cpu_threads, kernels::SimdLevel::kAuto});
-  return kernels::MakeCudaBackend(index);
 }
 
 // "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task.
@@ -167,7 +157,7 @@ class Scheduler::Impl {
   // One worker thread and the device it runs kernels on.
   struct Worker {
     std::string device;                         // "cpu" or "cuda:N"
-    std::unique_ptr<kernels::Backend> backend;  // used by this worker's thread only
+    std::unique_ptr<compute::Device> compute_device;  // used by this worker's thread only
     BlockingQueue<Work> queue;                  // tasks for this worker
     std::thread thread;                         // runs WorkerLoop
     // Scheduler thread only:
@@ -275,12 +265,12 @@ absl::Status Scheduler::Impl::Init() {
   owner_ = absl::StrCat("quantd:", getpid());
   if (options_.devices.empty()) return absl::InvalidArgumentError("no devices to run tasks on");
   for (const std::string& device : options_.devices) {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
-        MakeBackend(device, options_.cpu_threads);
-    if (!backend.ok()) return backend.status();
+    absl::StatusOr<std::unique_ptr<compute::Device>> opened =
+        compute::OpenDevice(device, {options_.cpu_threads, 0});
+    if (!opened.ok()) return opened.status();
     auto worker = std::make_unique<Worker>();
     worker->device = device;
-    worker->backend = std::move(*backend);
+    worker->compute_device = std::move(*opened);
     workers_.push_back(std::move(worker));
   }
   // Leases still in the store belong to a process that died: this one owns the state now.
@@ -483,7 +473,7 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const pipeline::JobSpec& 
                    absl::StrJoin(workers, ", ",
                                  [&](std::string* out, int w) {
                                    absl::StrAppend(out, workers_[w]->device, " (",
-                                                   workers_[w]->backend->name(), ")");
+                                                   workers_[w]->compute_device->backend().name(), ")");
                                  })));
   active_[job_id] = std::move(job);
   return Publish(job_id);
@@ -607,7 +597,7 @@ void Scheduler::Impl::WorkerLoop(int index) {
     std::atomic<uint64_t>* reported = work->reported.get();
     metrics::Metrics* metrics = options_.metrics;
     absl::StatusOr<pipeline::TaskOutput> output = work->prepared->RunTask(
-        work->task, worker.backend.get(), work->cancel,
+        work->task, *worker.compute_device, work->cancel,
         [reported, half, kill_mid, metrics](uint64_t n) {
           const uint64_t total = reported->fetch_add(n, std::memory_order_relaxed) + n;
           if (metrics != nullptr) metrics->AddBytesRead(n);
@@ -641,12 +631,7 @@ absl::Status Scheduler::Impl::Record(const Work& work,
   const store::TaskRow& task = work.task;
   const int64_t now = NowMs();
   if (output.ok()) {
-    if (!output->stats.empty()) {
-      if (absl::Status s = store_->PutTensorStats(job.id, output->stats); !s.ok()) return s;
-    }
-    if (absl::Status s = store_->CompleteTask(work.lease, output->path,
-                                              static_cast<int64_t>(output->bytes), output->sha256,
-                                              now);
+    if (absl::Status s = work.prepared->CompleteTask(*store_, work.lease, task, *output, now);
         !s.ok()) {
       return s;
     }
@@ -1011,7 +996,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
   absl::StatusOr<std::vector<store::TaskRow>> tasks = store_->ListTasks(job_id);
   if (!tasks.ok()) return tasks.status();
   for (const store::TaskRow& t : *tasks) {
-    if (t.stage_kind != "verify") continue;
+    if (t.stage_kind != pipeline::VerifyStage::kKind) continue;
     if (t.state != store::TaskState::kDone && t.state != store::TaskState::kFailed) continue;
     v1::RuleCheck* check = report.add_rules();
     check->set_name(TaskLabel(t));

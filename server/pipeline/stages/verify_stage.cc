@@ -161,6 +161,7 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
                                                    FormatViolations(violations)));
   }
 
+  TaskOutput output;
   for (const Nvfp4ModuleViews& m : modules) {
     for (const TensorView* v : {m.weight, m.weight_scale}) (*shard)->ReleasePages(*v);
   }
@@ -173,9 +174,9 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
           absl::StrCat(task.shard, ": planned module ", module, " is not in the source"));
     }
     // CheckShardContents has seen the weight with the planned dtype and shape.
-    const TensorView& weight = *(*shard)->Find(module + ".weight");
-    if (absl::Status s = CheckBf16Module(ctx, module, weight, &violations); !s.ok()) return s;
-    (*shard)->ReleasePages(weight);
+    const TensorView& written = *(*shard)->Find(module + ".weight");
+    if (absl::Status s = CheckBf16Module(ctx, module, written, &violations); !s.ok()) return s;
+    (*shard)->ReleasePages(written);
     AddProgress(ctx, m->bytes);
   }
   if (!violations.empty()) {
@@ -189,7 +190,7 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     if (src != nullptr) copied += src->size;
   }
   AddProgress(ctx, copied);
-  return TaskOutput{};  // no file of its own; the statistics are the quantize task's
+  return output;
 }
 
 }  // namespace quantd::pipeline

@@ -8,12 +8,12 @@
 //   inspect   1 task      re-reads the source headers and checks disk space before any write
 //   dequant   1 / shard   (materialize_bf16 only) source shard -> BF16 shard of the same name;
 //                         after inspect
-//   quantize  1 / shard   output shard: tensors copied unchanged + modules written as NVFP4, and
-//                         each module's error statistics; after inspect (not after the BF16 copy)
+//   quantize  1 / shard   output shard: tensors copied unchanged + modules written as NVFP4;
+//                         after inspect (not after the BF16 copy)
 //   export    1 task      index.json, config.json, hf_quant_config.json, tokenizer files; after
 //                         every quantize and dequant task
-//   verify    1 / shard   re-reads an output shard whole: the recorded SHA-256, the export rules;
-//                         after the quantize task of its shard and export
+//   verify    1 / shard   re-reads an output shard: export rules and error statistics; after the
+//                         quantize task of its shard and export
 //
 // Output shards mirror the source shards, except that a fusion group (modules that must share
 // weight_scale_2 and input_scale) is always written whole into the shard of its first member.

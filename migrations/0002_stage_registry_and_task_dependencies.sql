@@ -42,15 +42,6 @@ INSERT INTO task_deps (task_id, depends_on)
   JOIN stages ps ON ps.job_id = s.job_id AND ps.ordinal = s.ordinal - 1
   JOIN tasks p ON p.stage_id = ps.id;
 
--- A verify task reads the output its shard's quantize task recorded (it gets it as an input when
--- leased), so that dependency is named too; it held already through export.
-INSERT OR IGNORE INTO task_deps (task_id, depends_on)
-  SELECT v.id, q.id
-  FROM tasks v
-  JOIN stages vs ON vs.id = v.stage_id AND vs.kind = 'verify'
-  JOIN stages qs ON qs.job_id = vs.job_id AND qs.kind = 'quantize'
-  JOIN tasks q ON q.stage_id = qs.id AND q.name = v.name;
-
 -- Version 1's multi-task stages (dequant, quantize, verify) had one task per shard.
 UPDATE tasks SET label = 'shard ' || (ordinal + 1) || ' of ' ||
     (SELECT COUNT(*) FROM tasks o WHERE o.stage_id = tasks.stage_id)

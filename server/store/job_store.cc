@@ -422,20 +422,6 @@ absl::StatusOr<std::optional<TaskRow>> JobStore::LeaseNextTask(int64_t job_id,
     if (!row.ok()) return row.status();
     if (!*row) return absl::OkStatus();
     TaskRow task = ReadTask(*pick);
-    absl::StatusOr<Statement> inputs = db_->Prepare(
-        "SELECT s.kind, p.name, IFNULL(p.output_path, ''), IFNULL(p.output_bytes, 0), "
-        "IFNULL(p.output_sha256, '') FROM task_deps d JOIN tasks p ON p.id = d.depends_on "
-        "JOIN stages s ON s.id = p.stage_id WHERE d.task_id = ? ORDER BY s.ordinal, p.ordinal");
-    if (!inputs.ok()) return inputs.status();
-    inputs->Bind(1, task.id);
-    while (true) {
-      absl::StatusOr<bool> input = inputs->Step();
-      if (!input.ok()) return input.status();
-      if (!*input) break;
-      task.inputs.push_back(TaskInput{inputs->ColumnText(0), inputs->ColumnText(1),
-                                      inputs->ColumnText(2), inputs->ColumnInt(3),
-                                      inputs->ColumnText(4)});
-    }
     task.state = TaskState::kLeased;
     task.attempt += 1;
     task.lease_owner = owner;

@@ -76,15 +76,6 @@ struct StagePlan {
   std::vector<TaskPlan> tasks;
 };
 
-// The recorded output of a DONE task that another task depends on.
-struct TaskInput {
-  std::string stage_kind;
-  std::string name;
-  std::string output_path;
-  int64_t output_bytes = 0;
-  std::string output_sha256;
-};
-
 struct TaskRow {
   int64_t id = 0;
   int64_t job_id = 0;
@@ -104,8 +95,6 @@ struct TaskRow {
   std::optional<int64_t> output_bytes;
   std::string output_sha256;
   std::string error;
-  // Set by LeaseNextTask: the outputs of the tasks it depends on, in display order.
-  std::vector<TaskInput> inputs;
 };
 
 // Proof that a worker holds a task: the task, the attempt it started, and who holds it.

@@ -14,7 +14,6 @@
 #include "server/pipeline/stages/inspect_stage.h"
 #include "server/checkpoint/safetensors_writer.h"
 #include "server/pipeline/stages/input_scales.h"
-#include "server/pipeline/stages/nvfp4_error.h"
 #include "server/pipeline/stages/shard_io.h"
 
 namespace quantd::pipeline {
@@ -64,8 +63,6 @@ class QuantizeRun {
   absl::Status QuantizeDecoded(const std::vector<const SourceWeight*>& members);
   // Output buffers for `w`, registered in pending_.
   absl::StatusOr<kernels::Nvfp4Out> NewOutput(const SourceWeight& w);
-  // Appends to stats_ the error of `w`'s pending output against `reference` (its decoded source).
-  absl::Status MeasureError(const SourceWeight& w, const kernels::DenseTensor& reference);
 
   const StageContext& ctx_;                                        // spec, source, amax, hooks
   const ShardTask& task_;                                          // the shard to write
@@ -76,7 +73,6 @@ class QuantizeRun {
   std::vector<OutputEntry> entries_;                               // header order
   std::map<std::string, QuantizedModule> pending_;                 // quantized, not yet written
   std::vector<uint8_t> staging_;  // host copy of backend output (backends on device memory)
-  std::vector<store::TensorStatsRow> stats_;  // error of each quantized module, as quantized
 };
 
 absl::Status QuantizeRun::Prepare() {
@@ -157,22 +153,6 @@ absl::StatusOr<kernels::Nvfp4Out> QuantizeRun::NewOutput(const SourceWeight& w) 
   return kernels::Nvfp4Out{slot.values.as<uint8_t>(), slot.scales.as<uint8_t>(), &slot.scale_2};
 }
 
-absl::Status QuantizeRun::MeasureError(const SourceWeight& w,
-                                       const kernels::DenseTensor& reference) {
-  const QuantizedModule& q = pending_.at(w.module->name);
-  // As readers apply it: compressed-tensors stores 1 / weight_scale_2 and readers invert it back.
-  const float scale_2 = ctx_.spec->export_format == ExportFormat::kModelOpt
-                            ? q.scale_2
-                            : 1.0f / (1.0f / q.scale_2);
-  const kernels::Nvfp4Tensor written{q.values.as<uint8_t>(), q.scales.as<uint8_t>(), scale_2,
-                                     w.module->out_features, w.module->in_features};
-  absl::StatusOr<store::TensorStatsRow> row =
-      MeasureNvfp4Error(backend_, reference, written, w.weight->name);
-  if (!row.ok()) return WeightError(w, row.status());
-  stats_.push_back(std::move(*row));
-  return absl::OkStatus();
-}
-
 absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& members) {
   std::vector<BackendMxfp4> sources;
   int kmax = -127;
@@ -190,9 +170,6 @@ absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& m
     // The count of requantized 16-blocks has no field in TaskOutput yet.
     absl::StatusOr<int64_t> requantized = backend_.Mxfp4ToNvfp4(sources[i].tensor, kmax, *out);
     if (!requantized.ok()) return WeightError(*members[i], requantized.status());
-    absl::StatusOr<DenseWeight> reference = DecodeWeight(backend_, *members[i]);
-    if (!reference.ok()) return reference.status();
-    if (absl::Status s = MeasureError(*members[i], reference->tensor); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -214,7 +191,6 @@ absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>
     if (absl::Status s = backend_.Nvfp4Quantize(dense[i].tensor, amax, *out); !s.ok()) {
       return WeightError(*members[i], s);
     }
-    if (absl::Status s = MeasureError(*members[i], dense[i].tensor); !s.ok()) return s;
     dense[i] = DenseWeight();  // release the decoded values early
   }
   return absl::OkStatus();
@@ -297,9 +273,7 @@ absl::StatusOr<TaskOutput> QuantizeRun::Run() {
     if (absl::Status s = CheckCancelled(ctx_, task_.shard); !s.ok()) return s;
     if (absl::Status s = WriteEntry(**writer, e); !s.ok()) return s;
   }
-  absl::StatusOr<TaskOutput> output = FinishShard(**writer, path);
-  if (output.ok()) output->stats = std::move(stats_);
-  return output;
+  return FinishShard(**writer, path);
 }
 
 }  // namespace
@@ -313,11 +287,6 @@ absl::StatusOr<std::vector<store::TaskPlan>> QuantizeStage::Plan(const PlanInput
                      ShardLabel(i, input.output_shards.size()), {}, {inspect}});
   }
   return tasks;
-}
-
-absl::Status QuantizeStage::Record(store::TaskRecord& txn, const store::TaskRow&,
-                                   const TaskOutput& output) const {
-  return txn.PutTensorStats(output.stats);
 }
 
 absl::StatusOr<TaskOutput> QuantizeStage::Run(const store::TaskRow& task, compute::Device&,

@@ -1,9 +1,7 @@
 // Writes one output shard into spec.output: the task's copy_tensors unchanged and its modules as
 // NVFP4 (spec.export_format's tensor names, plan.h Nvfp4ModuleTensors), fusion groups sharing one
 // weight_scale_2 and one input_scale. MXFP4 experts use the lossless cast unless
-// spec.expert_cast is requantize. While it holds each module's source and NVFP4 values it measures
-// their error (nvfp4_error.h) into TaskOutput::stats, in the order the modules are written; the
-// SHA-256 of the shard, computed while writing, ties those statistics to the file verify reads.
+// spec.expert_cast is requantize.
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 
@@ -26,9 +24,6 @@ class QuantizeStage final : public Stage {
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;
-  // Each module's error statistics (TaskOutput::stats), in the completion's transaction.
-  absl::Status Record(store::TaskRecord& txn, const store::TaskRow& task,
-                      const TaskOutput& output) const override;
 };
 
 // The body of a quantize task.

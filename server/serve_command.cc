@@ -37,6 +37,7 @@
 #include "server/ops/serve_monitor.h"
 #include "server/ops/systemd_notify.h"
 #include "server/pipeline/job_spec.h"
+#include "server/pipeline/stage_registry.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
 #include "server/store/job_store.h"
@@ -423,6 +424,7 @@ int ServeMain(const ServeConfig& config) {
     }
     metrics = *std::move(served);
   }
+  metrics->DeclareStages(pipeline::BuiltinStages().kinds());
 
   absl::StatusOr<std::unique_ptr<store::JobStore>> store =
       store::JobStore::Open((state_dir / "quantd.db").string());

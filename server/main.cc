@@ -10,12 +10,14 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "server/dataset_command.h"
 #include "server/fixture/fixture.h"
 #include "server/fixture/fixture_spec.h"
 #include "server/pipeline/inspect.h"
 #include "server/pipeline/stages/verify_rules.h"
 #include "server/run_command.h"
 #include "server/serve_command.h"
+#include "server/tokenize_command.h"
 
 namespace {
 
@@ -130,6 +132,8 @@ int main(int argc, char** argv) {
   AddVerify(app, rc);
   quantd::AddRunCommand(app, rc);
   quantd::AddServeCommand(app, rc);
+  quantd::AddTokenizeCommand(app, rc);
+  quantd::AddDatasetCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -136,6 +136,27 @@ absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
   return absl::OkStatus();
 }
 
+// "calibration.datasets": [{"path": JSONL, "samples": N}, ...].
+absl::Status ParseCalibrationDatasets(FieldReader& c, const std::string& origin,
+                                      std::vector<CalibrationDataset>* datasets) {
+  const json* v = c.Get("datasets");
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_array() || v->empty()) {
+    return c.Error("datasets", "must be a non-empty array of {\"path\": ..., \"samples\": N}");
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& entry = (*v)[i];
+    if (!entry.is_object()) return c.Error(absl::StrCat("datasets[", i, "]"), "must be an object");
+    FieldReader d(entry, absl::StrCat("calibration.datasets[", i, "]."), origin);
+    CalibrationDataset dataset;
+    QUANTD_RETURN_IF_ERROR(d.String("path", true, &dataset.path));
+    QUANTD_RETURN_IF_ERROR(d.NonNegativeInt("samples", &dataset.samples));
+    QUANTD_RETURN_IF_ERROR(d.RejectUnknown());
+    datasets->push_back(std::move(dataset));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* RecipeKindName(RecipeKind k) { return kRecipeNames[static_cast<int>(k)]; }
@@ -173,10 +194,21 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
     FieldReader c(*cal, "calibration.", origin);
     QUANTD_RETURN_IF_ERROR(c.String("amax_file", false, &spec.calibration.amax_file));
     QUANTD_RETURN_IF_ERROR(c.String("dataset", false, &spec.calibration.dataset));
+    QUANTD_RETURN_IF_ERROR(ParseCalibrationDatasets(c, origin, &spec.calibration.datasets));
+    if (!spec.calibration.dataset.empty() && !spec.calibration.datasets.empty()) {
+      return c.Error("dataset", "cannot be combined with 'calibration.datasets'");
+    }
     QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("num_samples", &spec.calibration.num_samples));
     QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("seq_len", &spec.calibration.seq_len));
+    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("min_seq_len", &spec.calibration.min_seq_len));
+    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("seed", &spec.calibration.seed));
+    QUANTD_RETURN_IF_ERROR(c.Bool("add_bos", &spec.calibration.add_bos));
     QUANTD_RETURN_IF_ERROR(c.Bool("calibrate_all_experts", &spec.calibration.calibrate_all_experts));
     QUANTD_RETURN_IF_ERROR(c.RejectUnknown());
+    if (spec.calibration.seq_len == 0) return c.Error("seq_len", "must be at least 1");
+    if (spec.calibration.min_seq_len > spec.calibration.seq_len) {
+      return c.Error("min_seq_len", "must not exceed 'calibration.seq_len'");
+    }
   }
   QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
   QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
@@ -208,7 +240,17 @@ std::string JobSpecToJson(const JobSpec& spec) {
                       {"dataset", spec.calibration.dataset},
                       {"num_samples", spec.calibration.num_samples},
                       {"seq_len", spec.calibration.seq_len},
+                      {"min_seq_len", spec.calibration.min_seq_len},
+                      {"seed", spec.calibration.seed},
+                      {"add_bos", spec.calibration.add_bos},
                       {"calibrate_all_experts", spec.calibration.calibrate_all_experts}};
+  if (!spec.calibration.datasets.empty()) {
+    json datasets = json::array();
+    for (const CalibrationDataset& d : spec.calibration.datasets) {
+      datasets.push_back({{"path", d.path}, {"samples", d.samples}});
+    }
+    j["calibration"]["datasets"] = std::move(datasets);
+  }
   if (spec.devices.empty()) {
     j["devices"] = "auto";
   } else {

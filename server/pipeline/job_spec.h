@@ -10,8 +10,11 @@
 //    "export_format": "modelopt"|"compressed-tensors",    default "modelopt"
 //    "kv_cache": "none"|"fp8_cast"|"fp8",                 default "none"
 //    "materialize_bf16": DIR,                              optional BF16 copy of the source
-//    "calibration": {"amax_file": PATH, "dataset": PATH, "num_samples": N, "seq_len": N,
-//                    "calibrate_all_experts": BOOL},
+//    "calibration": {"amax_file": PATH,
+//                    "datasets": [{"path": JSONL, "samples": N}...],  calibration text (see
+//                    "dataset": JSONL, "num_samples": N,                pipeline/calibration_data.h)
+//                    "seq_len": N, "min_seq_len": N, "seed": N,        default 512, 16, 0
+//                    "add_bos": BOOL, "calibrate_all_experts": BOOL},  default true, false
 //    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
 //    "host_memory_bytes": N}                              default: no budget beyond the plan's
 #ifndef QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
@@ -34,11 +37,21 @@ enum class ExpertCast { kLossless, kRequantize };
 enum class ExportFormat { kModelOpt, kCompressedTensors };
 enum class KvCache { kNone, kFp8Cast, kFp8 };
 
+// One JSONL file of calibration samples.
+struct CalibrationDataset {
+  std::string path;
+  int64_t samples = 0;  // samples taken from it; 0 = its even share of num_samples
+};
+
 struct CalibrationSpec {
   std::string amax_file;           // JSON {module: input_amax} from an earlier calibration
-  std::string dataset;             // calibration text (read by the calibrate stage)
-  int64_t num_samples = 0;         // 0 = the stage's default
-  int64_t seq_len = 0;             // 0 = the stage's default
+  std::string dataset;             // shorthand for datasets = [{dataset, num_samples}]
+  std::vector<CalibrationDataset> datasets;
+  int64_t num_samples = 0;         // total for the datasets without `samples`; 0 = 512
+  int64_t seq_len = 512;           // tokens per sample at most (longer ones are truncated)
+  int64_t min_seq_len = 16;        // shorter samples are skipped
+  int64_t seed = 0;                // picks the samples of each file
+  bool add_bos = true;             // BOS before every text / chat sample
   bool calibrate_all_experts = false;
 };
 

@@ -26,3 +26,11 @@ mkdir -p "$work/corpus" "$work/artifacts"
   -max_total_time="$seconds" -max_len=4096 -timeout=10 -print_final_stats=1 \
   -dict="$src/tests/fuzz/safetensors.dict" -artifact_prefix="$work/artifacts/" \
   "$work/corpus" "$src/tests/fuzz/corpus"
+
+# The tokenizer.json loader, for the same time, seeded with small DeepSeek-shaped tokenizers.
+ninja -C "$build_dir" tokenizer_json_fuzz
+mkdir -p "$work/tokenizer_corpus"
+"$build_dir/tests/fuzz/tokenizer_json_fuzz" \
+  -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$work/artifacts/tokenizer-" \
+  "$work/tokenizer_corpus" "$src/tests/fuzz/tokenizer_corpus"

@@ -118,3 +118,61 @@ TEST(DeviceNameTest, CpuOrCudaWithOneOrTwoDigits) {
 
 }  // namespace
 }  // namespace quantd::pipeline
+
+namespace quantd::pipeline {
+namespace {
+
+TEST(JobSpecCalibrationTest, DefaultsAndDatasets) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out"})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->calibration.seq_len, 512);
+  EXPECT_EQ(spec->calibration.min_seq_len, 16);
+  EXPECT_EQ(spec->calibration.seed, 0);
+  EXPECT_TRUE(spec->calibration.add_bos);
+  EXPECT_TRUE(spec->calibration.datasets.empty());
+
+  spec = ParseJobSpec(R"({"source": "/in", "output": "/out", "calibration": {
+      "datasets": [{"path": "news.jsonl", "samples": 512}, {"path": "chat.jsonl"}],
+      "num_samples": 64, "seq_len": 1024, "min_seq_len": 32, "seed": 7, "add_bos": false}})",
+                      "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->calibration.datasets.size(), 2u);
+  EXPECT_EQ(spec->calibration.datasets[0].path, "news.jsonl");
+  EXPECT_EQ(spec->calibration.datasets[0].samples, 512);
+  EXPECT_EQ(spec->calibration.datasets[1].samples, 0);
+  EXPECT_EQ(spec->calibration.seq_len, 1024);
+  EXPECT_EQ(spec->calibration.min_seq_len, 32);
+  EXPECT_EQ(spec->calibration.seed, 7);
+  EXPECT_FALSE(spec->calibration.add_bos);
+  auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
+  EXPECT_EQ(again->calibration.datasets[1].path, "chat.jsonl");
+}
+
+TEST(JobSpecCalibrationTest, BadCalibrationNamesTheField) {
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"dataset": "x.jsonl",
+                        "datasets": [{"path": "y.jsonl"}]}})"),
+            "spec.json: field 'calibration.dataset' cannot be combined with 'calibration.datasets'");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": []}})"),
+            "spec.json: field 'calibration.datasets' must be a non-empty array of {\"path\": ..., \"samples\": N}");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": ["x"]}})"),
+            "spec.json: field 'calibration.datasets[0]' must be an object");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": [{"samples": 3}]}})"),
+            "spec.json: field 'calibration.datasets[0].path' is required");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": [{"path": "x", "n": 3}]}})"),
+            "spec.json: field 'calibration.datasets[0].n' is not a known field");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": [{"path": "x", "samples": -1}]}})"),
+            "spec.json: field 'calibration.datasets[0].samples' must be a non-negative integer");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"seq_len": 0}})"),
+            "spec.json: field 'calibration.seq_len' must be at least 1");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"seq_len": 8}})"),
+            "spec.json: field 'calibration.min_seq_len' must not exceed 'calibration.seq_len'");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"add_bos": 1}})"),
+            "spec.json: field 'calibration.add_bos' must be true or false");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"seed": "x"}})"),
+            "spec.json: field 'calibration.seed' must be a non-negative integer");
+}
+
+}  // namespace
+}  // namespace quantd::pipeline

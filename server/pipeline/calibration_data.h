@@ -1,0 +1,74 @@
+// Calibration data: the token sequences a job measures activations on, from the JSONL files its
+// spec names (job_spec.h, "calibration"). Every line of a file is one sample with exactly one of
+//   {"text": STRING}                        prose: BOS (when add_bos) + its tokens, no template
+//   {"messages": [{"role", "content", ...}]} a conversation, rendered by model/chat_encoding.h
+//                                            (its BOS text only when add_bos)
+//   {"input_ids": [ID, ...]}                 already tokenized, taken as is
+// Other keys are ignored; blank lines are skipped.
+//
+// Each file contributes its `samples` (or an even share of num_samples, default 512 in all, the
+// earlier files taking the remainder): its lines are shuffled by a fixed generator seeded from
+// `seed` and the file's position, and taken in that order, skipping samples shorter than
+// min_seq_len tokens, and truncating longer ones to seq_len (never padding). The same spec and
+// files select the same tokens on every machine.
+//
+// Every line of every file is read and checked before any sample is tokenized: a missing file, a
+// line that is not a JSON object, a sample with none (or more than one) of the three fields, a
+// malformed conversation, ids outside the tokenizer's vocabulary, and fewer usable samples than
+// asked are InvalidArgument errors naming the file and line.
+#ifndef QUANTD_SERVER_PIPELINE_CALIBRATION_DATA_H_
+#define QUANTD_SERVER_PIPELINE_CALIBRATION_DATA_H_
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model/tokenizer.h"
+#include "server/pipeline/job_spec.h"
+
+namespace quantd::pipeline {
+
+inline constexpr int64_t kDefaultCalibrationSamples = 512;
+
+struct CalibrationSample {
+  std::string source;  // the dataset file
+  int64_t line = 0;    // 1-based line in it
+  std::vector<int32_t> ids;
+  bool truncated = false;  // the sample had more than seq_len tokens
+};
+
+struct CalibrationFileStats {
+  std::string path;
+  int64_t lines = 0;     // samples in the file (blank lines not counted)
+  int64_t asked = 0;     // samples to take
+  int64_t skipped = 0;   // visited but shorter than min_seq_len
+};
+
+struct CalibrationSet {
+  std::vector<CalibrationSample> samples;  // file by file, each in its shuffled order
+  std::vector<CalibrationFileStats> files;
+};
+
+// The files and per-file sample counts the spec asks for (the shorthand `dataset` expanded).
+// InvalidArgument when the spec names no data set.
+absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const CalibrationSpec& spec);
+
+// Reads, checks, selects and tokenizes the samples. `add_bos` needs tokenizer.bos_id().
+absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
+                                                  const model::Tokenizer& tokenizer);
+
+// Stores the selected tokens, once per job, so that a resumed job calibrates on exactly the same
+// tokens: one line per sample, {"source": FILE, "line": N, "input_ids": [...]} (itself a valid
+// calibration data set), written atomically. Returns the file's SHA-256 (lowercase hex), which
+// the job records next to it.
+absl::StatusOr<std::string> WriteCalibrationTokens(const CalibrationSet& set, const std::string& path);
+
+// Reads a file WriteCalibrationTokens wrote; DataLoss when its SHA-256 is not `sha256`.
+absl::StatusOr<std::vector<std::vector<int32_t>>> ReadCalibrationTokens(const std::string& path,
+                                                                        const std::string& sha256);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_CALIBRATION_DATA_H_

@@ -27,6 +27,7 @@ struct LinearRows {
   const int64_t* tokens = nullptr;            // LinearInput::tokens
   int expert = -1;                            // LinearInput::expert
   const float* routing_weights = nullptr;     // LinearInput::routing_weights
+  const float* unweighted = nullptr;          // LinearInput::unweighted_x
 };
 
 enum class LinearOutput {

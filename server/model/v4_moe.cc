@@ -33,14 +33,21 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
   RETURN_IF_ERROR(ApplyLinear(ctx, e.w3, x, rows, u.data(), LinearOutput::kModelDtype, facts));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {
-      float a = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
-      if (weights != nullptr) a = weights[r] * a;
-      g[r * inter + i] = a;
+      g[r * inter + i] = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
     }
+  }
+  // The observer also sees the unweighted input of a routed w2 (u holds it, model dtype).
+  const bool show_unweighted = weights != nullptr && ctx.observer != nullptr;
+  if (show_unweighted) {
+    std::copy(g.begin(), g.end(), u.begin());
+    ToModelDtype(ctx, u.data(), rows * inter);
+  }
+  for (int64_t r = 0; weights != nullptr && r < rows; ++r) {
+    for (int64_t i = 0; i < inter; ++i) g[r * inter + i] = weights[r] * g[r * inter + i];
   }
   ToModelDtype(ctx, g.data(), rows * inter);
   return ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kModelDtype,
-                     {tokens, expert, weights});
+                     {tokens, expert, weights, show_unweighted ? u.data() : nullptr});
 }
 
 }  // namespace

@@ -28,6 +28,10 @@ struct LinearInput {
   // An expert's w2 only: the routing weight of each row (route_scale included). Official
   // semantics apply it before w2, so `x` already contains it (calibration_runtime.md §1.4).
   const float* routing_weights = nullptr;
+  // An expert's w2 only: the same rows without the routing weight (silu(min(g,limit)) *
+  // clamp(u, +-limit) in the model dtype), what the runtimes' fused MoE kernels quantize; same
+  // layout as `x`.
+  const float* unweighted_x = nullptr;
 };
 
 // The key/value entries one attention layer caches for all tokens: the sliding-window KV

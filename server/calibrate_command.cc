@@ -1,8 +1,10 @@
 #include "server/calibrate_command.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -33,6 +35,21 @@ int Fail(std::ostream& err, const absl::Status& status, int code) {
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The process's peak resident set so far, in KiB.
+int64_t PeakRssKib() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+// The process's resident set now, in KiB (0 when /proc is not readable).
+int64_t RssKib() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  if (!(statm >> pages >> resident)) return 0;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
 // The token ids of the spec's calibration samples, checked (or folded) against the model's
@@ -147,9 +164,9 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
     const double rate = static_cast<double>(tokens) * (layer + 1) / elapsed;
     err << absl::StrFormat(
         "layer %d of %d: %.0f tokens/s, ETA %.1f s (load %.3f s, forward %.3f s, record %.3f s, "
-        "spill %.3f s)\n",
+        "spill %.3f s; RSS %d KiB, peak %d KiB)\n",
         layer + 1, layers, rate, elapsed / (layer + 1) * (layers - layer - 1), timing.load,
-        timing.forward, timing.record, timing.spill);
+        timing.forward, timing.record, timing.spill, RssKib(), PeakRssKib());
   }
   const double seconds = SecondsSince(start);
   for (std::vector<calibration::BatchActivations>& batches : slices) {
@@ -169,14 +186,12 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
       return Fail(err, s, kFailure);
     }
   }
-  struct rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
   out << absl::StrFormat(
       "calibrated %d layers on %d tokens in %.2f s (%.0f layer-tokens/s, %.0f tokens/s through "
       "the model); %d modules, %d uncalibrated expert projections filled (%s); peak RSS %d KiB; "
       "wrote %s\n",
       layers, tokens, seconds, tokens * layers / seconds, tokens / seconds, amax->size(),
-      report.filled.size(), pipeline::UncalibratedFillName(cs.uncalibrated), usage.ru_maxrss,
+      report.filled.size(), pipeline::UncalibratedFillName(cs.uncalibrated), PeakRssKib(),
       amax_out);
   return 0;
 }

@@ -91,10 +91,6 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
     return Fail(err, absl::InvalidArgumentError("give --amax-out or calibration.amax_out"), kUsage);
   }
   if (args.slices < 1) return Fail(err, absl::InvalidArgumentError("--slices must be >= 1"), kUsage);
-  if (cs.calibrate_all_experts) {
-    return Fail(err, absl::UnimplementedError("calibration.calibrate_all_experts is not supported yet"),
-                kUsage);
-  }
   absl::StatusOr<std::unique_ptr<model::V4Checkpoint>> ckpt = model::OpenV4Checkpoint(spec->source);
   if (!ckpt.ok()) return Fail(err, ckpt.status(), kFailure);
   const model::V4Config& config = (*ckpt)->config;
@@ -143,6 +139,7 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
                          ? model::Numerics::kMath
                          : model::Numerics::kOfficial;
   options.spill_dir = args.spill_dir;
+  options.all_experts = cs.calibrate_all_experts;
   const auto start = std::chrono::steady_clock::now();
   const int64_t layers = config.num_hidden_layers;
   for (int64_t layer = 0; layer < layers; ++layer) {

@@ -50,7 +50,8 @@ void AmaxObserver::OnLinearInput(const model::LinearInput& in) {
     }
   }
   if (in.unweighted_x != nullptr) {
-    table_->RecordW2(module, amax, unweighted, in.rows);
+    // Rows without a routing weight (calibrate_all_experts) have no weighted input.
+    table_->RecordW2(module, in.routing_weights != nullptr ? amax : 0.0f, unweighted, in.rows);
   } else {
     table_->Record(module, amax, in.rows);
   }

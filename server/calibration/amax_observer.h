@@ -1,7 +1,8 @@
 // A model::Observer that records calibration amax into an AmaxTable while one decoder layer runs:
 // per linear (per routed expert and projection) max |x| of the input the forward shows (BF16
 // values in official numerics, before the FP8 activation simulation) and the rows that reached
-// it; for routed w2 the weighted and the unweighted input. It checks what the clamped SwiGLU
+// it; for routed w2 the weighted and the unweighted input (only the unweighted one for the rows
+// calibrate_all_experts adds, which carry no routing weight). It checks what the clamped SwiGLU
 // implies: an unweighted w2 input never exceeds limit·silu(limit) (10·silu(10) ≈ 99.9955 in
 // DeepSeek-V4), up to the model dtype's rounding. A violation, or a non-finite input, is kept as
 // the observer's status, naming the layer, module and expert; the caller checks it after the

@@ -108,6 +108,7 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
   AmaxObserver observer(&result.amax, layer, ckpt.config.swiglu_limit);
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, options.numerics, &observer));
+  ctx.observe_all_experts = options.all_experts;
   double run_seconds = 0.0;
   for (size_t i = 0; i < input.size(); ++i) {
     start = std::chrono::steady_clock::now();

@@ -46,6 +46,9 @@ struct SliceOptions {
   std::string slice;      // names the slice in the amax table: "layer 3 slice 0 of 2"
   int64_t slice_index = 0;  // names its spill files
   std::string spill_dir;  // "" keeps the output in host memory; else it is spilled here
+  // calibrate_all_experts: every routed expert's amax also covers the tokens not routed to it
+  // (ForwardContext::observe_all_experts); the output is unchanged.
+  bool all_experts = false;
 };
 
 // Wall time of one slice, in seconds.

@@ -76,6 +76,9 @@ struct CalibrationSpec {
   int64_t min_seq_len = 16;        // shorter samples are skipped
   int64_t seed = 0;                // picks the samples of each file
   bool add_bos = true;             // BOS before every text / chat sample
+  // Every routed expert's amax also covers the tokens not routed to it (w1/w3 input and the
+  // unweighted w2 input; the routed output is unchanged). Off by default: it inflates amax and
+  // multiplies the MoE work (calibration_runtime.md §3, §7.5).
   bool calibrate_all_experts = false;
   CalibrationMode mode = CalibrationMode::kData;
   W2Input w2_input = W2Input::kMax;

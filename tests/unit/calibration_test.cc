@@ -349,6 +349,36 @@ TEST_F(CalibrateLayerTest, SlicesAndSpillingGiveTheSameTableAndActivations) {
   }
 }
 
+TEST_F(CalibrateLayerTest, AllExpertsSeeEveryTokenAndLeaveTheOutputUnchanged) {
+  auto routed_in = EmbedSlice(*ckpt_, samples_, int64_t{1} << 40);
+  auto all_in = EmbedSlice(*ckpt_, samples_, int64_t{1} << 40);
+  ASSERT_TRUE(routed_in.ok() && all_in.ok());
+  SliceOptions options;
+  options.slice = "s";
+  auto routed = CalibrateLayerSlice(*ckpt_, 1, std::move(*routed_in), *device_, options);
+  options.all_experts = true;
+  auto all = CalibrateLayerSlice(*ckpt_, 1, std::move(*all_in), *device_, options);
+  ASSERT_TRUE(routed.ok() && all.ok()) << routed.status() << all.status();
+  ASSERT_EQ(routed->output.size(), all->output.size());
+  for (size_t i = 0; i < all->output.size(); ++i) {
+    EXPECT_EQ(routed->output[i].host.streams, all->output[i].host.streams) << "batch " << i;
+  }
+  const int64_t tokens = 3 * 40 + 3 * 24;
+  const float layer_input = all->amax.entries().at("layers.1.ffn.shared_experts.w1").amax;
+  for (int64_t e = 0; e < ckpt_->config.n_routed_experts; ++e) {
+    const std::string p = "layers.1.ffn.experts." + std::to_string(e);
+    const AmaxEntry& w1 = all->amax.entries().at(p + ".w1");
+    const AmaxEntry& w2 = all->amax.entries().at(p + ".w2");
+    const AmaxEntry& routed_w2 = routed->amax.entries().at(p + ".w2");
+    EXPECT_EQ(w1.tokens, tokens) << p;
+    EXPECT_EQ(w2.tokens, tokens) << p;
+    EXPECT_EQ(w1.amax, layer_input) << p;  // every token's ffn-normed input
+    // The weighted input comes from the routed rows only; the unweighted one from all.
+    EXPECT_EQ(w2.amax, routed_w2.amax) << p;
+    EXPECT_GE(w2.unweighted_amax, routed_w2.unweighted_amax) << p;
+  }
+}
+
 TEST_F(CalibrateLayerTest, ErrorsNameTheLayer) {
   auto batches = EmbedSlice(*ckpt_, {samples_[0]}, 1);
   ASSERT_TRUE(batches.ok());

@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "server/calibrate_command.h"
 #include "server/dataset_command.h"
 #include "server/fixture/fixture.h"
 #include "server/fixture/fixture_spec.h"
@@ -134,6 +135,7 @@ int main(int argc, char** argv) {
   quantd::AddServeCommand(app, rc);
   quantd::AddTokenizeCommand(app, rc);
   quantd::AddDatasetCommand(app, rc);
+  quantd::AddCalibrateCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -39,6 +39,7 @@
 #include "server/ops/serve_monitor.h"
 #include "server/ops/systemd_notify.h"
 #include "server/pipeline/job_spec.h"
+#include "server/pipeline/stage_registry.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
 #include "server/store/job_store.h"
@@ -475,6 +476,7 @@ int ServeMain(const ServeConfig& config) {
     }
     metrics = *std::move(served);
   }
+  metrics->DeclareStages(pipeline::BuiltinStages().kinds());
 
   store::StoreOpenOptions store_options;
   store_options.must_exist = !config.init && HoldsOtherStateFiles(state_dir);

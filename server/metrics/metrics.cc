@@ -30,7 +30,6 @@ constexpr int kExposerRequestTimeoutMs = 2000;
 // The fixed label sets whose series exist (at 0) from the start.
 const char* const kJobStates[] = {"PENDING",   "RUNNING", "PAUSED",
                                   "SUCCEEDED", "FAILED",  "CANCELLED"};
-const char* const kStages[] = {"inspect", "dequant", "calibrate", "quantize", "export", "verify"};
 const char* const kTaskStates[] = {"PENDING", "LEASED", "DONE", "FAILED"};
 const char* const kOutcomes[] = {"done", "failed", "retried", "interrupted"};
 
@@ -169,13 +168,6 @@ class PrometheusMetrics final : public Metrics {
     start_time_.Add({}).Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
     heartbeat_value_.Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
     for (const char* state : kJobStates) job_series_[state] = &jobs_.Add({{"state", state}});
-    for (const char* stage : kStages) {
-      for (const char* state : kTaskStates) {
-        task_series_[{stage, state}] = &tasks_.Add({{"stage", stage}, {"state", state}});
-      }
-      for (const char* outcome : kOutcomes) attempts_.Add({{"stage", stage}, {"outcome", outcome}});
-      stage_duration_.Add({{"stage", stage}}, StageBuckets());
-    }
   }
 
   // Starts the HTTP exposer on `listen` and records the address it bound.
@@ -214,6 +206,19 @@ class PrometheusMetrics final : public Metrics {
     }
     heartbeat_time_ = absl::Now();
     heartbeat_value_.Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
+  }
+
+  void DeclareStages(const std::vector<std::string>& kinds) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& stage : kinds) {
+      for (const char* state : kTaskStates) {
+        if (task_series_.count({stage, state}) == 0) {
+          task_series_[{stage, state}] = &tasks_.Add({{"stage", stage}, {"state", state}});
+        }
+      }
+      for (const char* outcome : kOutcomes) attempts_.Add({{"stage", stage}, {"outcome", outcome}});
+      stage_duration_.Add({{"stage", stage}}, StageBuckets());
+    }
   }
 
   void SetQueueDepth(int64_t pending) override {

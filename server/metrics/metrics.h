@@ -1,6 +1,7 @@
 // Metrics: the daemon's Prometheus metrics (prometheus-cpp), named and labelled by Prometheus
 // conventions: `quantd_` prefix, `_total` counters, `_seconds` and `_bytes` units, and label values
 // from small fixed sets (states, stage kinds, device names, status-code names), never job ids.
+// Stage kinds come from the stage registry (pipeline/stage_registry.h) through DeclareStages.
 //
 //   quantd_build_info{version,cuda}                         gauge, always 1
 //   quantd_process_start_time_seconds                       gauge: Unix time the daemon started
@@ -33,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -49,6 +51,9 @@ class Metrics {
                                                         const std::string& version, bool cuda);
   virtual ~Metrics() = default;
 
+  // Creates the series of each stage kind at 0 (tasks by state, attempts by outcome, durations),
+  // so that they exist before the stage's first task.
+  virtual void DeclareStages(const std::vector<std::string>& kinds) = 0;
   // Replaces the per-state job counts (states missing from `by_state` read 0). The scheduler calls
   // it from its loop every second, so the time of the last call is the scheduler's heartbeat.
   virtual void SetJobCounts(const std::map<std::string, int64_t>& by_state) = 0;

@@ -25,6 +25,7 @@ absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const
     input.ld = in;
     input.tokens = facts.tokens;
     input.routing_weights = facts.routing_weights;
+    input.unweighted_x = facts.unweighted;
     ctx.observer->OnLinearInput(input);
   }
   kernels::DenseTensor xt{x, kernels::FloatType::kF32, rows, in};

@@ -20,6 +20,9 @@ struct ForwardContext {
   kernels::Gemm* gemm = nullptr;  // the device's matrix products
   Numerics numerics = Numerics::kOfficial;
   Observer* observer = nullptr;  // may be nullptr
+  // Calibration only (calibrate_all_experts): the observer also sees every routed expert's
+  // w1/w3/w2 inputs for the tokens not routed to it (w2: unweighted only); outputs unchanged.
+  bool observe_all_experts = false;
 };
 
 // Optional facts about the rows of one linear call, passed on to the observer.
@@ -27,6 +30,7 @@ struct LinearRows {
   const int64_t* tokens = nullptr;         // LinearInput::tokens
   int expert = -1;                         // LinearInput::expert
   const float* routing_weights = nullptr;  // LinearInput::routing_weights
+  const float* unweighted = nullptr;       // LinearInput::unweighted_x
 };
 
 enum class LinearOutput {

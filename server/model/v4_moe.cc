@@ -32,14 +32,67 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
   RETURN_IF_ERROR(ApplyLinear(ctx, e.w3, x, rows, u.data(), LinearOutput::kModelDtype, facts));
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {
-      float a = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
-      if (weights != nullptr) a = weights[r] * a;
-      g[r * inter + i] = a;
+      g[r * inter + i] = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
     }
+  }
+  // The observer also sees the unweighted input of a routed w2 (u holds it, model dtype).
+  const bool show_unweighted = weights != nullptr && ctx.observer != nullptr;
+  if (show_unweighted) {
+    std::copy(g.begin(), g.end(), u.begin());
+    ToModelDtype(ctx, u.data(), rows * inter);
+  }
+  for (int64_t r = 0; weights != nullptr && r < rows; ++r) {
+    for (int64_t i = 0; i < inter; ++i) g[r * inter + i] = weights[r] * g[r * inter + i];
   }
   ToModelDtype(ctx, g.data(), rows * inter);
   return ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kModelDtype,
-                     {tokens, expert, weights});
+                     {tokens, expert, weights, show_unweighted ? u.data() : nullptr});
+}
+
+// calibrate_all_experts: shows the observer each routed expert's inputs for the tokens that
+// were not routed to it (`routed[e]`, ascending), w2's without a routing weight. Nothing else
+// changes.
+absl::Status ObserveUnroutedRows(const ForwardContext& ctx, const V4Config& config,
+                                 const MoeWeights& w, const float* x, int64_t tokens,
+                                 const std::vector<std::vector<int64_t>>& routed) {
+  const int64_t d = config.hidden_size;
+  std::vector<int64_t> others;
+  std::vector<float> xe, g, u;
+  for (size_t e = 0; e < w.experts.size(); ++e) {
+    others.clear();
+    size_t k = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (k < routed[e].size() && routed[e][k] == t) {
+        ++k;
+      } else {
+        others.push_back(t);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(others.size());
+    if (n == 0) continue;
+    const ExpertWeights& ew = w.experts[e];
+    const int64_t inter = ew.w1.out_features();
+    xe.resize(static_cast<size_t>(n * d));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x + others[i] * d, d, xe.data() + i * d);
+    g.resize(static_cast<size_t>(n * inter));
+    u.resize(g.size());
+    const LinearRows facts{others.data(), static_cast<int>(e), nullptr};
+    RETURN_IF_ERROR(ApplyLinear(ctx, ew.w1, xe.data(), n, g.data(), LinearOutput::kModelDtype, facts));
+    RETURN_IF_ERROR(ApplyLinear(ctx, ew.w3, xe.data(), n, u.data(), LinearOutput::kModelDtype, facts));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = ClampedSwiglu(g[i], u[i], config.swiglu_limit);
+    ToModelDtype(ctx, g.data(), n * inter);
+    LinearInput input;
+    input.module = &ew.w2.module;
+    input.expert = static_cast<int>(e);
+    input.x = g.data();
+    input.rows = n;
+    input.cols = inter;
+    input.ld = inter;
+    input.tokens = others.data();
+    input.unweighted_x = g.data();
+    ctx.observer->OnLinearInput(input);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -148,6 +201,9 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
       float* dst = sum.data() + rows[e][i] * d;
       for (int64_t c = 0; c < d; ++c) dst[c] += out[i * d + c];
     }
+  }
+  if (ctx.observer != nullptr && ctx.observe_all_experts) {
+    RETURN_IF_ERROR(ObserveUnroutedRows(ctx, config, w, x, tokens, rows));
   }
   RETURN_IF_ERROR(ExpertForward(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, y));
   for (int64_t i = 0; i < tokens * d; ++i) y[i] = sum[i] + y[i];

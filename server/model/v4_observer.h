@@ -27,7 +27,13 @@ struct LinearInput {
   const int64_t* tokens = nullptr;
   // An expert's w2 only: the routing weight of each row (route_scale included). Official
   // semantics apply it before w2, so `x` already contains it (calibration_runtime.md §1.4).
+  // nullptr for the rows ForwardContext::observe_all_experts adds (tokens not routed to the
+  // expert, which have no weight: then `x` == `unweighted_x`).
   const float* routing_weights = nullptr;
+  // An expert's w2 only: the same rows without the routing weight (silu(min(g,limit)) *
+  // clamp(u, +-limit) in the model dtype), what the runtimes' fused MoE kernels quantize; same
+  // layout as `x`.
+  const float* unweighted_x = nullptr;
 };
 
 // The key/value entries one attention layer caches for all tokens: the sliding-window KV

@@ -17,6 +17,11 @@ constexpr const char* kWeightFormatNames[] = {"nvfp4", "w4a16_nvfp4"};
 constexpr const char* kExpertCastNames[] = {"lossless", "requantize"};
 constexpr const char* kExportFormatNames[] = {"modelopt", "compressed-tensors"};
 constexpr const char* kKvCacheNames[] = {"none", "fp8_cast", "fp8"};
+constexpr const char* kCalibrationModeNames[] = {"data", "constant"};
+constexpr const char* kW2InputNames[] = {"unweighted", "weighted", "max"};
+constexpr const char* kExpertAmaxNames[] = {"per_expert", "layer_max"};
+constexpr const char* kUncalibratedNames[] = {"layer_max", "model_max"};
+constexpr const char* kCalibrationNumericsNames[] = {"official", "math"};
 
 // Reads the fields of one JSON object, naming the field in every error, and rejects keys that
 // nobody read.
@@ -195,6 +200,17 @@ const char* WeightFormatName(WeightFormat f) { return kWeightFormatNames[static_
 const char* ExpertCastName(ExpertCast c) { return kExpertCastNames[static_cast<int>(c)]; }
 const char* ExportFormatName(ExportFormat f) { return kExportFormatNames[static_cast<int>(f)]; }
 const char* KvCacheName(KvCache k) { return kKvCacheNames[static_cast<int>(k)]; }
+const char* CalibrationModeName(CalibrationMode m) {
+  return kCalibrationModeNames[static_cast<int>(m)];
+}
+const char* W2InputName(W2Input w) { return kW2InputNames[static_cast<int>(w)]; }
+const char* ExpertAmaxName(ExpertAmax e) { return kExpertAmaxNames[static_cast<int>(e)]; }
+const char* UncalibratedFillName(UncalibratedFill u) {
+  return kUncalibratedNames[static_cast<int>(u)];
+}
+const char* CalibrationNumericsName(CalibrationNumerics n) {
+  return kCalibrationNumericsNames[static_cast<int>(n)];
+}
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin) {
   if (json_text.size() > kMaxJobSpecBytes) {
@@ -240,6 +256,13 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
     QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("seed", &spec.calibration.seed));
     QUANTD_RETURN_IF_ERROR(c.Bool("add_bos", &spec.calibration.add_bos));
     QUANTD_RETURN_IF_ERROR(c.Bool("calibrate_all_experts", &spec.calibration.calibrate_all_experts));
+    CalibrationSpec& cs = spec.calibration;
+    QUANTD_RETURN_IF_ERROR(c.Enumerated("mode", kCalibrationModeNames, 2, &cs.mode));
+    QUANTD_RETURN_IF_ERROR(c.Enumerated("w2_input", kW2InputNames, 3, &cs.w2_input));
+    QUANTD_RETURN_IF_ERROR(c.Enumerated("expert_amax", kExpertAmaxNames, 2, &cs.expert_amax));
+    QUANTD_RETURN_IF_ERROR(c.Enumerated("uncalibrated", kUncalibratedNames, 2, &cs.uncalibrated));
+    QUANTD_RETURN_IF_ERROR(c.Enumerated("numerics", kCalibrationNumericsNames, 2, &cs.numerics));
+    QUANTD_RETURN_IF_ERROR(c.String("amax_out", false, &cs.amax_out));
     QUANTD_RETURN_IF_ERROR(c.RejectUnknown());
     if (spec.calibration.seq_len == 0) return c.Error("seq_len", "must be at least 1");
     if (spec.calibration.min_seq_len > spec.calibration.seq_len) {
@@ -278,7 +301,13 @@ std::string JobSpecToJson(const JobSpec& spec) {
                       {"min_seq_len", spec.calibration.min_seq_len},
                       {"seed", spec.calibration.seed},
                       {"add_bos", spec.calibration.add_bos},
-                      {"calibrate_all_experts", spec.calibration.calibrate_all_experts}};
+                      {"calibrate_all_experts", spec.calibration.calibrate_all_experts},
+                      {"mode", CalibrationModeName(spec.calibration.mode)},
+                      {"w2_input", W2InputName(spec.calibration.w2_input)},
+                      {"expert_amax", ExpertAmaxName(spec.calibration.expert_amax)},
+                      {"uncalibrated", UncalibratedFillName(spec.calibration.uncalibrated)},
+                      {"numerics", CalibrationNumericsName(spec.calibration.numerics)},
+                      {"amax_out", spec.calibration.amax_out}};
   if (!spec.calibration.datasets.empty()) {
     json datasets = json::array();
     for (const CalibrationDataset& d : spec.calibration.datasets) {

@@ -14,7 +14,14 @@
 //                    "datasets": [{"path": JSONL, "samples": N}...],  calibration text (see
 //                    "dataset": JSONL, "num_samples": N,                pipeline/calibration_data.h)
 //                    "seq_len": N, "min_seq_len": N, "seed": N,        default 512, 16, 0
-//                    "add_bos": BOOL, "calibrate_all_experts": BOOL},  default true, false
+//                    "add_bos": BOOL, "calibrate_all_experts": BOOL,   default true, false
+//                    "mode": "data"|"constant",                        default "data"
+//                    "w2_input": "unweighted"|"weighted"|"max",        default "max"
+//                    "expert_amax": "per_expert"|"layer_max",          default "per_expert"
+//                    "uncalibrated": "layer_max"|"model_max",          default "layer_max"
+//                    "numerics": "official"|"math",                    default "official"
+//                    "amax_out": PATH},                                 optional
+//      (calibration options: see CalibrationSpec)
 //    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
 //    "host_memory_bytes": N,                              default: no budget beyond the plan's
 //    "overwrite": BOOL}                                   default false: see output_marker.h
@@ -41,6 +48,23 @@ enum class ExpertCast { kLossless, kRequantize };
 enum class ExportFormat { kModelOpt, kCompressedTensors };
 enum class KvCache { kNone, kFp8Cast, kFp8 };
 
+// calibration.mode: "data" measures amax on the calibration samples; "constant" writes
+// input_scale = 1.0 (amax 2688) for every module with no forward pass (ModelOpt's constant_amax).
+enum class CalibrationMode { kData, kConstant };
+// calibration.w2_input: which input of a routed expert's w2 its amax comes from: "unweighted"
+// (what vLLM / SGLang / TensorRT-LLM quantize: they apply the routing weight after w2),
+// "weighted" (the official code and NVIDIA's V4 recipe) or "max" of the two (safe either way).
+enum class W2Input { kUnweighted, kWeighted, kMax };
+// calibration.expert_amax: "per_expert" keeps each routed expert's own amax; "layer_max" writes
+// each layer's max (per projection) into every expert (what FlashInfer / TensorRT-LLM use anyway).
+enum class ExpertAmax { kPerExpert, kLayerMax };
+// calibration.uncalibrated: an expert no calibration token reached takes the max of the same
+// projection over its layer's experts ("layer_max") or over every layer's ("model_max", NVIDIA).
+enum class UncalibratedFill { kLayerMax, kModelMax };
+// calibration.numerics: the forward's rounding (model/v4_numerics.h): "official" (DeepSeek's
+// inference code) or "math" (fp32 throughout, as transformers in fp32).
+enum class CalibrationNumerics { kOfficial, kMath };
+
 // One JSONL file of calibration samples.
 struct CalibrationDataset {
   std::string path;
@@ -56,7 +80,18 @@ struct CalibrationSpec {
   int64_t min_seq_len = 16;        // shorter samples are skipped
   int64_t seed = 0;                // picks the samples of each file
   bool add_bos = true;             // BOS before every text / chat sample
+  // Every routed expert's amax also covers the tokens not routed to it (w1/w3 input and the
+  // unweighted w2 input; the routed output is unchanged). Off by default: it inflates amax and
+  // multiplies the MoE work (calibration_runtime.md §3, §7.5).
   bool calibrate_all_experts = false;
+  CalibrationMode mode = CalibrationMode::kData;
+  W2Input w2_input = W2Input::kMax;
+  ExpertAmax expert_amax = ExpertAmax::kPerExpert;
+  UncalibratedFill uncalibrated = UncalibratedFill::kLayerMax;
+  CalibrationNumerics numerics = CalibrationNumerics::kOfficial;
+  // Where to write the measured table in the amax_file format (module -> amax for every linear
+  // observed, plus "<module>.unweighted" / "<module>.weighted" for routed w2); "" = nowhere.
+  std::string amax_out;
 };
 
 struct JobSpec {
@@ -93,6 +128,11 @@ const char* WeightFormatName(WeightFormat f);
 const char* ExpertCastName(ExpertCast c);
 const char* ExportFormatName(ExportFormat f);
 const char* KvCacheName(KvCache k);
+const char* CalibrationModeName(CalibrationMode m);
+const char* W2InputName(W2Input w);
+const char* ExpertAmaxName(ExpertAmax e);
+const char* UncalibratedFillName(UncalibratedFill u);
+const char* CalibrationNumericsName(CalibrationNumerics n);
 
 }  // namespace quantd::pipeline
 

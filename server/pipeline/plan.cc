@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/pipeline/export_layout.h"
+#include "server/pipeline/stage.h"
+#include "server/pipeline/stage_registry.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -51,6 +53,10 @@ bool Quantizable(TensorFormat f) {
 }
 
 }  // namespace
+
+std::string ShardLabel(size_t index, size_t count) {
+  return absl::StrCat("shard ", index + 1, " of ", count);
+}
 
 std::string ToJson(const DequantTask& t) { return json{{"shard", t.shard}}.dump(); }
 
@@ -129,6 +135,11 @@ absl::StatusOr<Recipe> RecipeForSpec(const JobSpec& spec, const TensorInventory&
 
 absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const TensorInventory& inventory) {
+  return BuildPlan(spec, source, inventory, BuiltinStages());
+}
+
+absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
+                               const TensorInventory& inventory, const StageRegistry& stages) {
   absl::StatusOr<Recipe> recipe = RecipeForSpec(spec, inventory);
   if (!recipe.ok()) return recipe.status();
   absl::StatusOr<RecipePlan> selected = PlanRecipe(inventory, *recipe);
@@ -212,13 +223,16 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
   }
   for (auto& [shard, groups] : shard_groups) shards[shard].fusion_groups = groups;
 
-  store::StagePlan inspect{"inspect", {{"inspect", "{}", 0}}};
-  plan.stages.push_back(inspect);
+  PlanInput input;
+  input.spec = &spec;
+  input.source = &source;
+  input.inventory = &inventory;
+  for (auto& [shard, task] : shards) {
+    input.output_shards.push_back({std::move(task), shard_source_bytes[shard]});
+  }
+  for (const TensorInfo& t : inventory.tensors) input.source_shards[t.shard] += t.bytes;
   if (!spec.materialize_bf16.empty()) {
-    store::StagePlan dequant{"dequant", {}};
-    std::map<std::string, uint64_t> shard_bytes;
     for (const TensorInfo& t : inventory.tensors) {
-      shard_bytes[t.shard] += t.bytes;
       if (t.format == TensorFormat::kScale) continue;
       if (IsBlockQuantizedFormat(t.format)) {
         plan.bf16_bytes += Bf16Bytes(*linears.at(t.module));
@@ -226,21 +240,13 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
         plan.bf16_bytes += t.bytes;
       }
     }
-    for (const auto& [shard, bytes] : shard_bytes) {
-      dequant.tasks.push_back({shard, ToJson(DequantTask{shard}), static_cast<int64_t>(bytes)});
-    }
-    plan.stages.push_back(std::move(dequant));
   }
-  store::StagePlan quantize{"quantize", {}};
-  store::StagePlan verify{"verify", {}};
-  for (const auto& [shard, task] : shards) {
-    const int64_t bytes = static_cast<int64_t>(shard_source_bytes[shard]);
-    quantize.tasks.push_back({shard, ToJson(task), bytes});
-    verify.tasks.push_back({shard, ToJson(task), bytes});
+  for (const std::unique_ptr<Stage>& stage : stages.stages()) {
+    absl::StatusOr<std::vector<store::TaskPlan>> tasks = stage->Plan(input);
+    if (!tasks.ok()) return tasks.status();
+    if (tasks->empty()) continue;
+    plan.stages.push_back({std::string(stage->kind()), std::move(*tasks)});
   }
-  plan.stages.push_back(std::move(quantize));
-  plan.stages.push_back({"export", {{"export", "{}", 0}}});
-  plan.stages.push_back(std::move(verify));
   return plan;
 }
 

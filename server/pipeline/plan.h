@@ -1,12 +1,19 @@
 // The plan of a conversion job: its stages and, for each, the tasks (units of work) with the
-// payload a stage needs to run one. Built once when a job starts, from the job spec and the
-// source checkpoint's headers, and stored in the JobStore; tasks are then leased one by one.
+// payload a stage needs to run one and the tasks it waits for. Built once when a job starts, from
+// the job spec and the source checkpoint's headers: BuildPlan lays out the output shards
+// (PlanInput), then every stage of the registry plans its tasks from that (stage.h); the plan is
+// stored in the JobStore and tasks are leased once their dependencies are done. The built-in
+// stages (stage_registry.cc), in display order, and what their tasks wait for:
 //
 //   inspect   1 task      re-reads the source headers and checks disk space before any write
-//   dequant   1 / shard   (materialize_bf16 only) source shard -> BF16 shard of the same name
-//   quantize  1 / shard   output shard: tensors copied unchanged + modules written as NVFP4
-//   export    1 task      index.json, config.json, hf_quant_config.json, tokenizer files
-//   verify    1 / shard   re-reads an output shard: export rules and error statistics
+//   dequant   1 / shard   (materialize_bf16 only) source shard -> BF16 shard of the same name;
+//                         after inspect
+//   quantize  1 / shard   output shard: tensors copied unchanged + modules written as NVFP4;
+//                         after inspect (not after the BF16 copy)
+//   export    1 task      index.json, config.json, hf_quant_config.json, tokenizer files; after
+//                         every quantize and dequant task
+//   verify    1 / shard   re-reads an output shard: export rules and error statistics; after the
+//                         quantize task of its shard and export
 //
 // Output shards mirror the source shards, except that a fusion group (modules that must share
 // weight_scale_2 and input_scale) is always written whole into the shard of its first member.
@@ -61,6 +68,24 @@ struct OutputTensor {
 std::vector<OutputTensor> Nvfp4ModuleTensors(const JobSpec& spec, const std::string& module,
                                              int64_t out_features, int64_t in_features);
 
+// One output shard as the recipe lays it out.
+struct OutputShard {
+  ShardTask task;             // what the shard holds
+  uint64_t source_bytes = 0;  // bytes of the source tensors it is made from
+};
+
+// What the stages plan from (Stage::Plan).
+struct PlanInput {
+  const JobSpec* spec = nullptr;
+  const checkpoint::CheckpointDir* source = nullptr;
+  const TensorInventory* inventory = nullptr;
+  std::vector<OutputShard> output_shards;           // in file-name order
+  std::map<std::string, uint64_t> source_shards;    // source shard file -> bytes of its tensors
+};
+
+// "shard 3 of 12" for the task at `index` (from 0) of `count`.
+std::string ShardLabel(size_t index, size_t count);
+
 struct Plan {
   std::vector<store::StagePlan> stages;
   uint64_t source_bytes = 0;  // bytes of all source shards' tensors
@@ -72,8 +97,14 @@ struct Plan {
 // The recipe the spec names (built-in or include/exclude globs), plus the spec's exclusions.
 absl::StatusOr<Recipe> RecipeForSpec(const JobSpec& spec, const TensorInventory& inventory);
 
-// Builds the plan. Fails with a clear message when the recipe selects nothing, or a selected
-// module's format cannot be quantized (only FP8-block, MXFP4, BF16 and F32 weights can).
+class StageRegistry;  // stage_registry.h
+
+// Builds the plan with the stages of `stages`, in their order. Fails with a clear message when the
+// recipe selects nothing, or a selected module's format cannot be quantized (only FP8-block,
+// MXFP4, BF16 and F32 weights can).
+absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
+                               const TensorInventory& inventory, const StageRegistry& stages);
+// The same with the built-in stages (BuiltinStages()).
 absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const TensorInventory& inventory);
 

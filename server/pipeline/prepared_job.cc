@@ -13,29 +13,10 @@
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
-#include "server/pipeline/stages/dequant_stage.h"
-#include "server/pipeline/stages/export_stage.h"
-#include "server/pipeline/stages/quantize_stage.h"
-#include "server/pipeline/stages/verify_stage.h"
+#include "server/checkpoint/sha256.h"
 
 namespace quantd::pipeline {
 namespace {
-
-// The inspect task: re-reads the source headers, checks that they still give the stored plan and
-// that the output fits on disk.
-absl::StatusOr<TaskOutput> RunInspectTask(const JobSpec& spec,
-                                          const std::vector<store::TaskRow>& stored) {
-  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointDir>> source =
-      checkpoint::CheckpointDir::Open(spec.source);
-  if (!source.ok()) return source.status();
-  absl::StatusOr<TensorInventory> inventory = BuildInventory(**source);
-  if (!inventory.ok()) return inventory.status();
-  absl::StatusOr<Plan> plan = BuildPlan(spec, **source, *inventory);
-  if (!plan.ok()) return plan.status();
-  if (absl::Status s = CheckPlanUnchanged(*plan, stored); !s.ok()) return s;
-  if (absl::Status s = CheckDiskSpace(spec, *plan); !s.ok()) return s;
-  return TaskOutput{};
-}
 
 // Removes the *.tmp files directly inside `dir` (left by interrupted tasks), except the foreign
 // ones. Returns how many.
@@ -86,8 +67,9 @@ absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const ch
 
 absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Prepare(
     store::JobStore& store, int64_t job_id, const JobSpec& spec, int64_t now_ms,
-    const std::function<void(const std::string&)>& log) {
+    const std::function<void(const std::string&)>& log, const StageRegistry& stages) {
   std::unique_ptr<PreparedJob> job(new PreparedJob());
+  job->stages_ = &stages;
   job->spec_ = spec;
   absl::StatusOr<std::unique_ptr<checkpoint::CheckpointDir>> source =
       checkpoint::CheckpointDir::Open(spec.source);
@@ -96,16 +78,28 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Prepare(
   absl::StatusOr<TensorInventory> inventory = BuildInventory(*job->source_);
   if (!inventory.ok()) return inventory.status();
   job->inventory_ = std::move(*inventory);
-  absl::StatusOr<Plan> plan = BuildPlan(spec, *job->source_, job->inventory_);
+  absl::StatusOr<Plan> plan = BuildPlan(spec, *job->source_, job->inventory_, stages);
   if (!plan.ok()) return plan.status();
   job->plan_ = std::move(*plan);
   if (!store.HasPlan(job_id)) {
     if (absl::Status s = job->PlanJob(store, job_id, now_ms, log); !s.ok()) return s;
   }
-  absl::StatusOr<std::vector<store::TaskRow>> tasks = store.ListTasks(job_id);
-  if (!tasks.ok()) return tasks.status();
-  job->stored_tasks_ = std::move(*tasks);
-  if (absl::Status s = CheckPlanUnchanged(job->plan_, job->stored_tasks_); !s.ok()) return s;
+  ASSIGN_OR_RETURN(job->stored_tasks_, store.ListTasks(job_id));
+  RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_tasks_));
+  ASSIGN_OR_RETURN(const auto changed, FindChangedOutputs(job->stored_tasks_));
+  if (!changed.empty()) {
+    std::vector<int64_t> ids;
+    for (const auto& [id, reason] : changed) {
+      ids.push_back(id);
+      if (log) log(reason);
+    }
+    const std::string reason = changed.size() == 1
+                                   ? changed.front().second
+                                   : absl::StrCat(changed.size(), " task outputs are gone or changed");
+    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, ids, reason, now_ms));
+    if (log) log(absl::StrCat("requeued ", requeued, " done task(s) to rebuild their output"));
+    ASSIGN_OR_RETURN(job->stored_tasks_, store.ListTasks(job_id));
+  }
   absl::StatusOr<std::vector<store::AmaxRow>> amax = store.ListAmax(job_id);
   if (!amax.ok()) return amax.status();
   for (const store::AmaxRow& row : *amax) {
@@ -173,31 +167,38 @@ absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t job_id, int64_
 }
 
 absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
-                                                kernels::Backend* backend,
+                                                compute::Device& device,
                                                 const std::atomic<bool>* cancelled,
                                                 std::function<void(uint64_t)> add_progress) const {
+  const Stage* stage = stages_->Find(task.stage_kind);
+  if (stage == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("this quantd cannot run ", task.stage_kind, " tasks"));
+  }
   StageContext ctx;
   ctx.spec = &spec_;
   ctx.source = source_.get();
   ctx.inventory = &inventory_;
-  ctx.backend = backend;
+  ctx.plan = &plan_;
+  ctx.stored_tasks = &stored_tasks_;
+  ctx.backend = &device.backend();
   ctx.input_amax = &input_amax_;
   ctx.cancelled = cancelled;
   ctx.add_progress = std::move(add_progress);
-  const std::string& kind = task.stage_kind;
-  if (kind == "inspect") return RunInspectTask(spec_, stored_tasks_);
-  if (kind == "export") return RunExportTask(ctx, plan_);
-  if (kind == "dequant") {
-    absl::StatusOr<DequantTask> payload = ParseDequantTask(task.payload_json);
-    if (!payload.ok()) return payload.status();
-    return RunDequantTask(ctx, *payload);
+  return stage->Run(task, device, ctx);
+}
+
+absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::TaskLease& lease,
+                                       const store::TaskRow& task, const TaskOutput& output,
+                                       int64_t now_ms) const {
+  const Stage* stage = stages_->Find(task.stage_kind);
+  if (stage == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("this quantd cannot record ", task.stage_kind, " tasks"));
   }
-  if (kind == "quantize" || kind == "verify") {
-    absl::StatusOr<ShardTask> payload = ParseShardTask(task.payload_json);
-    if (!payload.ok()) return payload.status();
-    return kind == "quantize" ? RunQuantizeTask(ctx, *payload) : RunVerifyTask(ctx, *payload);
-  }
-  return absl::UnimplementedError(absl::StrCat("this quantd cannot run ", kind, " tasks"));
+  return store.CompleteTask(
+      lease, output.path, static_cast<int64_t>(output.bytes), output.sha256, now_ms,
+      [&](store::TaskRecord& txn) { return stage->Record(txn, task, output); });
 }
 
 absl::StatusOr<int> PreparedJob::SweepTmpFiles() const {
@@ -236,6 +237,12 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path
   int64_t entry = 0;
   for (const auto& [module, value] : j.items()) {
     ++entry;
+    // `quantd calibrate` also writes a routed w2's two measurements, "<w2>.unweighted" and
+    // "<w2>.weighted", next to the exported "<w2>" (calibration/export_amax.h): not modules.
+    if (absl::EndsWith(module, ".unweighted") || absl::EndsWith(module, ".weighted")) {
+      const std::string base = module.substr(0, module.rfind('.'));
+      if (modules.count(base) != 0 && j.contains(base)) continue;
+    }
     if (modules.count(module) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": the key of entry ", entry, " (", module.size(),
@@ -249,6 +256,33 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path
     rows.push_back(store::AmaxRow{module, "input", static_cast<float>(v), 0});
   }
   return rows;
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
+    const std::vector<store::TaskRow>& tasks) {
+  std::vector<std::pair<int64_t, std::string>> changed;
+  for (const store::TaskRow& t : tasks) {
+    if (t.state != store::TaskState::kDone || t.output_path.empty()) continue;
+    const std::string what = absl::StrCat(t.stage_kind, " ", t.name, ": output ", t.output_path);
+    std::error_code ec;
+    const std::filesystem::file_status st = std::filesystem::status(t.output_path, ec);
+    if (std::filesystem::is_directory(st)) continue;
+    if (!std::filesystem::exists(st)) {
+      changed.emplace_back(t.id, absl::StrCat(what, " is gone"));
+      continue;
+    }
+    const uintmax_t size = std::filesystem::file_size(t.output_path, ec);
+    if (ec || !t.output_bytes.has_value() || size != static_cast<uintmax_t>(*t.output_bytes)) {
+      changed.emplace_back(t.id, absl::StrCat(what, " has ", ec ? 0 : size, " bytes, recorded ",
+                                              t.output_bytes.value_or(0)));
+      continue;
+    }
+    ASSIGN_OR_RETURN(const std::string sha256, checkpoint::Sha256File(t.output_path));
+    if (sha256 != t.output_sha256) {
+      changed.emplace_back(t.id, absl::StrCat(what, " no longer has the recorded SHA-256"));
+    }
+  }
+  return changed;
 }
 
 absl::Status CheckPlanUnchanged(const Plan& plan, const std::vector<store::TaskRow>& stored) {

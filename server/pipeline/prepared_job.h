@@ -5,7 +5,11 @@
 // The first start plans the job: it builds inventory and plan, loads calibration.amax_file into
 // the amax table (the file is read only then), checks free disk space and stores the plan. Later
 // starts rebuild the plan from the source and refuse to continue when it differs from the stored
-// one (the source changed).
+// one (the source changed), and requeue every DONE task whose output file is gone or no longer
+// has the recorded size and SHA-256 (with the done tasks that depend on it), so it is rebuilt.
+//
+// Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
+// completed with that stage's Record in the same transaction (CompleteTask).
 #ifndef QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
 #define QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
 
@@ -17,16 +21,18 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
 #include "server/pipeline/output_marker.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
+#include "server/pipeline/stage_registry.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
@@ -41,19 +47,29 @@ std::optional<int64_t> RetryDelayMs(absl::StatusCode code, int attempt);
 
 class PreparedJob {
  public:
-  // Opens the source and plans the job (first start) or checks its stored plan (later starts);
-  // claims the output directories (OutputMarker: created when absent, refused when they hold
-  // files quantd did not write and the job would replace one of them). `log` receives the planning summary. Errors name the file,
-  // tensor or field; the caller fails the job with them.
+  // Opens the source and plans the job with `stages` (first start) or checks its stored plan and
+  // the outputs of its done tasks (later starts); claims the output directories (OutputMarker:
+  // created when absent, refused when they hold files quantd did not write and the job would
+  // replace one of them). `log` receives the planning summary and requeued outputs. Errors name
+  // the file, tensor or field; the caller fails the job with them. `stages` must outlive the
+  // PreparedJob.
   static absl::StatusOr<std::unique_ptr<PreparedJob>> Prepare(
       store::JobStore& store, int64_t job_id, const JobSpec& spec, int64_t now_ms,
-      const std::function<void(const std::string&)>& log);
+      const std::function<void(const std::string&)>& log,
+      const StageRegistry& stages = BuiltinStages());
 
-  // Runs one task of the job on `backend`. `add_progress` receives processed source bytes
-  // (thread-safe); the task stops with Cancelled between tensors once `cancelled` is true.
-  absl::StatusOr<TaskOutput> RunTask(const store::TaskRow& task, kernels::Backend* backend,
+  // Runs one task of the job on `device` with the stage of its kind. `add_progress` receives
+  // processed source bytes (thread-safe); the task stops with Cancelled between tensors once
+  // `cancelled` is true. Unimplemented for a kind the registry does not know.
+  absl::StatusOr<TaskOutput> RunTask(const store::TaskRow& task, compute::Device& device,
                                      const std::atomic<bool>* cancelled,
                                      std::function<void(uint64_t)> add_progress) const;
+
+  // Marks the leased task DONE with `output` and its stage's Record, in one transaction
+  // (store::JobStore::CompleteTask).
+  absl::Status CompleteTask(store::JobStore& store, const store::TaskLease& lease,
+                            const store::TaskRow& task, const TaskOutput& output,
+                            int64_t now_ms) const;
 
   // Removes the *.tmp files interrupted tasks left directly in the output directories, passing
   // over those that were there before quantd claimed the directory. Returns how many.
@@ -67,6 +83,7 @@ class PreparedJob {
   absl::Status PlanJob(store::JobStore& store, int64_t job_id, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
 
+  const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
   JobSpec spec_;                                       // the job's spec
   std::unique_ptr<checkpoint::CheckpointDir> source_;  // the source checkpoint, opened once
   TensorInventory inventory_;                          // of source_
@@ -84,6 +101,12 @@ inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;
 // module, but never quote a key that is not a module name, nor a value.
 absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path,
                                                          const TensorInventory& inventory);
+
+// The DONE tasks among `tasks` whose output file is missing, or whose size or SHA-256 differs
+// from the recorded ones, with the reason for each (one line). Tasks whose output is a directory
+// (export) or nothing are not checked here: they are redone when a task they depend on is.
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
+    const std::vector<store::TaskRow>& tasks);
 
 // OK when `plan` has exactly the stages and tasks (names, payloads, bytes) stored for the job;
 // otherwise names the first difference (the source changed since the job was planned).

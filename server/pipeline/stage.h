@@ -1,15 +1,17 @@
-// What a stage needs to run one task, and what a task produces.
+// Stage: one kind of work of a conversion job (inspect, quantize, verify, ...), as a type. A stage
+// plans its tasks from the job and its source, runs one task on a device, and records what a task
+// produced in the transaction that marks the task done. The stages a job can have are listed once,
+// in stage_registry.cc; adding a stage is one file under stages/ plus one line there.
 //
-// Each stage is a free function over its task payload (plan.h), in its own file under stages/.
-// Stages never touch the JobStore: the runner leases tasks, runs them (possibly several at once on
-// worker threads) and records their TaskOutput. A stage writes only `<file>.tmp` and renames it
-// into place when complete (checkpoint/atomic_file.h, SafetensorsWriter), so re-running an
-// interrupted task is harmless.
+// Stages never hold the JobStore: the scheduler leases a task once its dependencies are done, runs
+// it (several at once on worker threads, so Run must be thread-safe) and completes it with the
+// stage's Record. A stage writes only `<file>.tmp` and renames it into place when complete
+// (checkpoint/atomic_file.h, SafetensorsWriter), so re-running an interrupted task is harmless.
 //
-// Errors: InvalidArgument / DataLoss for bad input (a corrupt shard, a tensor that breaks a rule:
-// permanent, the message names the file and the tensor), Unavailable / ResourceExhausted for
-// transient conditions (EAGAIN, ENOSPC: retried with back-off), Cancelled when `cancelled` was
-// set (the task is requeued as interrupted).
+// Errors from Run: InvalidArgument / DataLoss for bad input (a corrupt shard, a tensor that breaks a
+// rule: permanent, the message names the file and the tensor), Unavailable / ResourceExhausted for
+// transient conditions (EAGAIN, ENOSPC: retried with back-off), Cancelled when `cancelled` was set
+// (the task is requeued as interrupted).
 #ifndef QUANTD_SERVER_PIPELINE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGE_H_
 
@@ -19,21 +21,30 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
+#include "server/pipeline/plan.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
 namespace quantd::pipeline {
 
+// What one task reads while it runs: the job (shared read-only by every worker) and the task's
+// own hooks.
 struct StageContext {
   const JobSpec* spec = nullptr;
   const checkpoint::CheckpointDir* source = nullptr;  // opened once per run
   const TensorInventory* inventory = nullptr;         // of `source`
-  kernels::Backend* backend = nullptr;                // where decode/quantize kernels run
+  const Plan* plan = nullptr;                         // the job's plan
+  const std::vector<store::TaskRow>* stored_tasks = nullptr;  // the plan as stored
+  kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on
   // Calibrated max |input| per quantized module (the amax table), for input_scale.
   const std::map<std::string, float>* input_amax = nullptr;
   // Called with the number of source bytes just processed (for progress); thread-safe.
@@ -46,7 +57,33 @@ struct TaskOutput {
   std::string path;      // the file the task wrote ("" when it wrote none)
   uint64_t bytes = 0;    // its size
   std::string sha256;    // its SHA-256, hex
-  std::vector<store::TensorStatsRow> stats;  // verify: per-tensor error against the source
+  // Per-tensor error against the source, recorded by the stage's Record.
+  std::vector<store::TensorStatsRow> stats;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+
+  // The stage's name, stored with the job and used as the metric label ("quantize").
+  virtual std::string_view kind() const = 0;
+
+  // The stage's tasks for this job, in display order, each with its label, device requirement and
+  // the tasks it depends on (of this or earlier stages in the registry). Empty when the job does
+  // not need the stage.
+  virtual absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const = 0;
+
+  // Runs one task of this stage on `device`; ctx.backend is the device's kernels.
+  virtual absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
+                                         const StageContext& ctx) const = 0;
+
+  // Records what the task produced besides its file (statistics, amax contributions) inside the
+  // transaction that marks it DONE: both commit or neither does, and a repeated completion does
+  // not record twice. Default: nothing to record.
+  virtual absl::Status Record(store::TaskRecord& /*txn*/, const store::TaskRow& /*task*/,
+                              const TaskOutput& /*output*/) const {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace quantd::pipeline

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
+#include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -29,12 +30,11 @@ absl::Status ShuttingDown() {
   return WithReason(absl::UnavailableError("quantd is shutting down"), "SHUTTING_DOWN");
 }
 
-// "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task.
+}  // namespace
+
 std::string TaskLabel(const store::TaskRow& task) {
   return task.name == task.stage_kind ? task.name : absl::StrCat(task.stage_kind, " ", task.name);
 }
-
-}  // namespace
 
 absl::StatusOr<v1::Job> Scheduler::Impl::DoSubmit(const std::string& request_id,
                                                   const pipeline::JobSpec& spec, bool* created) {
@@ -179,7 +179,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
   }
   ASSIGN_OR_RETURN(std::vector<store::TaskRow> tasks, store_->ListTasks(job_id));
   for (const store::TaskRow& t : tasks) {
-    if (t.stage_kind != "verify") continue;
+    if (t.stage_kind != pipeline::VerifyStage::kKind) continue;
     if (t.state != store::TaskState::kDone && t.state != store::TaskState::kFailed) continue;
     v1::RuleCheck* check = report.add_rules();
     check->set_name(TaskLabel(t));

@@ -35,6 +35,11 @@ class JobTasks {
   virtual absl::StatusOr<pipeline::TaskOutput> RunTask(
       const store::TaskRow& task, compute::Device& device, const std::atomic<bool>* cancelled,
       std::function<void(uint64_t)> add_progress) const = 0;
+  // Marks the leased task DONE in `store` with its output and whatever its stage records, in one
+  // transaction (on the strand). FailedPrecondition when the lease is no longer this process's.
+  virtual absl::Status Complete(store::JobStore& store, const store::TaskLease& lease,
+                                const store::TaskRow& task, const pipeline::TaskOutput& output,
+                                int64_t now_ms) const = 0;
   // What the task needs from its device (the strand places it by this).
   virtual compute::DeviceRequirement Requirement(const store::TaskRow& task) const = 0;
   // Removes the *.tmp files interrupted tasks left in the output; returns how many.

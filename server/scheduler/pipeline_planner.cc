@@ -24,12 +24,16 @@ class PipelineTasks final : public JobTasks {
   absl::StatusOr<pipeline::TaskOutput> RunTask(
       const store::TaskRow& task, compute::Device& device, const std::atomic<bool>* cancelled,
       std::function<void(uint64_t)> add_progress) const override {
-    return job_->RunTask(task, &device.backend(), cancelled, std::move(add_progress));
+    return job_->RunTask(task, device, cancelled, std::move(add_progress));
   }
-  // Today's stages run anywhere and hold no device memory of their own; the per-task requirement
-  // comes from the store's task row once the plan carries one.
-  compute::DeviceRequirement Requirement(const store::TaskRow& /*task*/) const override {
-    return compute::DeviceRequirement{};
+  absl::Status Complete(store::JobStore& store, const store::TaskLease& lease,
+                        const store::TaskRow& task, const pipeline::TaskOutput& output,
+                        int64_t now_ms) const override {
+    return job_->CompleteTask(store, lease, task, output, now_ms);
+  }
+  // The stage stated it when it planned the task; the store keeps it on the task row.
+  compute::DeviceRequirement Requirement(const store::TaskRow& task) const override {
+    return task.requirement;
   }
   absl::StatusOr<int> SweepTmpFiles() const override { return job_->SweepTmpFiles(); }
 

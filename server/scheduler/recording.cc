@@ -15,10 +15,6 @@ namespace {
 // A result or command that the store refused is tried again this much later.
 constexpr int64_t kStoreRetryMs = 1000;
 
-std::string TaskLabel(const store::TaskRow& task) {
-  return task.name == task.stage_kind ? task.name : absl::StrCat(task.stage_kind, " ", task.name);
-}
-
 }  // namespace
 
 void Scheduler::Impl::OnTaskDone(Work work, absl::StatusOr<pipeline::TaskOutput> output) {
@@ -72,10 +68,9 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
   const int64_t now = clock_.NowMs();
   const absl::StatusOr<pipeline::TaskOutput>& output = result.output;
   if (output.ok()) {
-    // Both are idempotent: a retry after a store error writes the same rows again.
-    if (!output->stats.empty()) RETURN_IF_ERROR(store_->PutTensorStats(job.id, output->stats));
-    absl::Status completed = store_->CompleteTask(
-        work.lease, output->path, static_cast<int64_t>(output->bytes), output->sha256, now);
+    // The completion and the stage's record commit in one transaction; completing a task again
+    // records nothing twice.
+    absl::Status completed = work.tasks->Complete(*store_, work.lease, task, *output, now);
     if (absl::IsFailedPrecondition(completed)) {  // the store gave the task to someone else
       Log(job.id, "task_late", absl::StrCat(TaskLabel(task), ": ", completed.message()));
       return absl::OkStatus();

@@ -69,6 +69,10 @@ struct TaskRun {
 };
 
 // A leased task on its way to a worker, and back with its result.
+// "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task (log lines
+// and events).
+std::string TaskLabel(const store::TaskRow& task);
+
 struct Work {
   int64_t job_id = 0;
   int worker = 0;  // index into workers_

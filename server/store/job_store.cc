@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/store/migrations.h"
 
 namespace quantd::store {
@@ -65,7 +68,8 @@ JobRow ReadJob(const Statement& st) {
 constexpr char kTaskColumns[] =
     "t.id, t.job_id, t.stage_id, s.kind, t.ordinal, t.name, t.payload_json, t.bytes_total, "
     "t.state, t.attempt, IFNULL(t.lease_owner, ''), t.lease_expires_ms, IFNULL(t.output_path, ''), "
-    "t.output_bytes, IFNULL(t.output_sha256, ''), t.error";
+    "t.output_bytes, IFNULL(t.output_sha256, ''), t.error, t.label, t.requires_gpu, "
+    "t.memory_bytes";
 
 TaskRow ReadTask(const Statement& st) {
   TaskRow row;
@@ -85,6 +89,9 @@ TaskRow ReadTask(const Statement& st) {
   row.output_bytes = st.ColumnOptionalInt(13);
   row.output_sha256 = st.ColumnText(14);
   row.error = st.ColumnText(15);
+  row.label = st.ColumnText(16);
+  row.requirement.gpu = st.ColumnInt(17) != 0;
+  row.requirement.memory_bytes = st.ColumnInt(18);
   return row;
 }
 
@@ -106,6 +113,43 @@ absl::Status NotFoundJob(int64_t job_id) {
 }
 
 }  // namespace
+
+absl::Status TaskRecord::PutTensorStats(const std::vector<TensorStatsRow>& rows) {
+  absl::StatusOr<Statement> up = db_.Prepare(
+      "INSERT OR REPLACE INTO tensor_stats (job_id, tensor, rel_rmse, sqnr_db, max_abs_err) "
+      "VALUES (?, ?, ?, ?, ?)");
+  if (!up.ok()) return up.status();
+  for (const TensorStatsRow& r : rows) {
+    up->Reset();
+    up->Bind(1, job_id_).Bind(2, r.tensor).Bind(3, r.rel_rmse).Bind(4, r.sqnr_db);
+    up->Bind(5, r.max_abs_err);
+    if (absl::Status s = up->Run(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("statistics of ", r.tensor, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TaskRecord::PutTaskAmax(const std::vector<AmaxRow>& rows) {
+  absl::StatusOr<Statement> del = db_.Prepare("DELETE FROM task_amax WHERE task_id = ?");
+  if (!del.ok()) return del.status();
+  del->Bind(1, task_id_);
+  if (absl::Status s = del->Run(); !s.ok()) return s;
+  absl::StatusOr<Statement> ins = db_.Prepare(
+      "INSERT INTO task_amax (task_id, job_id, module, kind, value, samples) "
+      "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, module, kind) DO UPDATE SET "
+      "value = MAX(value, excluded.value), samples = samples + excluded.samples");
+  if (!ins.ok()) return ins.status();
+  for (const AmaxRow& r : rows) {
+    ins->Reset();
+    ins->Bind(1, task_id_).Bind(2, job_id_).Bind(3, r.module).Bind(4, r.kind).Bind(5, r.value);
+    ins->Bind(6, r.samples);
+    if (absl::Status s = ins->Run(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("amax of ", r.module, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 const char* JobStateName(JobState s) { return kJobStateNames[static_cast<int>(s)]; }
 std::optional<JobState> ParseJobState(const std::string& name) {
@@ -282,9 +326,32 @@ absl::Status JobStore::SetJobState(int64_t job_id, JobState state, const std::st
 
 absl::Status JobStore::SetPlan(int64_t job_id, const std::vector<StagePlan>& stages) {
   if (stages.empty()) return absl::InvalidArgumentError("a plan needs at least one stage");
-  for (const StagePlan& stage : stages) {
+  // (kind, task name) -> (stage index, task index) of the tasks seen so far: a dependency must be
+  // among them (an earlier stage's task, or an earlier task of its own stage), so edges never form
+  // a cycle.
+  std::map<std::pair<std::string, std::string>, std::pair<size_t, size_t>> task_index;
+  std::set<std::string> kinds;
+  for (size_t si = 0; si < stages.size(); ++si) {
+    const StagePlan& stage = stages[si];
     if (stage.tasks.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("stage ", stage.kind, " has no tasks"));
+    }
+    if (!kinds.insert(stage.kind).second) {
+      return absl::InvalidArgumentError(absl::StrCat("stage ", stage.kind, " appears twice"));
+    }
+    for (size_t ti = 0; ti < stage.tasks.size(); ++ti) {
+      const TaskPlan& t = stage.tasks[ti];
+      for (const TaskRef& dep : t.depends_on) {
+        if (task_index.count({dep.stage, dep.task}) == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(stage.kind, " task ", t.name, " depends on ", dep.stage, " task ",
+                           dep.task, ", which is not planned before it"));
+        }
+      }
+      if (!task_index.emplace(std::make_pair(stage.kind, t.name), std::make_pair(si, ti)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stage ", stage.kind, " has two tasks named ", t.name));
+      }
     }
   }
   return db_->Transaction([&]() -> absl::Status {
@@ -302,9 +369,13 @@ absl::Status JobStore::SetPlan(int64_t job_id, const std::vector<StagePlan>& sta
         "INSERT INTO stages (job_id, ordinal, kind, state) VALUES (?, ?, ?, 'PENDING')");
     if (!ins_stage.ok()) return ins_stage.status();
     absl::StatusOr<Statement> ins_task = db_->Prepare(
-        "INSERT INTO tasks (job_id, stage_id, ordinal, name, payload_json, bytes_total, state) "
-        "VALUES (?, ?, ?, ?, ?, ?, 'PENDING')");
+        "INSERT INTO tasks (job_id, stage_id, ordinal, name, payload_json, bytes_total, state, "
+        "label, requires_gpu, memory_bytes) VALUES (?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?)");
     if (!ins_task.ok()) return ins_task.status();
+    absl::StatusOr<Statement> ins_dep =
+        db_->Prepare("INSERT OR IGNORE INTO task_deps (task_id, depends_on) VALUES (?, ?)");
+    if (!ins_dep.ok()) return ins_dep.status();
+    std::vector<std::vector<int64_t>> task_ids(stages.size());
     for (size_t si = 0; si < stages.size(); ++si) {
       ins_stage->Reset();
       ins_stage->Bind(1, job_id).Bind(2, static_cast<int64_t>(si)).Bind(3, stages[si].kind);
@@ -318,7 +389,20 @@ absl::Status JobStore::SetPlan(int64_t job_id, const std::vector<StagePlan>& sta
         ins_task->Reset();
         ins_task->Bind(1, job_id).Bind(2, stage_id).Bind(3, static_cast<int64_t>(ti));
         ins_task->Bind(4, t.name).Bind(5, t.payload_json).Bind(6, t.bytes_total);
+        ins_task->Bind(7, t.label).Bind(8, int64_t{t.requirement.gpu});
+        ins_task->Bind(9, t.requirement.memory_bytes);
         if (absl::Status s = ins_task->Run(); !s.ok()) return s;
+        task_ids[si].push_back(db_->LastInsertRowId());
+      }
+    }
+    for (size_t si = 0; si < stages.size(); ++si) {
+      for (size_t ti = 0; ti < stages[si].tasks.size(); ++ti) {
+        for (const TaskRef& dep : stages[si].tasks[ti].depends_on) {
+          const auto [dsi, dti] = task_index.at({dep.stage, dep.task});
+          ins_dep->Reset();
+          ins_dep->Bind(1, task_ids[si][ti]).Bind(2, task_ids[dsi][dti]);
+          if (absl::Status s = ins_dep->Run(); !s.ok()) return s;
+        }
       }
     }
     return absl::OkStatus();
@@ -331,24 +415,40 @@ bool JobStore::HasPlan(int64_t job_id) {
   return n.ok() && n->value_or(0) > 0;
 }
 
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> JobStore::ListDependencies(
+    int64_t job_id) {
+  absl::StatusOr<Statement> st = db_->Prepare(
+      "SELECT d.task_id, d.depends_on FROM task_deps d JOIN tasks t ON t.id = d.task_id "
+      "WHERE t.job_id = ? ORDER BY d.task_id, d.depends_on");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.emplace_back(st->ColumnInt(0), st->ColumnInt(1));
+  }
+  return out;
+}
+
 absl::StatusOr<std::optional<TaskRow>> JobStore::LeaseNextTask(int64_t job_id,
                                                                const std::string& owner,
                                                                int64_t now_ms, int64_t lease_ms,
-                                                               TaskLease* lease) {
+                                                               TaskLease* lease,
+                                                               const DeviceCapacity& capacity) {
   std::optional<TaskRow> result;
   absl::Status s = db_->Transaction([&]() -> absl::Status {
-    absl::StatusOr<std::optional<int64_t>> stage = QueryInt(
-        *db_,
-        "SELECT id FROM stages WHERE job_id = ? AND state != 'SUCCEEDED' ORDER BY ordinal LIMIT 1",
-        {job_id});
-    if (!stage.ok()) return stage.status();
-    if (!stage->has_value()) return absl::OkStatus();
     absl::StatusOr<Statement> pick = db_->Prepare(absl::StrCat(
         "SELECT ", kTaskColumns,
-        " FROM tasks t JOIN stages s ON s.id = t.stage_id WHERE t.stage_id = ? AND "
-        "t.state = 'PENDING' AND t.not_before_ms <= ? ORDER BY t.ordinal LIMIT 1"));
+        " FROM tasks t JOIN stages s ON s.id = t.stage_id WHERE t.job_id = ? AND "
+        "t.state = 'PENDING' AND t.not_before_ms <= ? AND (t.requires_gpu = 0 OR ?) AND "
+        "t.memory_bytes <= ? AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p ON "
+        "p.id = d.depends_on WHERE d.task_id = t.id AND p.state != 'DONE') "
+        "ORDER BY s.ordinal, t.ordinal LIMIT 1"));
     if (!pick.ok()) return pick.status();
-    pick->Bind(1, **stage).Bind(2, now_ms);
+    pick->Bind(1, job_id).Bind(2, now_ms).Bind(3, int64_t{capacity.gpu});
+    pick->Bind(4, capacity.memory_bytes);
     absl::StatusOr<bool> row = pick->Step();
     if (!row.ok()) return row.status();
     if (!*row) return absl::OkStatus();
@@ -399,7 +499,8 @@ absl::Status JobStore::RenewLease(TaskLease& lease, int64_t now_ms, int64_t leas
 
 absl::Status JobStore::CompleteTask(const TaskLease& lease, const std::string& output_path,
                                     int64_t output_bytes, const std::string& output_sha256,
-                                    int64_t now_ms) {
+                                    int64_t now_ms,
+                                    const std::function<absl::Status(TaskRecord&)>& record) {
   return db_->Transaction([&]() -> absl::Status {
     absl::StatusOr<Statement> up = db_->Prepare(
         "UPDATE tasks SET state = 'DONE', output_path = ?, output_bytes = ?, output_sha256 = ?, "
@@ -418,6 +519,13 @@ absl::Status JobStore::CompleteTask(const TaskLease& lease, const std::string& o
       if (done->value_or(0) == 1) return absl::OkStatus();
       return absl::FailedPreconditionError(absl::StrCat("task ", lease.task_id, " attempt ",
                                                         lease.attempt, ": lease lost"));
+    }
+    if (record) {
+      absl::StatusOr<std::optional<int64_t>> job_id =
+          QueryInt(*db_, "SELECT job_id FROM tasks WHERE id = ?", {lease.task_id});
+      if (!job_id.ok()) return job_id.status();
+      TaskRecord txn(*db_, job_id->value_or(0), lease.task_id);
+      if (absl::Status s = record(txn); !s.ok()) return s;
     }
     absl::StatusOr<Statement> stage = db_->Prepare(
         "UPDATE stages SET state = 'SUCCEEDED', finished_ms = ? WHERE id = "
@@ -452,6 +560,40 @@ absl::Status JobStore::FailTask(const TaskLease& lease, const std::string& error
     stage->Bind(1, now_ms).Bind(2, lease.task_id);
     return stage->Run();
   });
+}
+
+absl::StatusOr<int> JobStore::RequeueDoneTasks(int64_t job_id,
+                                                const std::vector<int64_t>& task_ids,
+                                                const std::string& reason, int64_t now_ms) {
+  if (task_ids.empty()) return 0;
+  int changed = 0;
+  absl::Status s = db_->Transaction([&]() -> absl::Status {
+    // The tasks and, transitively, the DONE tasks that depend on them.
+    const std::string stale = absl::StrCat(
+        "WITH RECURSIVE stale(id) AS (SELECT id FROM tasks WHERE job_id = ? AND id IN (",
+        absl::StrJoin(task_ids, ", "),
+        ") UNION SELECT d.task_id FROM task_deps d JOIN stale ON d.depends_on = stale.id) ");
+    absl::StatusOr<Statement> stages = db_->Prepare(absl::StrCat(
+        stale,
+        "UPDATE stages SET state = 'RUNNING', finished_ms = NULL WHERE state = 'SUCCEEDED' AND "
+        "id IN (SELECT stage_id FROM tasks WHERE state = 'DONE' AND id IN stale)"));
+    if (!stages.ok()) return stages.status();
+    stages->Bind(1, job_id);
+    if (absl::Status r = stages->Run(); !r.ok()) return r;
+    absl::StatusOr<Statement> up = db_->Prepare(absl::StrCat(
+        stale,
+        "UPDATE tasks SET state = 'PENDING', output_path = NULL, output_bytes = NULL, "
+        "output_sha256 = NULL, not_before_ms = 0, error = ? WHERE state = 'DONE' AND id IN stale"));
+    if (!up.ok()) return up.status();
+    up->Bind(1, job_id).Bind(2, reason);
+    if (absl::Status r = up->Run(); !r.ok()) return r;
+    changed = db_->Changes();
+    if (changed == 0) return absl::OkStatus();
+    return AddEvent(job_id, "requeue",
+                    absl::StrCat(changed, " done task(s) requeued: ", reason), now_ms);
+  });
+  if (!s.ok()) return s;
+  return changed;
 }
 
 absl::StatusOr<int> JobStore::RequeueExpiredLeases(int64_t now_ms) {
@@ -607,9 +749,11 @@ absl::Status JobStore::MergeAmax(int64_t job_id, const std::vector<AmaxRow>& row
 
 absl::StatusOr<std::vector<AmaxRow>> JobStore::ListAmax(int64_t job_id) {
   absl::StatusOr<Statement> st = db_->Prepare(
-      "SELECT module, kind, value, samples FROM amax WHERE job_id = ? ORDER BY module, kind");
+      "SELECT module, kind, MAX(value), SUM(samples) FROM (SELECT module, kind, value, samples "
+      "FROM amax WHERE job_id = ? UNION ALL SELECT module, kind, value, samples FROM task_amax "
+      "WHERE job_id = ?) GROUP BY module, kind ORDER BY module, kind");
   if (!st.ok()) return st.status();
-  st->Bind(1, job_id);
+  st->Bind(1, job_id).Bind(2, job_id);
   std::vector<AmaxRow> out;
   while (true) {
     absl::StatusOr<bool> row = st->Step();
@@ -619,22 +763,6 @@ absl::StatusOr<std::vector<AmaxRow>> JobStore::ListAmax(int64_t job_id) {
         AmaxRow{st->ColumnText(0), st->ColumnText(1), st->ColumnDouble(2), st->ColumnInt(3)});
   }
   return out;
-}
-
-absl::Status JobStore::PutTensorStats(int64_t job_id, const std::vector<TensorStatsRow>& rows) {
-  return db_->Transaction([&]() -> absl::Status {
-    absl::StatusOr<Statement> up = db_->Prepare(
-        "INSERT OR REPLACE INTO tensor_stats (job_id, tensor, rel_rmse, sqnr_db, max_abs_err) "
-        "VALUES (?, ?, ?, ?, ?)");
-    if (!up.ok()) return up.status();
-    for (const TensorStatsRow& r : rows) {
-      up->Reset();
-      up->Bind(1, job_id).Bind(2, r.tensor).Bind(3, r.rel_rmse).Bind(4, r.sqnr_db);
-      up->Bind(5, r.max_abs_err);
-      if (absl::Status s = up->Run(); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  });
 }
 
 absl::StatusOr<std::vector<TensorStatsRow>> JobStore::ListTensorStats(int64_t job_id) {

@@ -13,13 +13,17 @@
 
 #include <stdint.h>
 
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/compute/requirement.h"
 #include "server/store/sqlite_db.h"
 
 namespace quantd::store {
@@ -48,15 +52,27 @@ struct JobRow {
   std::optional<int64_t> finished_ms;
 };
 
+// A task named in a plan: task `task` of the stage of kind `stage`.
+struct TaskRef {
+  std::string stage;
+  std::string task;
+
+  bool operator==(const TaskRef&) const = default;
+};
+
 // One unit of work as the planner describes it.
 struct TaskPlan {
-  std::string name;          // e.g. output shard file name
+  std::string name;          // e.g. output shard file name; unique within its stage
   std::string payload_json;  // what the stage needs
   int64_t bytes_total = 0;   // bytes it will process
+  std::string label;         // for people, e.g. "shard 3 of 12"; "" when the name says it
+  compute::DeviceRequirement requirement;  // the device it must run on
+  // Tasks of this or earlier stages that must be DONE before this one is leased.
+  std::vector<TaskRef> depends_on;
 };
 
 struct StagePlan {
-  std::string kind;  // inspect | dequant | calibrate | quantize | export | verify
+  std::string kind;  // a kind of the stage registry (pipeline/stage_registry.h)
   std::vector<TaskPlan> tasks;
 };
 
@@ -69,6 +85,8 @@ struct TaskRow {
   std::string name;
   std::string payload_json;
   int64_t bytes_total = 0;
+  std::string label;                       // TaskPlan::label
+  compute::DeviceRequirement requirement;  // where the scheduler may place it
   TaskState state = TaskState::kPending;
   int attempt = 0;
   std::string lease_owner;
@@ -119,6 +137,37 @@ struct TensorStatsRow {
   double rel_rmse = 0;
   double sqnr_db = 0;
   double max_abs_err = 0;
+
+  bool operator==(const TensorStatsRow&) const = default;
+};
+
+// What a device can take: LeaseNextTask leases only a task whose requirement fits.
+struct DeviceCapacity {
+  bool gpu = true;  // a CUDA device: tasks requiring a GPU may run here
+  int64_t memory_bytes = std::numeric_limits<int64_t>::max();  // device memory free for the task
+};
+
+// The open transaction in which CompleteTask marks a task DONE, handed to the stage to record
+// what the task produced besides its file (pipeline/stage.h Stage::Record): it commits together
+// with the completion, or not at all. Only CompleteTask creates one.
+class TaskRecord {
+ public:
+  int64_t job_id() const { return job_id_; }
+  int64_t task_id() const { return task_id_; }
+  // Per-tensor error statistics; a tensor's row replaces the one an earlier run wrote.
+  absl::Status PutTensorStats(const std::vector<TensorStatsRow>& rows);
+  // This task's amax contribution (ListAmax merges it into the job's amax): it replaces what an
+  // earlier run of the same task contributed, so a task that runs twice never counts twice.
+  absl::Status PutTaskAmax(const std::vector<AmaxRow>& rows);
+
+ private:
+  friend class JobStore;
+  TaskRecord(SqliteDb& db, int64_t job_id, int64_t task_id)
+      : db_(db), job_id_(job_id), task_id_(task_id) {}
+
+  SqliteDb& db_;           // inside CompleteTask's transaction
+  const int64_t job_id_;   // the job of the task
+  const int64_t task_id_;  // the task being completed
 };
 
 // How JobStore::Open treats the file; the defaults open or create it, as `quantd run` does.
@@ -157,22 +206,36 @@ class JobStore {
   absl::Status SetJobState(int64_t job_id, JobState state, const std::string& reason,
                            const std::string& error, int64_t now_ms);
 
-  // Stores the job's stages and tasks. Only once per job; every stage needs >= 1 task.
+  // Stores the job's stages (in display order) and tasks with their dependency edges. Only once
+  // per job; every stage needs >= 1 task, stage kinds must differ, task names must be unique
+  // within their stage, and a dependency must name a task of the same or an earlier stage
+  // (InvalidArgument naming it otherwise). The store does not interpret stage kinds.
   absl::Status SetPlan(int64_t job_id, const std::vector<StagePlan>& stages);
   bool HasPlan(int64_t job_id);
+  // The dependency edges of the job's tasks: (task id, id of a task it depends on), ascending.
+  absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> ListDependencies(int64_t job_id);
 
-  // Leases the next runnable task: the lowest-ordinal PENDING task (not_before_ms <= now) of the
-  // first stage that has not succeeded. Stages run in order; tasks of one stage may run at once.
-  // nullopt when nothing is runnable now.
+  // Leases the next runnable task: a PENDING task (not_before_ms <= now) whose dependencies are
+  // all DONE and whose requirement fits `capacity`, the first in display order (stage, then task
+  // ordinal). Independent tasks of any stages may run at once. nullopt when nothing is runnable.
   absl::StatusOr<std::optional<TaskRow>> LeaseNextTask(int64_t job_id, const std::string& owner,
                                                        int64_t now_ms, int64_t lease_ms,
-                                                       TaskLease* lease);
+                                                       TaskLease* lease,
+                                                       const DeviceCapacity& capacity = {});
   absl::Status RenewLease(TaskLease& lease, int64_t now_ms, int64_t lease_ms);
-  // Marks the leased task DONE with its output; finishes the stage when it was the last task.
-  // A repeated completion of the same attempt is OK; a lost lease is FailedPrecondition.
+  // Marks the leased task DONE with its output and runs `record` (when given) in the same
+  // transaction; finishes the stage when it was the last task. If `record` fails nothing is
+  // written and its error is returned. A repeated completion of the same attempt is OK and does
+  // not run `record` again; a lost lease is FailedPrecondition.
   absl::Status CompleteTask(const TaskLease& lease, const std::string& output_path,
                             int64_t output_bytes, const std::string& output_sha256,
-                            int64_t now_ms);
+                            int64_t now_ms,
+                            const std::function<absl::Status(TaskRecord&)>& record = nullptr);
+  // Returns DONE tasks whose output is gone or changed to PENDING, with every DONE task that
+  // depends on them (directly or not), and reopens their stages; `reason` becomes their error and
+  // an event. Returns how many tasks were requeued.
+  absl::StatusOr<int> RequeueDoneTasks(int64_t job_id, const std::vector<int64_t>& task_ids,
+                                       const std::string& reason, int64_t now_ms);
   // Records a failed attempt. permanent: the task and its stage become FAILED. Otherwise the task
   // returns to PENDING and is not leased again before retry_at_ms.
   absl::Status FailTask(const TaskLease& lease, const std::string& error, bool permanent,
@@ -193,10 +256,10 @@ class JobStore {
   // Events of the job of one kind (e.g. "task_retry").
   absl::StatusOr<int64_t> CountEvents(int64_t job_id, const std::string& kind);
 
-  // Max-merges amax rows (value = max, samples = sum) for the job.
+  // Max-merges job-level amax rows (value = max, samples = sum) for the job.
   absl::Status MergeAmax(int64_t job_id, const std::vector<AmaxRow>& rows);
+  // The job's amax: its job-level rows max-merged with every task's contribution (TaskRecord).
   absl::StatusOr<std::vector<AmaxRow>> ListAmax(int64_t job_id);
-  absl::Status PutTensorStats(int64_t job_id, const std::vector<TensorStatsRow>& rows);
   absl::StatusOr<std::vector<TensorStatsRow>> ListTensorStats(int64_t job_id);
 
   SqliteDb& db() { return *db_; }

@@ -13,12 +13,17 @@ absl::StatusOr<int> ApplyMigrations(SqliteDb& db, const std::vector<Migration>& 
   }
   const int latest = static_cast<int>(migrations.size());
   int version = 0;
+  // A migration may rebuild a table (SQLite's way to change a constraint), which with foreign keys
+  // on would cascade-delete the rows referring to it. The pragma is a no-op inside a transaction,
+  // so it is switched off around it; the references are checked before the commit instead.
+  if (absl::Status s = db.Exec("PRAGMA foreign_keys=OFF"); !s.ok()) return s;
   absl::Status status = db.Transaction([&]() -> absl::Status {
     absl::StatusOr<Statement> get = db.Prepare("PRAGMA user_version");
     if (!get.ok()) return get.status();
     absl::StatusOr<bool> row = get->Step();
     if (!row.ok()) return row.status();
     version = static_cast<int>(get->ColumnInt(0));
+    get->Reset();  // a statement still stepping would lock the tables a migration rebuilds
     if (version > latest) {
       return absl::FailedPreconditionError(absl::StrCat(
           "state database ", db.path(), " has schema version ", version,
@@ -30,8 +35,19 @@ absl::StatusOr<int> ApplyMigrations(SqliteDb& db, const std::vector<Migration>& 
         return absl::Status(s.code(), absl::StrCat("migration ", m.name, ": ", s.message()));
       }
     }
+    absl::StatusOr<Statement> check = db.Prepare("PRAGMA foreign_key_check");
+    if (!check.ok()) return check.status();
+    absl::StatusOr<bool> dangling = check->Step();
+    if (!dangling.ok()) return dangling.status();
+    if (*dangling) {
+      return absl::InternalError(absl::StrCat("state database ", db.path(),
+                                              ": migration left a row of table ",
+                                              check->ColumnText(0), " without its parent"));
+    }
+    check->Reset();
     return db.Exec(absl::StrCat("PRAGMA user_version=", latest));
   });
+  if (absl::Status s = db.Exec("PRAGMA foreign_keys=ON"); !s.ok() && status.ok()) return s;
   if (!status.ok()) return status;
   return latest;
 }

@@ -1,6 +1,7 @@
 // Schema migrations: numbered SQL scripts (migrations/NNNN_name.sql, embedded into the binary at
 // build time) applied in order inside one IMMEDIATE transaction, with PRAGMA user_version
-// recording the last one applied.
+// recording the last one applied. Foreign keys are off while they run (a migration may rebuild a
+// table) and every reference is checked before the commit.
 #ifndef QUANTD_SERVER_STORE_MIGRATIONS_H_
 #define QUANTD_SERVER_STORE_MIGRATIONS_H_
 

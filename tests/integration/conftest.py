@@ -22,12 +22,12 @@ class Quantd:
     def cmd(self, *args):
         return [self.binary, *[str(a) for a in args]]
 
-    def run(self, *args, env_extra=None, timeout=300):
+    def run(self, *args, env_extra=None, timeout=300, cwd=None):
         env = dict(os.environ)
         env.pop("QUANTD_TEST_KILL_AT", None)
         env.update(env_extra or {})
         return subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              env=env)
+                              env=env, cwd=cwd)
 
     def run_ok(self, *args, **kw):
         proc = self.run(*args, **kw)

@@ -137,6 +137,38 @@ TEST(DeviceNameTest, CpuOrCudaWithOneOrTwoDigits) {
   }
 }
 
+TEST(JobSpecCalibrationTest, ExportOptionsDefaultParseAndRoundTrip) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out"})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->calibration.mode, CalibrationMode::kData);
+  EXPECT_EQ(spec->calibration.w2_input, W2Input::kMax);
+  EXPECT_EQ(spec->calibration.expert_amax, ExpertAmax::kPerExpert);
+  EXPECT_EQ(spec->calibration.uncalibrated, UncalibratedFill::kLayerMax);
+  EXPECT_EQ(spec->calibration.numerics, CalibrationNumerics::kOfficial);
+  EXPECT_EQ(spec->calibration.amax_out, "");
+
+  spec = ParseJobSpec(R"({"source": "/in", "output": "/out", "calibration": {
+      "mode": "constant", "w2_input": "weighted", "expert_amax": "layer_max",
+      "uncalibrated": "model_max", "numerics": "math", "amax_out": "t.json"}})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->calibration.mode, CalibrationMode::kConstant);
+  EXPECT_EQ(spec->calibration.w2_input, W2Input::kWeighted);
+  EXPECT_EQ(spec->calibration.expert_amax, ExpertAmax::kLayerMax);
+  EXPECT_EQ(spec->calibration.uncalibrated, UncalibratedFill::kModelMax);
+  EXPECT_EQ(spec->calibration.numerics, CalibrationNumerics::kMath);
+  EXPECT_EQ(spec->calibration.amax_out, "t.json");
+  auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
+  EXPECT_EQ(again->calibration.w2_input, W2Input::kWeighted);
+
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"w2_input": "both"}})"),
+            "spec.json: field 'calibration.w2_input' must be one of \"unweighted\", \"weighted\", "
+            "\"max\"");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"mode": "none"}})"),
+            "spec.json: field 'calibration.mode' must be one of \"data\", \"constant\"");
+}
+
 }  // namespace
 }  // namespace quantd::pipeline
 

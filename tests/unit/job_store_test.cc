@@ -1,13 +1,17 @@
 // JobStore and migrations on a real SQLite file: the job model's transitions, idempotent
-// submission, task leases (expiry, lost leases, idempotent completion), stage ordering,
-// progress, amax merging, and refusal of a database newer than the code.
+// submission, task leases (expiry, lost leases, idempotent completion), dependency order, device
+// requirements, records in the completion's transaction, requeue of done tasks, progress, amax
+// merging, refusal of a database newer than the code, and the upgrade of a version 1 database.
 #include "server/store/job_store.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "server/store/migrations.h"
 #include "server/store/sqlite_db.h"
@@ -30,13 +34,16 @@ class JobStoreTest : public testing_util::TempDirTest {
     TempDirTest::TearDown();
   }
 
-  // A job with stages [quantize: 2 tasks, export: 1 task].
+  // A job with stages [quantize: 2 tasks, export: 1 task after both].
   int64_t PlannedJob() {
     auto id = store_->CreateJob("", "{}", 1000);
     EXPECT_TRUE(id.ok());
+    TaskPlan exported{"export", "{}", 0};
+    exported.depends_on = {{"quantize", "model-00001.safetensors"},
+                           {"quantize", "model-00002.safetensors"}};
     std::vector<StagePlan> plan = {
         {"quantize", {{"model-00001.safetensors", "{}", 100}, {"model-00002.safetensors", "{}", 300}}},
-        {"export", {{"export", "{}", 0}}},
+        {"export", {exported}},
     };
     EXPECT_TRUE(store_->SetPlan(*id, plan).ok());
     return *id;
@@ -166,9 +173,21 @@ TEST_F(JobStoreTest, PlanIsSetOnceAndNeedsTasks) {
             absl::StatusCode::kFailedPrecondition);
   auto other = store_->CreateJob("", "{}", 1);
   EXPECT_EQ(store_->SetPlan(*other, {{"verify", {}}}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->SetPlan(*other, {{"bake", {{"x", "{}", 0}}}}).code(),
+  // A dependency must name a task planned before it: no later stage, no unknown task, no cycle.
+  TaskPlan early{"x", "{}", 0};
+  early.depends_on = {{"later", "y"}};
+  EXPECT_EQ(store_->SetPlan(*other, {{"first", {early}}, {"later", {{"y", "{}", 0}}}}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(store_->HasPlan(*other));  // the failed plan left nothing behind
+  TaskPlan self{"x", "{}", 0};
+  self.depends_on = {{"only", "x"}};
+  EXPECT_EQ(store_->SetPlan(*other, {{"only", {self}}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->SetPlan(*other, {{"a", {{"x", "{}", 0}, {"x", "{}", 0}}}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->SetPlan(*other, {{"a", {{"x", "{}", 0}}}, {"a", {{"y", "{}", 0}}}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(store_->HasPlan(*other));  // the failed plans left nothing behind
+  // Stage kinds are the registry's business: the store takes any name.
+  EXPECT_TRUE(store_->SetPlan(*other, {{"bake", {{"x", "{}", 0}}}}).ok());
 }
 
 TEST_F(JobStoreTest, LeasesRunStagesInOrderAndCompleteIdempotently) {
@@ -181,7 +200,7 @@ TEST_F(JobStoreTest, LeasesRunStagesInOrderAndCompleteIdempotently) {
   auto t2 = store_->LeaseNextTask(id, "w2", 100, 1000, &l2);
   ASSERT_TRUE(t2.ok() && t2->has_value());
   EXPECT_EQ((*t2)->name, "model-00002.safetensors");
-  // The export stage waits for quantize to finish.
+  // The export task waits for both quantize tasks.
   auto none = store_->LeaseNextTask(id, "w3", 100, 1000, &l3);
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
@@ -291,11 +310,206 @@ TEST_F(JobStoreTest, AmaxMergesByMaxAndSumsSamples) {
   EXPECT_EQ((*rows)[0].value, 2.5);
   EXPECT_EQ((*rows)[0].samples, 16);
   EXPECT_FALSE(store_->MergeAmax(*id, {{"m", "input", -1.0, 1}}).ok());  // CHECK value >= 0
-  ASSERT_TRUE(store_->PutTensorStats(*id, {{"w", 0.1, 20.0, 0.5}}).ok());
-  auto stats = store_->ListTensorStats(*id);
-  ASSERT_EQ(stats->size(), 1u);
-  EXPECT_EQ((*stats)[0].sqnr_db, 20.0);
 }
 
 }  // namespace
+// A chain and a fan-in: layer 1 -> layer 2 (same stage), and each check after its own layer only.
+TEST_F(JobStoreTest, DependenciesDecideWhatIsLeasedNotStageOrder) {
+  auto id = store_->CreateJob("", "{}", 1);
+  TaskPlan l1{"layer1", "{}", 10, "layer 1 of 2"};
+  TaskPlan l2{"layer2", "{}", 10, "layer 2 of 2"};
+  l2.depends_on = {{"forward", "layer1"}};
+  TaskPlan c1{"layer1", "{}", 5};
+  c1.depends_on = {{"forward", "layer1"}};
+  TaskPlan c2{"layer2", "{}", 5};
+  c2.depends_on = {{"forward", "layer2"}};
+  ASSERT_TRUE(store_->SetPlan(*id, {{"forward", {l1, l2}}, {"check", {c1, c2}}}).ok());
+
+  TaskLease a, b, none;
+  auto first = store_->LeaseNextTask(*id, "w", 100, 1000, &a);
+  ASSERT_TRUE(first.ok() && first->has_value());
+  EXPECT_EQ((*first)->name, "layer1");
+  EXPECT_EQ((*first)->label, "layer 1 of 2");
+  // layer2 and both checks wait for layer1.
+  EXPECT_FALSE(store_->LeaseNextTask(*id, "w", 100, 1000, &none)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(a, "", 0, "", 110).ok());
+  auto second = store_->LeaseNextTask(*id, "w", 120, 1000, &a);
+  ASSERT_TRUE(second->has_value());
+  EXPECT_EQ((*second)->stage_kind, "forward");
+  EXPECT_EQ((*second)->name, "layer2");
+  // The check of layer 1 runs while layer 2 is still running.
+  auto check = store_->LeaseNextTask(*id, "w", 120, 1000, &b);
+  ASSERT_TRUE(check->has_value());
+  EXPECT_EQ((*check)->stage_kind, "check");
+  EXPECT_EQ((*check)->name, "layer1");
+  EXPECT_FALSE(store_->LeaseNextTask(*id, "w", 120, 1000, &none)->has_value());
+  auto progress = store_->Progress(*id);
+  EXPECT_EQ((*progress)[0].state, StageState::kRunning);
+  EXPECT_EQ((*progress)[1].state, StageState::kRunning);
+
+  auto tasks = store_->ListTasks(*id);
+  auto edges = store_->ListDependencies(*id);
+  ASSERT_TRUE(edges.ok());
+  const std::vector<std::pair<int64_t, int64_t>> want = {
+      {(*tasks)[1].id, (*tasks)[0].id}, {(*tasks)[2].id, (*tasks)[0].id},
+      {(*tasks)[3].id, (*tasks)[1].id}};
+  EXPECT_EQ(*edges, want);
+}
+
+TEST_F(JobStoreTest, LeaseTakesOnlyTasksTheDeviceFits) {
+  auto id = store_->CreateJob("", "{}", 1);
+  TaskPlan gpu{"gpu", "{}", 0};
+  gpu.requirement = {true, 1000};
+  TaskPlan big{"big", "{}", 0};
+  big.requirement = {false, 5000};
+  TaskPlan any{"any", "{}", 0};
+  ASSERT_TRUE(store_->SetPlan(*id, {{"s", {gpu, big, any}}}).ok());
+  TaskLease l;
+  // A CPU with 4000 bytes free: neither the GPU task nor the 5000-byte one.
+  auto cpu_task = store_->LeaseNextTask(*id, "w", 1, 1000, &l, {false, 4000});
+  ASSERT_TRUE(cpu_task->has_value());
+  EXPECT_EQ((*cpu_task)->name, "any");
+  EXPECT_FALSE(store_->LeaseNextTask(*id, "w", 1, 1000, &l, {false, 4999})->has_value());
+  auto cpu_big = store_->LeaseNextTask(*id, "w", 1, 1000, &l, {false, 5000});
+  ASSERT_TRUE(cpu_big->has_value());
+  EXPECT_EQ((*cpu_big)->name, "big");
+  EXPECT_EQ((*cpu_big)->requirement, (compute::DeviceRequirement{false, 5000}));
+  EXPECT_FALSE(store_->LeaseNextTask(*id, "w", 1, 1000, &l, {true, 999})->has_value());
+  auto on_gpu = store_->LeaseNextTask(*id, "w", 1, 1000, &l, {true, 1000});
+  ASSERT_TRUE(on_gpu->has_value());
+  EXPECT_EQ((*on_gpu)->name, "gpu");
+  EXPECT_TRUE((*on_gpu)->requirement.gpu);
+}
+
+TEST_F(JobStoreTest, RecordCommitsWithTheCompletionOrNotAtAll) {
+  const int64_t id = PlannedJob();
+  TaskLease l;
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 100, 1000, &l)->has_value());
+  const TensorStatsRow row{"m.weight", 0.1, 20.0, 0.5};
+  // A failing record leaves the task LEASED and writes nothing.
+  absl::Status s = store_->CompleteTask(l, "/o", 1, "s", 110, [&](TaskRecord& txn) {
+    EXPECT_EQ(txn.job_id(), id);
+    EXPECT_EQ(txn.task_id(), l.task_id);
+    EXPECT_TRUE(txn.PutTensorStats({row}).ok());
+    return absl::DataLossError("disk gone");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ((*store_->ListTasks(id))[0].state, TaskState::kLeased);
+  EXPECT_TRUE(store_->ListTensorStats(id)->empty());
+  int records = 0;
+  const auto record = [&](TaskRecord& txn) {
+    ++records;
+    return txn.PutTensorStats({row});
+  };
+  ASSERT_TRUE(store_->CompleteTask(l, "/o", 1, "s", 120, record).ok());
+  EXPECT_EQ((*store_->ListTasks(id))[0].state, TaskState::kDone);
+  EXPECT_EQ(*store_->ListTensorStats(id), std::vector<TensorStatsRow>{row});
+  // The same completion again (a duplicate delivery) does not record again.
+  ASSERT_TRUE(store_->CompleteTask(l, "/o", 1, "s", 130, record).ok());
+  EXPECT_EQ(records, 1);
+}
+
+TEST_F(JobStoreTest, TaskAmaxIsReplacedWhenTheTaskRunsAgain) {
+  const int64_t id = PlannedJob();
+  ASSERT_TRUE(store_->MergeAmax(id, {{"m", "input", 1.0, 0}}).ok());  // from an amax file
+  TaskLease l;
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 100, 1000, &l)->has_value());
+  const auto contribute = [](TaskRecord& txn) {
+    return txn.PutTaskAmax({{"m", "input", 3.0, 7}, {"n", "kv", 0.5, 7}});
+  };
+  ASSERT_TRUE(store_->CompleteTask(l, "/o", 1, "s", 110, contribute).ok());
+  // Its output vanished: the task runs again and contributes the same rows again.
+  ASSERT_EQ(*store_->RequeueDoneTasks(id, {l.task_id}, "gone", 120), 1);
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 130, 1000, &l)->has_value());
+  EXPECT_EQ(l.attempt, 2);
+  ASSERT_TRUE(store_->CompleteTask(l, "/o", 1, "s", 140, contribute).ok());
+  auto rows = store_->ListAmax(id);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].module, "m");
+  EXPECT_EQ((*rows)[0].value, 3.0);
+  EXPECT_EQ((*rows)[0].samples, 7);  // counted once, not 14
+  EXPECT_EQ((*rows)[1].module, "n");
+  EXPECT_EQ((*rows)[1].samples, 7);
+}
+
+TEST_F(JobStoreTest, RequeueDoneTasksTakesTheirDependentsAlong) {
+  const int64_t id = PlannedJob();
+  TaskLease a, b, e;
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 1, 1000, &a)->has_value());
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 1, 1000, &b)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(a, "/o/1", 1, "s1", 2).ok());
+  ASSERT_TRUE(store_->CompleteTask(b, "/o/2", 1, "s2", 2).ok());
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 3, 1000, &e)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(e, "/o", 2, "m", 4).ok());
+  // Shard 2's output is gone: it and export (which indexed it) are redone, shard 1 is not.
+  EXPECT_EQ(*store_->RequeueDoneTasks(id, {b.task_id}, "output /o/2 is gone", 5), 2);
+  auto tasks = store_->ListTasks(id);
+  EXPECT_EQ((*tasks)[0].state, TaskState::kDone);
+  EXPECT_EQ((*tasks)[1].state, TaskState::kPending);
+  EXPECT_EQ((*tasks)[1].error, "output /o/2 is gone");
+  EXPECT_EQ((*tasks)[1].output_path, "");
+  EXPECT_EQ((*tasks)[2].state, TaskState::kPending);
+  auto progress = store_->Progress(id);
+  EXPECT_EQ((*progress)[0].state, StageState::kRunning);
+  EXPECT_EQ((*progress)[1].state, StageState::kRunning);
+  EXPECT_EQ(*store_->CountEvents(id, "requeue"), 1);
+  TaskLease again;
+  auto next = store_->LeaseNextTask(id, "w", 6, 1000, &again);
+  ASSERT_TRUE(next->has_value());
+  EXPECT_EQ((*next)->id, b.task_id);
+  EXPECT_FALSE(store_->LeaseNextTask(id, "w", 6, 1000, &e)->has_value());  // export waits
+  EXPECT_EQ(*store_->RequeueDoneTasks(id, {}, "nothing", 7), 0);
+}
+
+// tests/data/upgrade_v1: a PAUSED job of the version-1 schema, quantize 2 of 4 done.
+TEST_F(JobStoreTest, UpgradesAVersion1DatabaseKeepingStageOrder) {
+  store_.reset();
+  const std::string path = dir_ + "/v1.db";
+  std::filesystem::copy_file(
+      std::string(QUANTD_SOURCE_DIR) + "/tests/data/upgrade_v1/v1_paused_mid_quantize.db", path);
+  auto opened = JobStore::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  store_ = std::move(*opened);
+  auto version = store_->db().Prepare("PRAGMA user_version");
+  ASSERT_TRUE(*version->Step());
+  EXPECT_EQ(version->ColumnInt(0), static_cast<int64_t>(BuiltinMigrations().size()));
+
+  auto job = store_->GetJob(1);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state, JobState::kPaused);
+  auto tasks = store_->ListTasks(1);
+  ASSERT_EQ(tasks->size(), 14u);  // inspect, 4 dequant, 4 quantize, export, 4 verify
+  std::map<int64_t, const TaskRow*> by_id;
+  for (const TaskRow& t : *tasks) by_id[t.id] = &t;
+  EXPECT_EQ((*tasks)[5].stage_kind, "quantize");
+  EXPECT_EQ((*tasks)[5].label, "shard 1 of 4");
+  EXPECT_EQ((*tasks)[0].label, "");
+  EXPECT_EQ((*tasks)[9].label, "");  // export
+  // Every task depends on exactly the tasks of the stage before it, as version 1 ran them.
+  std::map<int64_t, std::set<std::string>> deps;
+  auto edges = store_->ListDependencies(1);
+  ASSERT_TRUE(edges.ok());
+  for (const auto& [task, on] : *edges) deps[task].insert(by_id.at(on)->stage_kind);
+  EXPECT_EQ(edges->size(), 4u + 4 * 4 + 4 + 4);
+  EXPECT_EQ(deps[(*tasks)[1].id], std::set<std::string>{"inspect"});
+  EXPECT_EQ(deps[(*tasks)[5].id], std::set<std::string>{"dequant"});
+  EXPECT_EQ(deps[(*tasks)[9].id], std::set<std::string>{"quantize"});
+  EXPECT_EQ(deps[(*tasks)[10].id], std::set<std::string>{"export"});
+  // Resuming leases quantize 3 and 4, and nothing after them until they are done.
+  ASSERT_TRUE(store_->SetJobState(1, JobState::kRunning, "resumed", "", 1).ok());
+  TaskLease l3, l4, none;
+  auto t3 = store_->LeaseNextTask(1, "w", 2, 1000, &l3);
+  ASSERT_TRUE(t3.ok() && t3->has_value());
+  EXPECT_EQ((*t3)->stage_kind, "quantize");
+  EXPECT_EQ((*t3)->ordinal, 2);
+  auto t4 = store_->LeaseNextTask(1, "w", 2, 1000, &l4);
+  EXPECT_EQ((*t4)->ordinal, 3);
+  EXPECT_FALSE(store_->LeaseNextTask(1, "w", 2, 1000, &none)->has_value());
+  // The stage CHECK of version 1 is gone; the tables' references survived the rebuild.
+  EXPECT_TRUE(store_->db().Exec("UPDATE stages SET kind = 'calibrate-v2' WHERE id = 1").ok());
+  auto fk = store_->db().Prepare("PRAGMA foreign_key_check");
+  EXPECT_FALSE(*fk->Step());
+}
+
 }  // namespace quantd::store

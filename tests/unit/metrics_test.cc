@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "server/pipeline/stage_registry.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::metrics {
@@ -27,7 +28,6 @@ namespace {
 
 const char* const kJobStates[] = {"PENDING",   "RUNNING", "PAUSED",
                                   "SUCCEEDED", "FAILED",  "CANCELLED"};
-const char* const kStages[] = {"inspect", "dequant", "calibrate", "quantize", "export", "verify"};
 const char* const kTaskStates[] = {"PENDING", "LEASED", "DONE", "FAILED"};
 const char* const kOutcomes[] = {"done", "failed", "retried", "interrupted"};
 
@@ -78,6 +78,10 @@ std::string HttpGet(const std::string& address, const std::string& path) {
 
 TEST(MetricsTest, FixedSeriesExistAtZeroBeforeAnyEvent) {
   const auto m = Metrics::Create("1.2.3", false);
+  EXPECT_TRUE(LinesWithPrefix(m->Exposition(), "quantd_tasks{").empty());
+  const std::vector<std::string> stages = pipeline::BuiltinStages().kinds();
+  m->DeclareStages(stages);
+  m->DeclareStages(stages);  // idempotent
   const std::string text = m->Exposition();
   EXPECT_TRUE(HasLine(text, "quantd_build_info{cuda=\"false\",version=\"1.2.3\"} 1")) << text;
   EXPECT_TRUE(HasLine(text, "# TYPE quantd_build_info gauge"));
@@ -89,7 +93,7 @@ TEST(MetricsTest, FixedSeriesExistAtZeroBeforeAnyEvent) {
     EXPECT_TRUE(HasLine(text, absl::StrCat("quantd_jobs{state=\"", state, "\"} 0"))) << state;
   }
   EXPECT_EQ(LinesWithPrefix(text, "quantd_jobs{").size(), 6u);
-  for (const char* stage : kStages) {
+  for (const std::string& stage : stages) {
     for (const char* state : kTaskStates) {
       EXPECT_TRUE(HasLine(
           text, absl::StrCat("quantd_tasks{stage=\"", stage, "\",state=\"", state, "\"} 0")));
@@ -103,10 +107,11 @@ TEST(MetricsTest, FixedSeriesExistAtZeroBeforeAnyEvent) {
     EXPECT_TRUE(HasLine(text, absl::StrCat("quantd_stage_duration_seconds_bucket{stage=\"", stage,
                                            "\",le=\"+Inf\"} 0")));
   }
-  EXPECT_EQ(LinesWithPrefix(text, "quantd_tasks{").size(), 24u);
-  EXPECT_EQ(LinesWithPrefix(text, "quantd_task_attempts_total{").size(), 24u);
+  EXPECT_EQ(LinesWithPrefix(text, "quantd_tasks{").size(), stages.size() * 4);
+  EXPECT_EQ(LinesWithPrefix(text, "quantd_task_attempts_total{").size(), stages.size() * 4);
   // 13 finite buckets and +Inf per stage.
-  EXPECT_EQ(LinesWithPrefix(text, "quantd_stage_duration_seconds_bucket{").size(), 6u * 14u);
+  EXPECT_EQ(LinesWithPrefix(text, "quantd_stage_duration_seconds_bucket{").size(),
+            stages.size() * 14);
   // Open label sets have no series until their first event.
   EXPECT_TRUE(LinesWithPrefix(text, "quantd_device_").empty());
   EXPECT_TRUE(LinesWithPrefix(text, "quantd_task_retries_total").empty());
@@ -200,6 +205,7 @@ TEST(MetricsTest, SetTaskCountsReplacesEveryPair) {
 
 TEST(MetricsTest, CountersAddUpExactly) {
   const auto m = Metrics::Create("1", false);
+  m->DeclareStages(pipeline::BuiltinStages().kinds());
   m->AddBytesRead(3);
   m->AddBytesRead(uint64_t{1} << 40);
   m->AddBytesWritten(4096);
@@ -245,6 +251,7 @@ TEST(MetricsTest, CountersAddUpExactly) {
 
 TEST(MetricsTest, StageDurationBuckets) {
   const auto m = Metrics::Create("1", false);
+  m->DeclareStages(pipeline::BuiltinStages().kinds());
   // Binary-exact values, so that the sum is exact; 0.5 sits on a bound (le is inclusive).
   for (double s : {0.0625, 0.5, 3.0, 50000.0}) m->ObserveStageDuration("quantize", s);
   const std::string text = m->Exposition();

@@ -1,5 +1,6 @@
-// Planning on the tiny V4 and V3 fixtures: stage order, every source tensor accounted for exactly
-// once, fusion groups kept in one task, recipe selections, payload round trips, disk check.
+// Planning on the tiny V4 and V3 fixtures: stage order, task dependencies and labels, every source
+// tensor accounted for exactly once, fusion groups kept in one task, recipe selections, payload
+// round trips, disk check.
 #include "server/pipeline/plan.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <set>
 
 #include "server/fixture/fixture.h"
+#include "server/pipeline/stage_registry.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "tests/unit/test_dirs.h"
 
@@ -137,6 +139,41 @@ TEST_P(PlanTest, MaterializeAddsADequantTaskPerSourceShard) {
   ASSERT_TRUE(task.ok());
   EXPECT_EQ(task->shard, plan->stages[1].tasks[0].name);
   EXPECT_GT(plan->bf16_bytes, plan->source_bytes);  // FP8 and FP4 weights double or quadruple
+}
+
+// The dependencies decide the order: quantize waits for inspect only (not the BF16 copy), export
+// for every shard it indexes, verify of a shard for that shard's quantize task and export.
+TEST_P(PlanTest, TasksDependOnWhatTheyReadWithShardLabels) {
+  auto plan = BuildPlan(Spec(", \"materialize_bf16\": \"" + dir_.string() + "-bf16\""),
+                        *source_, inventory_);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(Kinds(*plan), BuiltinStages().kinds());
+  const store::TaskRef inspect{"inspect", "inspect"};
+  const store::StagePlan& dequant = plan->stages[1];
+  const store::StagePlan& quantize = plan->stages[2];
+  const store::StagePlan& exported = plan->stages[3];
+  const store::StagePlan& verify = plan->stages[4];
+  EXPECT_TRUE(plan->stages[0].tasks[0].depends_on.empty());
+  std::vector<store::TaskRef> export_after;
+  for (size_t i = 0; i < quantize.tasks.size(); ++i) {
+    const store::TaskPlan& q = quantize.tasks[i];
+    EXPECT_EQ(q.label, "shard " + std::to_string(i + 1) + " of " +
+                           std::to_string(quantize.tasks.size()));
+    EXPECT_EQ(q.depends_on, std::vector<store::TaskRef>{inspect});
+    EXPECT_EQ(q.requirement, compute::DeviceRequirement{});
+    export_after.push_back({"quantize", q.name});
+    const store::TaskPlan& v = verify.tasks[i];
+    EXPECT_EQ(v.name, q.name);
+    EXPECT_EQ(v.label, q.label);
+    EXPECT_EQ(v.depends_on,
+              (std::vector<store::TaskRef>{{"quantize", q.name}, {"export", "export"}}));
+  }
+  for (const store::TaskPlan& d : dequant.tasks) {
+    EXPECT_EQ(d.depends_on, std::vector<store::TaskRef>{inspect});
+    export_after.push_back({"dequant", d.name});
+  }
+  ASSERT_EQ(exported.tasks.size(), 1u);
+  EXPECT_EQ(exported.tasks[0].depends_on, export_after);
 }
 
 TEST_P(PlanTest, RecipeSelectingNothingIsAnError) {

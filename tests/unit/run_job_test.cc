@@ -525,6 +525,97 @@ TEST_F(RunnerTest, CancelPausesAfterRunningTasksAndTheNextRunFinishes) {
   EXPECT_EQ(Hashes((root_ / "out").string()), Hashes((root_ / "clean").string()));
 }
 
+// Issue 9 §4: on resume, a done task whose output is gone or changed is redone, and so are the done
+// tasks after it (export indexed the shard, verify read it).
+TEST_F(RunnerTest, ResumeRebuildsDoneOutputsThatAreGoneOrChanged) {
+  const JobSpec spec = Spec("out", ", \"weight_format\": \"w4a16_nvfp4\"");
+  std::atomic<bool> cancel{false};
+  CancelAfter buf("verify ", 1, &cancel);  // once every quantize task and export are done
+  std::ostream log(&buf);
+  RunOptions options = Options(spec, "state.db");
+  options.progress = &log;
+  options.cancel = &cancel;
+  absl::Status s = RunJob(options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s << buf.str();
+  auto store = OpenStore("state.db");
+  const std::vector<store::TaskRow> quantize = Tasks(*store, "quantize");
+  ASSERT_EQ(quantize.size(), 4u);
+  for (const store::TaskRow& t : quantize) ASSERT_EQ(t.state, store::TaskState::kDone) << t.name;
+  store.reset();
+  // Shard 1 deleted; shard 2 with one byte flipped (same size, other SHA-256).
+  fs::remove(quantize[0].output_path);
+  {
+    std::fstream f(quantize[1].output_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(last ^ 1));
+  }
+
+  ASSERT_TRUE(RunJob(Options(spec, "state.db")).ok()) << log_.str();
+  EXPECT_NE(log_.str().find(quantize[0].output_path + " is gone"), std::string::npos)
+      << log_.str();
+  EXPECT_NE(log_.str().find(quantize[1].output_path + " no longer has the recorded SHA-256"),
+            std::string::npos)
+      << log_.str();
+  store = OpenStore("state.db");
+  const std::vector<store::TaskRow> after = Tasks(*store, "quantize");
+  EXPECT_EQ(after[0].attempt, 2);
+  EXPECT_EQ(after[1].attempt, 2);
+  EXPECT_EQ(after[2].attempt, 1);
+  EXPECT_EQ(after[3].attempt, 1);
+  EXPECT_EQ(Tasks(*store, "export")[0].attempt, 2);
+  for (const store::TaskRow& t : Tasks(*store, "verify")) {
+    EXPECT_EQ(t.state, store::TaskState::kDone) << t.name;
+  }
+  ASSERT_TRUE(
+      RunJob(Options(Spec("clean", ", \"weight_format\": \"w4a16_nvfp4\""), "clean.db")).ok());
+  EXPECT_EQ(Hashes((root_ / "out").string()), Hashes((root_ / "clean").string()));
+}
+
+TEST(FindChangedOutputsTest, NamesMissingResizedAndRewrittenFilesOnly) {
+  const fs::path dir = fs::temp_directory_path() / ("quantd_changed_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  const auto done = [](int64_t id, const std::string& path, int64_t bytes, const std::string& sha) {
+    store::TaskRow t;
+    t.id = id;
+    t.stage_kind = "quantize";
+    t.name = "t" + std::to_string(id);
+    t.state = store::TaskState::kDone;
+    t.output_path = path;
+    t.output_bytes = bytes;
+    t.output_sha256 = sha;
+    return t;
+  };
+  // SHA-256("abc")
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  std::vector<store::TaskRow> tasks = {
+      done(1, write("same", "abc"), 3, abc),
+      done(2, (dir / "gone").string(), 3, abc),
+      done(3, write("longer", "abcd"), 3, abc),
+      done(4, write("rewritten", "abd"), 3, abc),
+      done(5, dir.string(), 0, "manifest"),  // a directory (export): not checked here
+      done(6, "", 0, ""),                     // no output (inspect)
+  };
+  store::TaskRow pending = done(7, (dir / "gone").string(), 3, abc);
+  pending.state = store::TaskState::kPending;
+  tasks.push_back(pending);
+  auto changed = FindChangedOutputs(tasks);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_EQ(changed->size(), 3u);
+  EXPECT_EQ((*changed)[0].first, 2);
+  EXPECT_EQ((*changed)[0].second, "quantize t2: output " + (dir / "gone").string() + " is gone");
+  EXPECT_EQ((*changed)[1].first, 3);
+  EXPECT_EQ((*changed)[1].second,
+            "quantize t3: output " + (dir / "longer").string() + " has 4 bytes, recorded 3");
+  EXPECT_EQ((*changed)[2].first, 4);
+  fs::remove_all(dir);
+}
+
 TEST(RetryTest, TransientErrorsBackOffTwiceThenFailPermanentErrorsFailAtOnce) {
   using absl::StatusCode;
   for (StatusCode code :

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +50,7 @@ class FakeStages {
   std::map<std::string, std::set<int>> blocking;  // task -> attempts that wait for Release
   bool ignore_cancel = false;                     // blocked attempts wait even when cancelled
   bool report_while_blocked = false;              // blocked attempts report progress meanwhile
+  std::atomic<int> progress_reports{0};           // how often they did
 
   void Plan(const std::vector<std::string>& names) {
     store::StagePlan stage;
@@ -73,7 +76,10 @@ class FakeStages {
       // A real stage checks its cancel flag between tensors; this one every 2 ms.
       while (released_.count(task.name) == 0 && (ignore_cancel || !cancelled->load())) {
         cv_.wait_for(lock, std::chrono::milliseconds(2));
-        if (report_while_blocked) add_progress(1);
+        if (report_while_blocked) {
+          add_progress(1);
+          progress_reports.fetch_add(1);
+        }
       }
     }
     released_.erase(task.name);
@@ -132,6 +138,12 @@ class FakeTasks final : public JobTasks {
                                                std::function<void(uint64_t)> add_progress)
       const override {
     return stages_->Run(task, device, cancelled, add_progress);
+  }
+  absl::Status Complete(store::JobStore& store, const store::TaskLease& lease,
+                        const store::TaskRow& /*task*/, const pipeline::TaskOutput& output,
+                        int64_t now_ms) const override {
+    return store.CompleteTask(lease, output.path, static_cast<int64_t>(output.bytes),
+                              output.sha256, now_ms);
   }
   compute::DeviceRequirement Requirement(const store::TaskRow& task) const override {
     const auto it = stages_->requirements.find(task.name);
@@ -367,6 +379,11 @@ TEST_F(SchedulerFakeClockTest, ATaskThatReportsProgressKeepsItsLeaseForAsLongAsI
   const int64_t id = Submit(*s);
   ASSERT_TRUE(stages_.WaitForStarts(1));
   for (int i = 0; i < 3 * kLeaseMs / 1000; ++i) {  // three leases long, one timer tick at a time
+    // Each lease period sees progress: wait (real time) for a report before the clock moves on.
+    const int reports = stages_.progress_reports.load();
+    while (stages_.progress_reports.load() == reports) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     clock_.Advance(kLeaseMs / 3);
     Sync(*s);
   }

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/pipeline/stages/inspect_stage.h"
 #include "server/pipeline/stages/shard_io.h"
 
 namespace quantd::pipeline {
@@ -27,6 +29,24 @@ struct OutputEntry {
 };
 
 }  // namespace
+
+absl::StatusOr<std::vector<store::TaskPlan>> DequantStage::Plan(const PlanInput& input) const {
+  std::vector<store::TaskPlan> tasks;
+  if (input.spec->materialize_bf16.empty()) return tasks;
+  const store::TaskRef inspect{std::string(InspectStage::kKind), std::string(InspectStage::kKind)};
+  size_t i = 0;
+  for (const auto& [shard, bytes] : input.source_shards) {
+    tasks.push_back({shard, ToJson(DequantTask{shard}), static_cast<int64_t>(bytes),
+                     ShardLabel(i++, input.source_shards.size()), {}, {inspect}});
+  }
+  return tasks;
+}
+
+absl::StatusOr<TaskOutput> DequantStage::Run(const store::TaskRow& task, compute::Device&,
+                                             const StageContext& ctx) const {
+  ASSIGN_OR_RETURN(DequantTask payload, ParseDequantTask(task.payload_json));
+  return RunDequantTask(ctx, payload);
+}
 
 absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const DequantTask& task) {
   const checkpoint::SafetensorsFile* file = nullptr;

@@ -50,6 +50,8 @@
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/sha256.h"
 #include "server/pipeline/export_layout.h"
+#include "server/pipeline/stages/dequant_stage.h"
+#include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/recipe.h"
 #include "server/pipeline/stages/verify_rules.h"
 
@@ -351,7 +353,7 @@ absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
   const std::string& dir = ctx.spec->materialize_bf16;
   std::vector<std::string> shards;
   for (const store::StagePlan& stage : plan.stages) {
-    if (stage.kind != "dequant") continue;
+    if (stage.kind != DequantStage::kKind) continue;
     for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
   }
   absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(dir, shards);
@@ -374,6 +376,25 @@ absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<store::TaskPlan>> ExportStage::Plan(const PlanInput& input) const {
+  std::vector<store::TaskRef> after;
+  for (const OutputShard& shard : input.output_shards) {
+    after.push_back({std::string(QuantizeStage::kKind), shard.task.shard});
+  }
+  if (!input.spec->materialize_bf16.empty()) {
+    for (const auto& [shard, bytes] : input.source_shards) {
+      after.push_back({std::string(DequantStage::kKind), shard});
+    }
+  }
+  return std::vector<store::TaskPlan>{
+      {std::string(kKind), "{}", 0, "", {}, std::move(after)}};
+}
+
+absl::StatusOr<TaskOutput> ExportStage::Run(const store::TaskRow&, compute::Device&,
+                                            const StageContext& ctx) const {
+  return RunExportTask(ctx, *ctx.plan);
+}
+
 absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& plan) {
   const JobSpec& spec = *ctx.spec;
   const TensorInventory& inventory = *ctx.inventory;
@@ -383,7 +404,7 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   // The index, from the shards the quantize stage wrote.
   std::vector<std::string> shards;
   for (const store::StagePlan& stage : plan.stages) {
-    if (stage.kind != "quantize") continue;
+    if (stage.kind != QuantizeStage::kKind) continue;
     for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
   }
   absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(out_dir, shards);

@@ -5,11 +5,26 @@
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_EXPORT_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_EXPORT_STAGE_H_
 
+#include <string_view>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
 
 namespace quantd::pipeline {
+
+class ExportStage final : public Stage {
+ public:
+  static constexpr std::string_view kKind = "export";
+
+  std::string_view kind() const override { return kKind; }
+  // One task, "export", after every quantize task and every dequant task (it indexes their shards).
+  absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
+  // Uses ctx.plan.
+  absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
+                                 const StageContext& ctx) const override;
+};
 
 // `plan` is the job's plan (rebuilt deterministically from the spec and the source); export
 // reads its output shard names and the recipe's selection (for exclude_modules).

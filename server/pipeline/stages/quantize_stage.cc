@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "server/base/status_macros.h"
+#include "server/pipeline/stages/inspect_stage.h"
 #include "server/checkpoint/safetensors_writer.h"
 #include "server/pipeline/stages/input_scales.h"
 #include "server/pipeline/stages/shard_io.h"
@@ -275,6 +277,23 @@ absl::StatusOr<TaskOutput> QuantizeRun::Run() {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<store::TaskPlan>> QuantizeStage::Plan(const PlanInput& input) const {
+  const store::TaskRef inspect{std::string(InspectStage::kKind), std::string(InspectStage::kKind)};
+  std::vector<store::TaskPlan> tasks;
+  for (size_t i = 0; i < input.output_shards.size(); ++i) {
+    const OutputShard& shard = input.output_shards[i];
+    tasks.push_back({shard.task.shard, ToJson(shard.task), static_cast<int64_t>(shard.source_bytes),
+                     ShardLabel(i, input.output_shards.size()), {}, {inspect}});
+  }
+  return tasks;
+}
+
+absl::StatusOr<TaskOutput> QuantizeStage::Run(const store::TaskRow& task, compute::Device&,
+                                              const StageContext& ctx) const {
+  ASSIGN_OR_RETURN(ShardTask payload, ParseShardTask(task.payload_json));
+  return RunQuantizeTask(ctx, payload);
+}
 
 absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task) {
   return QuantizeRun(ctx, task).Run();

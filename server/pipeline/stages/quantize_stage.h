@@ -5,12 +5,28 @@
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 
+#include <string_view>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
 
 namespace quantd::pipeline {
 
+class QuantizeStage final : public Stage {
+ public:
+  static constexpr std::string_view kKind = "quantize";
+
+  std::string_view kind() const override { return kKind; }
+  // One task per output shard (payload ShardTask), after inspect only: it reads the source, so it
+  // does not wait for the BF16 copy.
+  absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
+  absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
+                                 const StageContext& ctx) const override;
+};
+
+// The body of a quantize task.
 absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task);
 
 }  // namespace quantd::pipeline

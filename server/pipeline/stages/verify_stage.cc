@@ -11,11 +11,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
 #include "kernels/formats.h"
 #include "server/checkpoint/safetensors_reader.h"
+#include "server/pipeline/stages/export_stage.h"
+#include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/stages/shard_io.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/pipeline/stages/verify_rules.h"
+#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -157,6 +160,29 @@ absl::StatusOr<store::TensorStatsRow> ModuleStats(const StageContext& ctx,
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<store::TaskPlan>> VerifyStage::Plan(const PlanInput& input) const {
+  const store::TaskRef exported{std::string(ExportStage::kKind), std::string(ExportStage::kKind)};
+  std::vector<store::TaskPlan> tasks;
+  for (size_t i = 0; i < input.output_shards.size(); ++i) {
+    const OutputShard& shard = input.output_shards[i];
+    const store::TaskRef quantized{std::string(QuantizeStage::kKind), shard.task.shard};
+    tasks.push_back({shard.task.shard, ToJson(shard.task), static_cast<int64_t>(shard.source_bytes),
+                     ShardLabel(i, input.output_shards.size()), {}, {quantized, exported}});
+  }
+  return tasks;
+}
+
+absl::StatusOr<TaskOutput> VerifyStage::Run(const store::TaskRow& task, compute::Device&,
+                                            const StageContext& ctx) const {
+  ASSIGN_OR_RETURN(ShardTask payload, ParseShardTask(task.payload_json));
+  return RunVerifyTask(ctx, payload);
+}
+
+absl::Status VerifyStage::Record(store::TaskRecord& txn, const store::TaskRow&,
+                                 const TaskOutput& output) const {
+  return txn.PutTensorStats(output.stats);
+}
 
 absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTask& task) {
   const std::string path = absl::StrCat(ctx.spec->output, "/", task.shard);

@@ -110,12 +110,26 @@ def test_runtime_stage_runs_serve_as_non_root_with_state_volume():
         assert (REPO / src).exists(), src
 
 
+def with_test_token(config, tmp_path):
+    """A copy of `config` whose token_file (the secret a deployment mounts) is a test token."""
+    settings = json.loads(config.read_text())
+    if "token_file" not in settings:
+        return config
+    token = tmp_path / "token"
+    token.write_text("test-token-0123456789abcdef\n")
+    token.chmod(0o600)
+    settings["token_file"] = str(token)
+    copy = tmp_path / f"{config.parent.name}-serve.json"
+    copy.write_text(json.dumps(settings))
+    return copy
+
+
 def test_shipped_configs_are_accepted_by_serve(qd, tmp_path):
     """deploy/docker/serve.json and deploy/systemd/serve.json parse; the harness's flags override
     their addresses and state dir, so the daemon starts here."""
     for config in (CONFIG, REPO / "deploy" / "systemd" / "serve.json"):
         state = tmp_path / config.parent.name / "state"
-        with Daemon(qd.binary, state, "--config", config) as daemon:
+        with Daemon(qd.binary, state, "--config", with_test_token(config, tmp_path)) as daemon:
             daemon.stop()
 
 

@@ -98,7 +98,14 @@ def test_pieces_fit_together(docs, qd, tmp_path):
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # quantd serve accepts the ConfigMap's config (the harness's flags override addresses).
+    # The token Secret is mounted where the config's token_file points.
+    token_mount = mounts["token"]
+    assert config["token_file"].startswith(token_mount + "/")
+    assert volumes["token"]["secret"]["secretName"] == "quantd-token"
+    token = tmp_path / "token"
+    token.write_text("test-token-0123456789abcdef\n")
+    token.chmod(0o600)
     path = tmp_path / "serve.json"
-    path.write_text(config_map["data"]["serve.json"])
+    path.write_text(json.dumps({**config, "token_file": str(token)}))
     with Daemon(qd.binary, tmp_path / "state", "--config", path) as daemon:
         daemon.stop()

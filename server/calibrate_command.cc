@@ -81,7 +81,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> CalibrationIds(
 }  // namespace
 
 int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
+  absl::StatusOr<std::string> text =
+      checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(err, text.status(), kUsage);
   absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);

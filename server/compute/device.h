@@ -4,8 +4,8 @@
 //
 // What a device offers:
 //   - backend(): the conversion kernels (dequantize, NVFP4 quantize, lossless cast);
-//   - gemm(): matrix products for the model forward (kernels/gemm.h): OpenBLAS on CPU, cuBLAS on
-//     CUDA;
+//   - gemm(): matrix products for the model forward (kernels/gemm.h): OpenBLAS on CPU; none yet
+//     on CUDA (cuda_device.cc says why; kernels::MakeCublasGemm exists and is tested alone);
 //   - memory: total and free bytes (CUDA: cudaMemGetInfo; CPU: the host budget it was given) and
 //     whether its buffers are host-visible (a stage may then hand it host pointers directly).
 // A Device is used by one worker thread at a time; memory queries are thread-safe.

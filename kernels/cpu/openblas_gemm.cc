@@ -1,8 +1,15 @@
 // Gemm on the CPU: OpenBLAS sgemm; BF16 operands are widened to float32 one tile of rows at a
 // time, so a BF16 weight never exists whole in float32.
+//
+// OpenBLAS is loaded on first use (dlopen), not linked: libopenblas carries 60 KiB of
+// thread-local storage, and the TLS of every library linked at start sits on every thread's
+// stack, which overflowed the 100 KiB stacks that civetweb (the metrics server) gives its threads
+// and crashed quantd serve on the first scrape. A dlopened library's TLS is allocated on demand.
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "kernels/formats.h"
@@ -29,6 +36,33 @@ const float* RowsAsF32(const DenseTensor& t, int64_t begin, int64_t count,
   return scratch->data();
 }
 
+// The two OpenBLAS entry points quantd calls, resolved once; `error` is set when they are not.
+struct OpenBlas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&openblas_set_num_threads) set_num_threads = nullptr;
+  std::string error;
+};
+
+const OpenBlas& LoadOpenBlas() {
+  static const OpenBlas* const blas = [] {
+    auto* b = new OpenBlas;
+    void* lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      b->error = std::string("cannot load libopenblas.so.0: ") + (why != nullptr ? why : "");
+      return b;
+    }
+    b->sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(lib, "cblas_sgemm"));
+    b->set_num_threads = reinterpret_cast<decltype(&openblas_set_num_threads)>(
+        dlsym(lib, "openblas_set_num_threads"));
+    if (b->sgemm == nullptr || b->set_num_threads == nullptr) {
+      b->error = "libopenblas.so.0 lacks cblas_sgemm or openblas_set_num_threads";
+    }
+    return b;
+  }();
+  return *blas;
+}
+
 class OpenBlasGemm final : public Gemm {
  public:
   std::string name() const override { return "openblas"; }
@@ -36,7 +70,9 @@ class OpenBlasGemm final : public Gemm {
   absl::Status Sgemm(const SgemmArgs& g) override {
     if (absl::Status s = ValidateSgemm(g); !s.ok()) return s;
     if (g.m == 0 || g.n == 0) return absl::OkStatus();
-    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+    const OpenBlas& blas = LoadOpenBlas();
+    if (!blas.error.empty()) return absl::UnavailableError(blas.error);
+    blas.sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
                 g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b,
                 g.ldb, g.beta, g.c, g.ldc);
     return absl::OkStatus();
@@ -47,13 +83,15 @@ class OpenBlasGemm final : public Gemm {
     if (absl::Status s = ValidateMatMulNT(x, w, out); !s.ok()) return s;
     const int64_t m = x.rows, n = w.rows, k = x.cols;
     if (m == 0 || n == 0) return absl::OkStatus();
+    const OpenBlas& blas = LoadOpenBlas();
+    if (!blas.error.empty()) return absl::UnavailableError(blas.error);
     std::vector<float> x_scratch, w_scratch;
     const float* xf = RowsAsF32(x, 0, m, &x_scratch);
     const int64_t tile = std::max<int64_t>(1, std::min(n, kTileElements / std::max<int64_t>(k, 1)));
     for (int64_t n0 = 0; n0 < n; n0 += tile) {
       const int64_t nt = std::min(tile, n - n0);
       const float* wf = RowsAsF32(w, n0, nt, &w_scratch);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nt, k, 1.0f, xf, k, wf, k,
+      blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nt, k, 1.0f, xf, k, wf, k,
                   accumulate ? 1.0f : 0.0f, out + n0, n);
     }
     return absl::OkStatus();
@@ -63,7 +101,8 @@ class OpenBlasGemm final : public Gemm {
 }  // namespace
 
 std::unique_ptr<Gemm> MakeOpenBlasGemm(int threads) {
-  if (threads > 0) openblas_set_num_threads(threads);
+  const OpenBlas& blas = LoadOpenBlas();
+  if (threads > 0 && blas.error.empty()) blas.set_num_threads(threads);
   return std::make_unique<OpenBlasGemm>();
 }
 

@@ -264,7 +264,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
     QUANTD_RETURN_IF_ERROR(c.Enumerated("numerics", kCalibrationNumericsNames, 2, &cs.numerics));
     QUANTD_RETURN_IF_ERROR(c.String("amax_out", false, &cs.amax_out));
     QUANTD_RETURN_IF_ERROR(c.RejectUnknown());
-    if (spec.calibration.seq_len == 0) return c.Error("seq_len", "must be at least 1");
+    // 0 meant "the default" in release 0.1.0, whose state files store it so.
+    if (spec.calibration.seq_len == 0) spec.calibration.seq_len = CalibrationSpec{}.seq_len;
     if (spec.calibration.min_seq_len > spec.calibration.seq_len) {
       return c.Error("min_seq_len", "must not exceed 'calibration.seq_len'");
     }

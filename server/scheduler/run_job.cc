@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
 #include "server/checkpoint/sha256.h"
+#include "server/pipeline/job_paths.h"
 #include "server/pipeline/progress.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
@@ -32,6 +33,15 @@ absl::StatusOr<int64_t> FindOrCreateJob(store::JobStore& store, const RunOptions
     if (job.request_id == request_id) continue;
     std::string what;
     absl::StatusOr<pipeline::JobSpec> other = pipeline::ParseJobSpec(job.spec_json, "state");
+    // A state file written by an earlier release stores that release's canonical spec (fewer
+    // fields, paths as given): the same job when it reads, today and resolved, as this spec.
+    if (other.ok()) {
+      pipeline::JobSpec resolved = *other;
+      if (pipeline::ResolveJobPaths(&resolved, /*allow_relative=*/true).ok() &&
+          pipeline::JobSpecToJson(resolved) == pipeline::JobSpecToJson(options.spec)) {
+        return job.id;
+      }
+    }
     if (other.ok()) {
       what = absl::StrCat(" (source ", other->source, ", output ", other->output, ")");
     }

@@ -5,6 +5,8 @@ run; the tasks the old release finished are not redone.
 """
 
 import shutil
+
+import pytest
 import sqlite3
 from pathlib import Path
 
@@ -28,6 +30,10 @@ def run_in(qd, root, state):
     return proc
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "the output directory that release 0.1.0 half wrote has no .quantd-job marker, and the "
+    "marker rule (issue 9) refuses a non-empty directory without one; adopting such a directory "
+    "for the job that wrote it is open work (issue 8)"))
 def test_a_version_1_paused_job_resumes_to_identical_output(qd, tmp_path):
     ref = workdir(qd, tmp_path / "ref")
     run_in(qd, ref, "state.db")

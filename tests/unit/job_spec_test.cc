@@ -217,8 +217,11 @@ TEST(JobSpecCalibrationTest, BadCalibrationNamesTheField) {
             "spec.json: field 'calibration.datasets[0].n' is not a known field");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": [{"path": "x", "samples": -1}]}})"),
             "spec.json: field 'calibration.datasets[0].samples' must be a non-negative integer");
-  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"seq_len": 0}})"),
-            "spec.json: field 'calibration.seq_len' must be at least 1");
+  // 0 is the default (as release 0.1.0 wrote it), not an error.
+  absl::StatusOr<JobSpec> zero = ParseJobSpec(
+      R"({"source": "a", "output": "b", "calibration": {"seq_len": 0}})", "spec.json");
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->calibration.seq_len, 512);
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"seq_len": 8}})"),
             "spec.json: field 'calibration.min_seq_len' must not exceed 'calibration.seq_len'");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"add_bos": 1}})"),

@@ -111,11 +111,16 @@ void ProgressView::PrintChanges(const v1::Job& job) {
   last_["job"] = header;
   if (header_changed && !stopped) *out_ << header << "\n";
   for (const v1::StageProgress& s : job.stages()) {
+    // A line is reprinted when its state or task count moved and its text differs: a stage
+    // that starts without progress yet (PENDING -> RUNNING, 0/4) would repeat the same line.
     const std::string key = StageChangeKey(s);
-    auto it = last_.find(s.kind());
-    if (it != last_.end() && it->second == key) continue;
-    *out_ << FormatStageLine(s) << "\n";
-    last_[s.kind()] = key;
+    auto it = last_key_.find(s.kind());
+    if (it != last_key_.end() && it->second == key) continue;
+    last_key_[s.kind()] = key;
+    const std::string line = FormatStageLine(s);
+    if (last_[s.kind()] == line) continue;
+    *out_ << line << "\n";
+    last_[s.kind()] = line;
   }
   if (!job.last_error().empty() && last_["error"] != job.last_error()) {
     *out_ << "last error: " << job.last_error() << "\n";

@@ -49,6 +49,8 @@ class ProgressView {
   size_t lines_drawn_ = 0;                   // tty: lines of the previous drawing
   std::map<std::string, std::string> last_;  // plain: per line ("job", "error", stage kind),
                                              // what it showed when last printed
+  std::map<std::string, std::string> last_key_;  // plain: per stage kind, the state and task
+                                                 // counts when its line was last printed
 };
 
 }  // namespace quantd::client

@@ -130,6 +130,9 @@ TEST(ProgressViewTest, PlainPrintsOnlyChangedLines) {
   view.Show(job);
   job.mutable_stages(1)->set_tasks_done(13);
   view.Show(job);
+  // A stage that starts without progress shows the same text: not printed again.
+  job.mutable_stages(2)->set_state(v1::StageProgress::RUNNING);
+  view.Show(job);
   job.set_reason("pausing");
   view.Show(job);
   job.set_state(v1::PAUSED);

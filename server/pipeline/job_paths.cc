@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <system_error>
 
@@ -44,6 +45,20 @@ std::string Overlap(const fs::path& path, const fs::path& other) {
   if (inside) return "lies inside";
   if (contains) return "contains";
   return "";
+}
+
+// A path field of a spec.
+struct PathField {
+  const char* name;   // as errors name it
+  std::string* path;  // in the spec
+};
+
+std::array<PathField, 5> PathFields(JobSpec* spec) {
+  return {{{"source", &spec->source},
+           {"output", &spec->output},
+           {"materialize_bf16", &spec->materialize_bf16},
+           {"calibration.amax_file", &spec->calibration.amax_file},
+           {"calibration.dataset", &spec->calibration.dataset}}};
 }
 
 absl::Status Resolve(absl::string_view field, bool allow_relative, std::string* path) {
@@ -124,16 +139,7 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path) {
 }
 
 absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative) {
-  struct Field {
-    const char* name;
-    std::string* path;
-  };
-  const Field fields[] = {{"source", &spec->source},
-                          {"output", &spec->output},
-                          {"materialize_bf16", &spec->materialize_bf16},
-                          {"calibration.amax_file", &spec->calibration.amax_file},
-                          {"calibration.dataset", &spec->calibration.dataset}};
-  for (const Field& f : fields) {
+  for (const PathField& f : PathFields(spec)) {
     if (absl::Status s = Resolve(f.name, allow_relative, f.path); !s.ok()) return s;
   }
   const fs::path source(spec->source), output(spec->output);
@@ -151,6 +157,32 @@ absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative) {
                                                        name, " directory ", dir->string()));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckJobPathsUnchanged(const JobSpec& spec) {
+  JobSpec stored = spec;
+  for (const PathField& f : PathFields(&stored)) {
+    const fs::path path(*f.path);
+    if (path.empty() || path.is_relative()) continue;
+    // The path was canonical at submit: no component of it was a symbolic link then.
+    fs::path prefix;
+    for (const fs::path& component : path) {
+      prefix /= component;
+      struct stat st;
+      if (lstat(prefix.c_str(), &st) != 0) break;  // absent: created later by the job itself
+      if (!S_ISLNK(st.st_mode)) continue;
+      std::error_code ec;
+      const fs::path target = fs::read_symlink(prefix, ec);
+      return absl::FailedPreconditionError(absl::StrCat(
+          f.name, ": ", path.string(), " now leads through the symbolic link ", prefix.string(),
+          " (to ", ec ? "?" : target.string(),
+          "), which was not there when the job was submitted; quantd does not follow it"));
+    }
+  }
+  if (absl::Status s = ResolveJobPaths(&stored, /*allow_relative=*/true); !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
   }
   return absl::OkStatus();
 }

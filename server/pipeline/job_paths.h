@@ -41,6 +41,13 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path);
 // source or output.
 absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative);
 
+// At each start of a job, whose paths were made canonical when it was submitted:
+// FailedPrecondition naming the field and the link when a component of an absolute path of `spec`
+// is now a symbolic link (swapped in since the submit, it could lead out of the caller's allowed
+// roots), or when the paths overlap now (ResolveJobPaths). Relative paths, which only specs
+// stored by an earlier release hold, are checked for overlaps only.
+absl::Status CheckJobPathsUnchanged(const JobSpec& spec);
+
 // An output directory that a job other than the one being submitted owns.
 struct ClaimedDir {
   int64_t job_id = 0;

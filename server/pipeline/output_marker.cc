@@ -12,6 +12,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/json_file.h"
@@ -101,12 +102,31 @@ absl::StatusOr<std::set<std::string>> ListEntries(const std::string& dir) {
   return names;
 }
 
+// Whether `entries` (a directory without a marker) hold only what `own` adopts; sets *foreign to
+// the *.tmp entries that are not the job's own temporary names. Otherwise sets *refused to the
+// first entry that is neither a checked output nor a *.tmp file.
+bool Adoptable(const std::set<std::string>& entries, const OwnFiles& own,
+               std::set<std::string>* foreign, std::string* refused) {
+  constexpr absl::string_view kTmp = ".tmp";
+  if (own.outputs.empty()) return false;
+  for (const std::string& name : entries) {
+    if (own.outputs.count(name) != 0) continue;
+    if (!absl::EndsWith(name, kTmp)) {
+      *refused = name;
+      return false;
+    }
+    if (own.written.count(name.substr(0, name.size() - kTmp.size())) == 0) foreign->insert(name);
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::string& field,
                                                                   const std::string& dir,
                                                                   const JobIdentity& job,
-                                                                  bool overwrite) {
+                                                                  bool overwrite,
+                                                                  const OwnFiles& own) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -153,27 +173,37 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
     previous = *std::move(parsed);
     if (previous->job == job) {
       return std::unique_ptr<OutputMarker>(
-          new OutputMarker(field, dir, fd, std::move(previous->foreign)));
+          new OutputMarker(field, dir, fd, std::move(previous->foreign), /*adopted=*/false));
     }
   }
   absl::StatusOr<std::set<std::string>> entries = ListEntries(dir);
   if (!entries.ok()) return refuse(std::string(entries.status().message()));
-  if (!entries->empty() && !overwrite) {
-    const std::string whose =
+  std::set<std::string> adopted_foreign;
+  std::string not_adopted;  // the entry that stopped an adoption
+  const bool adopt = !previous.has_value() && !entries->empty() && !overwrite &&
+                     Adoptable(*entries, own, &adopted_foreign, &not_adopted);
+  if (!entries->empty() && !overwrite && !adopt) {
+    std::string whose =
         previous.has_value()
             ? absl::StrCat("holds the output of job ", previous->job.job_id, " of ",
                            previous->job.store)
             : absl::StrCat("is not empty (", entries->size(),
                            " entries) and holds no quantd marker");
+    if (!not_adopted.empty()) {
+      absl::StrAppend(&whose, "; ", dir, "/", not_adopted,
+                      " is not an output this job finished (with its recorded size and SHA-256), "
+                      "so quantd does not adopt the directory");
+    }
     return refuse(absl::StrCat(dir, " ", whose,
                                "; use an empty directory, or set overwrite to write next to "
                                "the files there (quantd never replaces or deletes them)"));
   }
-  MarkerContent mine{job, *std::move(entries)};
+  MarkerContent mine{job, adopt ? std::move(adopted_foreign) : *std::move(entries)};
   if (absl::Status s = WriteMarker(fd, path, mine); !s.ok()) {
     return refuse(std::string(s.message()));
   }
-  return std::unique_ptr<OutputMarker>(new OutputMarker(field, dir, fd, std::move(mine.foreign)));
+  return std::unique_ptr<OutputMarker>(
+      new OutputMarker(field, dir, fd, std::move(mine.foreign), adopt));
 }
 
 OutputMarker::~OutputMarker() { close(fd_); }

@@ -8,8 +8,13 @@
 // writes there). Claim():
 //   absent or empty directory                 claimed (created when absent)
 //   the marker of this job                    claimed again: a rerun resumes there
+//   no marker, and every entry a done output of this job whose size and SHA-256 match the store
+//   (or a *.tmp file)                         adopted: a job an earlier release began (it wrote no
+//                                             marker) resumes there; *.tmp files that are not the
+//                                             job's own temporary names are recorded as foreign
 //   otherwise non-empty (no marker, or another job's)
-//                                             refused unless `overwrite`; with it, claimed, and
+//                                             refused, naming the first entry that stopped an
+//                                             adoption, unless `overwrite`; with it, claimed, and
 //                                             every entry present now is recorded as foreign
 //   the lock held by another process          refused
 // Foreign entries are files quantd did not write: the job never deletes, truncates or replaces
@@ -41,6 +46,15 @@ struct JobIdentity {
   }
 };
 
+// What a job has written into a directory as far as its store knows, for adopting the directory.
+struct OwnFiles {
+  // Top-level names of the job's done outputs there whose size and SHA-256 were just checked
+  // against the store. Empty: there is nothing to adopt.
+  std::set<std::string> outputs;
+  // Every top-level name the job writes there: "<name>.tmp" of one of them is the job's own.
+  std::set<std::string> written;
+};
+
 class OutputMarker {
  public:
   static constexpr char kFileName[] = ".quantd-job";
@@ -52,12 +66,15 @@ class OutputMarker {
   static absl::StatusOr<std::unique_ptr<OutputMarker>> Claim(const std::string& field,
                                                              const std::string& dir,
                                                              const JobIdentity& job,
-                                                             bool overwrite);
+                                                             bool overwrite,
+                                                             const OwnFiles& own = {});
   // Releases the lock; the file stays, so that a rerun of the job finds its claim.
   ~OutputMarker();
   OutputMarker(const OutputMarker&) = delete;
   OutputMarker& operator=(const OutputMarker&) = delete;
 
+  // Whether Claim adopted a directory without a marker (see the table above).
+  bool adopted() const { return adopted_; }
   // Whether the top-level entry `name` was in the directory before quantd claimed it.
   bool IsForeign(const std::string& name) const { return foreign_.count(name) > 0; }
   // FailedPrecondition naming the first of `names` (top-level entries the job will write, each
@@ -65,13 +82,19 @@ class OutputMarker {
   absl::Status RefuseForeign(const std::vector<std::string>& names) const;
 
  private:
-  OutputMarker(std::string field, std::string dir, int fd, std::set<std::string> foreign)
-      : field_(std::move(field)), dir_(std::move(dir)), fd_(fd), foreign_(std::move(foreign)) {}
+  OutputMarker(std::string field, std::string dir, int fd, std::set<std::string> foreign,
+               bool adopted)
+      : field_(std::move(field)),
+        dir_(std::move(dir)),
+        fd_(fd),
+        foreign_(std::move(foreign)),
+        adopted_(adopted) {}
 
   std::string field_;              // spec field naming the directory, for errors
   std::string dir_;                // the claimed directory
   int fd_;                         // the open, flock'ed marker file
-  std::set<std::string> foreign_;  // entries present before the claim (overwrite only)
+  std::set<std::string> foreign_;  // entries present before the claim (overwrite or adoption)
+  bool adopted_;                   // claimed by adoption
 };
 
 }  // namespace quantd::pipeline

@@ -14,6 +14,7 @@
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 #include "server/checkpoint/sha256.h"
+#include "server/pipeline/job_paths.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -65,84 +66,108 @@ absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const ch
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Prepare(
-    store::JobStore& store, int64_t job_id, const JobSpec& spec, int64_t now_ms,
-    const std::function<void(const std::string&)>& log, const StageRegistry& stages) {
+absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
+                                                                StoredJob stored,
+                                                                const StageRegistry& stages) {
   std::unique_ptr<PreparedJob> job(new PreparedJob());
   job->stages_ = &stages;
   job->spec_ = spec;
-  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointDir>> source =
-      checkpoint::CheckpointDir::Open(spec.source);
-  if (!source.ok()) return source.status();
-  job->source_ = std::move(*source);
-  absl::StatusOr<TensorInventory> inventory = BuildInventory(*job->source_);
-  if (!inventory.ok()) return inventory.status();
-  job->inventory_ = std::move(*inventory);
-  absl::StatusOr<Plan> plan = BuildPlan(spec, *job->source_, job->inventory_, stages);
-  if (!plan.ok()) return plan.status();
-  job->plan_ = std::move(*plan);
-  if (!store.HasPlan(job_id)) {
-    if (absl::Status s = job->PlanJob(store, job_id, now_ms, log); !s.ok()) return s;
-  }
-  ASSIGN_OR_RETURN(job->stored_tasks_, store.ListTasks(job_id));
-  RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_tasks_));
-  ASSIGN_OR_RETURN(const auto changed, FindChangedOutputs(job->stored_tasks_));
-  if (!changed.empty()) {
-    std::vector<int64_t> ids;
-    for (const auto& [id, reason] : changed) {
-      ids.push_back(id);
-      if (log) log(reason);
+  job->stored_ = std::move(stored);
+  RETURN_IF_ERROR(CheckJobPathsUnchanged(spec));
+  ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(spec.source));
+  ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
+  ASSIGN_OR_RETURN(job->plan_, BuildPlan(spec, *job->source_, job->inventory_, stages));
+  if (job->stored_.planned) {
+    RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
+    ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks));
+  } else {
+    if (!spec.calibration.amax_file.empty()) {
+      ASSIGN_OR_RETURN(job->file_amax_,
+                       LoadAmaxFile(spec.calibration.amax_file, job->inventory_));
     }
-    const std::string reason = changed.size() == 1
-                                   ? changed.front().second
-                                   : absl::StrCat(changed.size(), " task outputs are gone or changed");
-    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, ids, reason, now_ms));
-    if (log) log(absl::StrCat("requeued ", requeued, " done task(s) to rebuild their output"));
-    ASSIGN_OR_RETURN(job->stored_tasks_, store.ListTasks(job_id));
+    RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_));
   }
-  absl::StatusOr<std::vector<store::AmaxRow>> amax = store.ListAmax(job_id);
-  if (!amax.ok()) return amax.status();
-  for (const store::AmaxRow& row : *amax) {
-    if (row.kind == "input") job->input_amax_[row.module] = static_cast<float>(row.value);
-  }
-  // The claim names the job by id, creation time and state database (JobIdentity).
-  ASSIGN_OR_RETURN(const store::JobRow row, store.GetJob(job_id));
-  std::error_code ec;
-  const JobIdentity identity{
-      job_id, row.created_ms,
-      std::filesystem::weakly_canonical(std::filesystem::absolute(store.db().path()), ec).string()};
+  RETURN_IF_ERROR(job->ClaimOutputDirs());
+  return job;
+}
+
+absl::Status PreparedJob::ClaimOutputDirs() {
+  std::set<int64_t> changed;
+  for (const auto& [id, reason] : changed_outputs_) changed.insert(id);
   struct Dir {
     const char* field;
     const std::string* path;
     const char* shard_stage;
   };
-  for (const Dir& d : {Dir{"output", &spec.output, "quantize"},
-                       Dir{"materialize_bf16", &spec.materialize_bf16, "dequant"}}) {
+  for (const Dir& d : {Dir{"output", &spec_.output, "quantize"},
+                       Dir{"materialize_bf16", &spec_.materialize_bf16, "dequant"}}) {
     if (d.path->empty()) continue;
-    ASSIGN_OR_RETURN(std::unique_ptr<OutputMarker> marker,
-                     OutputMarker::Claim(d.field, *d.path, identity, spec.overwrite));
     ASSIGN_OR_RETURN(std::vector<std::string> names,
-                     NamesWritten(job->plan_, d.shard_stage, spec.source));
+                     NamesWritten(plan_, d.shard_stage, spec_.source));
+    OwnFiles own;
+    own.written.insert(names.begin(), names.end());
+    std::error_code ec;
+    const std::filesystem::path dir =
+        std::filesystem::weakly_canonical(std::filesystem::absolute(*d.path), ec);
+    for (const store::TaskRow& t : stored_.tasks) {
+      if (t.state != store::TaskState::kDone || t.output_path.empty() || changed.count(t.id)) {
+        continue;
+      }
+      const std::filesystem::path output =
+          std::filesystem::weakly_canonical(std::filesystem::absolute(t.output_path), ec);
+      if (!ec && output.parent_path() == dir && std::filesystem::is_regular_file(output, ec)) {
+        own.outputs.insert(output.filename().string());
+      }
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<OutputMarker> marker,
+                     OutputMarker::Claim(d.field, *d.path, stored_.identity, spec_.overwrite, own));
     RETURN_IF_ERROR(marker->RefuseForeign(names));
-    job->markers_.push_back(std::move(marker));
+    markers_.push_back(std::move(marker));
   }
-  return job;
+  return absl::OkStatus();
 }
 
-absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t job_id, int64_t now_ms,
+absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
+                                 const std::function<void(const std::string&)>& log) {
+  const int64_t job_id = stored_.identity.job_id;
+  if (!stored_.planned) RETURN_IF_ERROR(PlanJob(store, now_ms, log));
+  for (const std::unique_ptr<OutputMarker>& marker : markers_) {
+    if (marker->adopted() && log) {
+      log("adopted an output directory without a marker: it holds only outputs this job "
+          "finished, written before quantd marked its directories");
+    }
+  }
+  if (!changed_outputs_.empty()) {
+    std::vector<int64_t> ids;
+    for (const auto& [id, reason] : changed_outputs_) {
+      ids.push_back(id);
+      if (log) log(reason);
+    }
+    const std::string reason =
+        changed_outputs_.size() == 1
+            ? changed_outputs_.front().second
+            : absl::StrCat(changed_outputs_.size(), " task outputs are gone or changed");
+    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, ids, reason, now_ms));
+    if (log) log(absl::StrCat("requeued ", requeued, " done task(s) to rebuild their output"));
+  }
+  ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
+  absl::StatusOr<std::vector<store::AmaxRow>> amax = store.ListAmax(job_id);
+  if (!amax.ok()) return amax.status();
+  for (const store::AmaxRow& row : *amax) {
+    if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t now_ms,
                                   const std::function<void(const std::string&)>& log) {
+  const int64_t job_id = stored_.identity.job_id;
   if (spec_.kv_cache == KvCache::kFp8) {
     return absl::FailedPreconditionError(
         "kv_cache fp8 needs calibrated KV-cache scales: use kv_cache fp8_cast or none; "
         "calibration is not built yet");
   }
-  std::vector<store::AmaxRow> rows;
-  if (!spec_.calibration.amax_file.empty()) {
-    absl::StatusOr<std::vector<store::AmaxRow>> loaded =
-        LoadAmaxFile(spec_.calibration.amax_file, inventory_);
-    if (!loaded.ok()) return loaded.status();
-    rows = std::move(*loaded);
-  }
+  const std::vector<store::AmaxRow>& rows = file_amax_;
   if (spec_.weight_format == WeightFormat::kNvfp4 && rows.empty()) {
     absl::StatusOr<std::vector<store::AmaxRow>> stored = store.ListAmax(job_id);
     if (!stored.ok()) return stored.status();
@@ -152,7 +177,6 @@ absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t job_id, int64_
           "calibration is not built yet");
     }
   }
-  if (absl::Status s = CheckDiskSpace(spec_, plan_); !s.ok()) return s;
   // Amax rows from a file carry no sample count, so merging them twice (a crash before SetPlan)
   // changes nothing.
   if (absl::Status s = store.MergeAmax(job_id, rows); !s.ok()) return s;

@@ -2,11 +2,17 @@
 // daemon or `quantd run`) starts or resumes the job: the opened source checkpoint, its tensor
 // inventory, the plan and the amax table. Read-only afterwards, so worker threads share it.
 //
-// The first start plans the job: it builds inventory and plan, loads calibration.amax_file into
-// the amax table (the file is read only then), checks free disk space and stores the plan. Later
-// starts rebuild the plan from the source and refuse to continue when it differs from the stored
-// one (the source changed), and requeue every DONE task whose output file is gone or no longer
-// has the recorded size and SHA-256 (with the done tasks that depend on it), so it is rebuilt.
+// It is built in two phases, so that the thread owning the store never waits on files:
+//   Load (the source phase, any thread, files only, never the store): re-checks that the job's
+//     paths resolve as they did at submit, opens the source, builds inventory and plan; on the
+//     first start reads calibration.amax_file and checks free disk space; on later starts
+//     refuses to continue when the plan differs from the stored one (the source changed) and
+//     hashes the output of every DONE task against its recorded size and SHA-256; claims the
+//     output directories (OutputMarker).
+//   Attach (the store phase, on the store's thread): stores the plan (first start), requeues the
+//     DONE tasks whose output Load found gone or changed (with the done tasks that depend on
+//     them, so they are rebuilt) and reads the amax table.
+// A Load whose job stopped meanwhile is simply destroyed: it wrote nothing but its markers.
 //
 // Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
 // completed with that stage's Record in the same transaction (CompleteTask).
@@ -33,6 +39,7 @@
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
 #include "server/pipeline/stage_registry.h"
+#include "server/pipeline/stored_job.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
@@ -47,16 +54,19 @@ std::optional<int64_t> RetryDelayMs(absl::StatusCode code, int attempt);
 
 class PreparedJob {
  public:
-  // Opens the source and plans the job with `stages` (first start) or checks its stored plan and
-  // the outputs of its done tasks (later starts); claims the output directories (OutputMarker:
-  // created when absent, refused when they hold files quantd did not write and the job would
-  // replace one of them). `log` receives the planning summary and requeued outputs. Errors name
-  // the file, tensor or field; the caller fails the job with them. `stages` must outlive the
-  // PreparedJob.
-  static absl::StatusOr<std::unique_ptr<PreparedJob>> Prepare(
-      store::JobStore& store, int64_t job_id, const JobSpec& spec, int64_t now_ms,
-      const std::function<void(const std::string&)>& log,
-      const StageRegistry& stages = BuiltinStages());
+  // The source phase (any thread; reads files, never the store) of job `stored`, read from the
+  // store by ReadStoredJob. Claims the output directories: created when absent; refused when
+  // they hold files quantd did not write and the job would replace one of them; a directory
+  // without a marker that holds only done outputs of this job (an earlier release wrote no
+  // marker) is adopted. Errors name the file, tensor or field; the caller fails the job with
+  // them. `stages` must outlive the PreparedJob.
+  static absl::StatusOr<std::unique_ptr<PreparedJob>> Load(
+      const JobSpec& spec, StoredJob stored, const StageRegistry& stages = BuiltinStages());
+
+  // The store phase (the store's thread), once per Load. `log` receives the planning summary and
+  // the requeued outputs.
+  absl::Status Attach(store::JobStore& store, int64_t now_ms,
+                      const std::function<void(const std::string&)>& log);
 
   // Runs one task of the job on `device` with the stage of its kind. `add_progress` receives
   // processed source bytes (thread-safe); the task stops with Cancelled between tensors once
@@ -80,16 +90,22 @@ class PreparedJob {
 
  private:
   PreparedJob() = default;
-  absl::Status PlanJob(store::JobStore& store, int64_t job_id, int64_t now_ms,
+  absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
+  // Claims spec_.output and spec_.materialize_bf16 (Load).
+  absl::Status ClaimOutputDirs();
 
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
   JobSpec spec_;                                       // the job's spec
+  StoredJob stored_;                                   // the store's view when Load began
   std::unique_ptr<checkpoint::CheckpointDir> source_;  // the source checkpoint, opened once
   TensorInventory inventory_;                          // of source_
   Plan plan_;                                          // rebuilt from spec + source on every start
-  std::vector<store::TaskRow> stored_tasks_;           // the stored plan (for the inspect task)
-  std::map<std::string, float> input_amax_;            // the amax table, kind "input"
+  std::vector<store::AmaxRow> file_amax_;  // calibration.amax_file, read by Load on the first start
+  // DONE tasks whose output Load found gone or changed, with the reason: Attach requeues them.
+  std::vector<std::pair<int64_t, std::string>> changed_outputs_;
+  std::vector<store::TaskRow> stored_tasks_;  // the stored plan after Attach (the inspect task)
+  std::map<std::string, float> input_amax_;   // the amax table, kind "input"
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
 };
 

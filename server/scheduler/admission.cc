@@ -221,10 +221,14 @@ absl::Status Scheduler::Impl::StartJobs() {
   // Jobs that were RUNNING when the process stopped come first, then PENDING ones, oldest first.
   // A job waits while a worker it needs is held; younger jobs may not take workers an older
   // waiting job needs, so nobody starves.
+  // A job whose earlier start's source phase still runs (it stopped meanwhile) waits for it to
+  // end, so that two source phases of one job never claim its output at once.
   std::vector<int64_t> candidates;
   for (JobState state : {JobState::kRunning, JobState::kPending}) {
     for (const auto& [id, s] : states_) {
-      if (s == state && active_.count(id) == 0) candidates.push_back(id);
+      if (s == state && active_.count(id) == 0 && loading_.count(id) == 0) {
+        candidates.push_back(id);
+      }
     }
   }
   std::set<int> reserved;
@@ -253,6 +257,7 @@ absl::Status Scheduler::Impl::StartJobs() {
 absl::Status Scheduler::Impl::StartJob(int64_t job_id, const pipeline::JobSpec& spec,
                                        const std::vector<int>& workers) {
   ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
+  ASSIGN_OR_RETURN(pipeline::StoredJob stored, pipeline::ReadStoredJob(*store_, job_id));
   const bool resumed = row.state == JobState::kRunning || row.reason == "resumed";
   RETURN_IF_ERROR(SetState(job_id, JobState::kRunning, resumed ? "resumed" : "started", ""));
   auto job = std::make_unique<ActiveJob>();
@@ -262,9 +267,11 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const pipeline::JobSpec& 
   for (int w : workers) slots_[w].job_id = job_id;
   const uint64_t serial = job->serial;
   active_[job_id] = std::move(job);
-  // Reading the source (every shard header) may take seconds: not on the strand.
-  boost::asio::post(planning_, [this, job_id, serial, spec] {
-    absl::StatusOr<std::unique_ptr<LoadedJob>> loaded = planner_->Load(spec);
+  loading_.insert(job_id);
+  // Reading the source (every shard header, every finished output) may take minutes: not on the
+  // strand.
+  boost::asio::post(planning_, [this, job_id, serial, spec, stored = std::move(stored)]() mutable {
+    absl::StatusOr<std::unique_ptr<LoadedJob>> loaded = planner_->Load(spec, std::move(stored));
     auto result = std::make_shared<decltype(loaded)>(std::move(loaded));
     boost::asio::post(strand_, [this, job_id, serial, result] {
       on_strand_.Assert();
@@ -276,11 +283,19 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const pipeline::JobSpec& 
 
 void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
                                absl::StatusOr<std::unique_ptr<LoadedJob>> loaded) {
+  loading_.erase(job_id);
   const auto it = active_.find(job_id);
-  if (it == active_.end() || it->second->serial != serial) return;  // it stopped meanwhile
+  if (it == active_.end() || it->second->serial != serial) {
+    // The job stopped meanwhile: its source phase is dropped (releasing its output claims)
+    // before the job may start again.
+    if (loaded.ok()) loaded->reset();
+    reconsider_ = true;
+    Kick();
+    return;
+  }
   ActiveJob& job = *it->second;
   absl::StatusOr<std::unique_ptr<JobTasks>> tasks =
-      loaded.ok() ? (*loaded)->Attach(*store_, job_id, clock_.NowMs(),
+      loaded.ok() ? (*loaded)->Attach(*store_, clock_.NowMs(),
                                       [&](const std::string& m) { Log(job_id, "plan", m); })
                   : loaded.status();
   if (!tasks.ok()) {
@@ -364,20 +379,26 @@ absl::Status Scheduler::Impl::SetState(int64_t job_id, JobState state, const std
   return Publish(job_id);
 }
 
+absl::Status Scheduler::Impl::Reconsider() {
+  if (stopping_ || !reconsider_) return absl::OkStatus();
+  reconsider_ = false;
+  absl::Status s = StartJobs();
+  if (!s.ok()) reconsider_ = true;
+  return s;
+}
+
 absl::Status Scheduler::Impl::Step() {
-  if (!stopping_ && reconsider_) {
-    reconsider_ = false;
-    if (absl::Status s = StartJobs(); !s.ok()) {
-      reconsider_ = true;
-      return s;
-    }
-  }
+  RETURN_IF_ERROR(Reconsider());
   for (auto& [id, job] : active_) RETURN_IF_ERROR(Dispatch(*job));
+  bool released = false;
   for (auto it = active_.begin(); it != active_.end();) {
     bool finished = false;
     RETURN_IF_ERROR(MaybeFinish(*it->second, &finished));
+    released |= finished;
     it = finished ? active_.erase(it) : std::next(it);
   }
+  // A job that ended freed its workers: a waiting job starts now, not at the next event.
+  if (released) RETURN_IF_ERROR(Reconsider());
   return absl::OkStatus();
 }
 

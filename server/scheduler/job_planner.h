@@ -1,9 +1,11 @@
 // JobPlanner: the scheduler's seam to the pipeline, so that scheduler tests run fake stages.
 //
-// Starting a job has two phases. Load runs off the scheduler's strand (its planning pool): it
-// reads the source, every shard header of it, which may take seconds, and touches no store. Attach
-// runs on the strand, which owns the JobStore: it stores the plan (first start) or checks the
-// stored one (later starts) and returns the job's JobTasks. Tasks then run on worker threads, each
+// Starting a job has two phases. The strand reads what the store knows of the job
+// (pipeline::StoredJob). Load then runs off the strand (its planning pool): it reads the source,
+// every shard header of it, and on a resume hashes every finished output, which may take
+// seconds or minutes, and touches no store. Attach runs on the strand, which owns the JobStore:
+// it stores the plan (first start) or requeues the tasks whose outputs changed (later starts)
+// and returns the job's JobTasks. A LoadedJob whose job stopped meanwhile is destroyed unused. Tasks then run on worker threads, each
 // on the compute::Device its worker owns, and report progress and honour `cancelled` between units
 // of work as pipeline/stage.h describes.
 #ifndef QUANTD_SERVER_SCHEDULER_JOB_PLANNER_H_
@@ -21,6 +23,7 @@
 #include "server/compute/requirement.h"
 #include "server/pipeline/job_spec.h"
 #include "server/pipeline/stage.h"
+#include "server/pipeline/stored_job.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
@@ -51,10 +54,11 @@ class LoadedJob {
  public:
   virtual ~LoadedJob() = default;
 
-  // On the strand: plans the job in `store` (first start) or checks its stored plan. `log`
-  // receives the planning summary. Errors name the file, tensor or field; the job fails with them.
+  // On the strand, once: plans the job in `store` (first start) or updates its stored tasks with
+  // what Load found. `log` receives the planning summary. Errors name the file, tensor or field;
+  // the job fails with them.
   virtual absl::StatusOr<std::unique_ptr<JobTasks>> Attach(
-      store::JobStore& store, int64_t job_id, int64_t now_ms,
+      store::JobStore& store, int64_t now_ms,
       const std::function<void(const std::string&)>& log) = 0;
 };
 
@@ -62,8 +66,10 @@ class JobPlanner {
  public:
   virtual ~JobPlanner() = default;
 
-  // Off the strand: opens the source and reads what planning needs. Thread-safe.
-  virtual absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec) = 0;
+  // Off the strand: opens the source of job `stored` and reads what planning and resuming need.
+  // Thread-safe; never touches the store.
+  virtual absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec,
+                                                          pipeline::StoredJob stored) = 0;
 };
 
 // The real pipeline (pipeline/prepared_job.h).

@@ -1,17 +1,9 @@
-// NewPipelinePlanner: JobPlanner over pipeline::PreparedJob.
-//
-// PreparedJob::Prepare reads the source and uses the store in one call, and the store belongs to
-// the strand. So Load reads the source off the strand (it fails a job with an unreadable or
-// inconsistent source there, and leaves the shard headers in the page cache), and Attach runs
-// Prepare on the strand, which reads those headers again from the cache. Once PreparedJob offers
-// its two phases separately, Load keeps what it read and Attach only touches the store.
+// NewPipelinePlanner: JobPlanner over pipeline::PreparedJob, whose source phase (Load) runs on
+// the planning pool and whose store phase (Attach) runs on the strand.
 #include <utility>
 
 #include "server/base/status_macros.h"
-#include "server/checkpoint/checkpoint_dir.h"
-#include "server/pipeline/plan.h"
 #include "server/pipeline/prepared_job.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/scheduler/job_planner.h"
 
 namespace quantd::scheduler {
@@ -43,28 +35,26 @@ class PipelineTasks final : public JobTasks {
 
 class LoadedPipelineJob final : public LoadedJob {
  public:
-  explicit LoadedPipelineJob(pipeline::JobSpec spec) : spec_(std::move(spec)) {}
+  explicit LoadedPipelineJob(std::unique_ptr<pipeline::PreparedJob> job) : job_(std::move(job)) {}
 
   absl::StatusOr<std::unique_ptr<JobTasks>> Attach(
-      store::JobStore& store, int64_t job_id, int64_t now_ms,
+      store::JobStore& store, int64_t now_ms,
       const std::function<void(const std::string&)>& log) override {
-    ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PreparedJob> job,
-                     pipeline::PreparedJob::Prepare(store, job_id, spec_, now_ms, log));
-    return std::unique_ptr<JobTasks>(new PipelineTasks(std::move(job)));
+    RETURN_IF_ERROR(job_->Attach(store, now_ms, log));
+    return std::unique_ptr<JobTasks>(new PipelineTasks(std::move(job_)));
   }
 
  private:
-  const pipeline::JobSpec spec_;  // the job's spec
+  std::unique_ptr<pipeline::PreparedJob> job_;  // loaded, not yet attached
 };
 
 class PipelinePlanner final : public JobPlanner {
  public:
-  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec) override {
-    ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointDir> source,
-                     checkpoint::CheckpointDir::Open(spec.source));
-    ASSIGN_OR_RETURN(pipeline::TensorInventory inventory, pipeline::BuildInventory(*source));
-    RETURN_IF_ERROR(pipeline::BuildPlan(spec, *source, inventory).status());
-    return std::unique_ptr<LoadedJob>(new LoadedPipelineJob(spec));
+  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec,
+                                                  pipeline::StoredJob stored) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PreparedJob> job,
+                     pipeline::PreparedJob::Load(spec, std::move(stored)));
+    return std::unique_ptr<LoadedJob>(new LoadedPipelineJob(std::move(job)));
   }
 };
 

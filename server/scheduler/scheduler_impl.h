@@ -190,6 +190,8 @@ class Scheduler::Impl {
   // The workers a job may use: every worker whose device its spec names (all when none).
   absl::StatusOr<std::vector<int>> WorkersFor(const pipeline::JobSpec& spec) const;
   absl::Status StartJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // StartJobs when something changed since it last ran (reconsider_) and no shutdown began.
+  absl::Status Reconsider() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // RUNNING, holding `workers`; its source is read on the planning pool, then OnLoaded.
   absl::Status StartJob(int64_t job_id, const pipeline::JobSpec& spec,
                         const std::vector<int>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
@@ -263,6 +265,8 @@ class Scheduler::Impl {
   std::map<int64_t, store::JobState> states_ ABSL_GUARDED_BY(on_strand_);  // every job's state
   std::map<int64_t, std::unique_ptr<ActiveJob>> active_ ABSL_GUARDED_BY(on_strand_);
   uint64_t next_serial_ ABSL_GUARDED_BY(on_strand_) = 1;   // for ActiveJob::serial
+  // Jobs whose source phase (JobPlanner::Load) runs on planning_, current or stopped meanwhile.
+  std::set<int64_t> loading_ ABSL_GUARDED_BY(on_strand_);
   std::deque<Result> unrecorded_ ABSL_GUARDED_BY(on_strand_);  // results awaiting the store
   bool reconsider_ ABSL_GUARDED_BY(on_strand_) = true;     // StartJobs has news
   bool stopping_ ABSL_GUARDED_BY(on_strand_) = false;      // Shutdown began

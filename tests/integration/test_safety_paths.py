@@ -231,3 +231,28 @@ def test_two_daemons_never_write_one_output(qd, stubs, source, tmp_path):
         assert done.state == pb.SUCCEEDED, done
     assert qd.run("verify", out).returncode == 0
 
+
+
+def test_a_path_swapped_for_a_symlink_after_submit_is_refused_at_resume(qd, stubs, model,
+                                                                        tmp_path):
+    """Paths are resolved at submit; one swapped for a symlink afterwards (here: the output,
+    while the daemon was down mid-job) would lead the resumed job out of the caller's allowed
+    roots. The job fails at its start naming the link; nothing is written behind it."""
+    pb = stubs[0]
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    d = Daemon(qd.binary, tmp_path / "state", env={"QUANTD_TEST_KILL_AT": "quantize:1:mid"})
+    with d:
+        job = Client(stubs, d.channel()).submit(source=str(model), output=str(out))
+        assert d.wait(60) == -9, d.log()
+        out.rename(tmp_path / "out.real")
+        out.symlink_to(elsewhere)
+        d.env = {}
+        d.start()
+        final = Client(stubs, d.channel()).finish(job.id)
+        assert final.state == pb.FAILED, final
+        assert (f"output: {out} now leads through the symbolic link {out} (to {elsewhere}), which "
+                "was not there when the job was submitted") in final.last_error, final.last_error
+        d.stop()
+    assert list(elsewhere.iterdir()) == []

@@ -1,7 +1,8 @@
 """Upgrade from schema version 1 (issue 8 §2): a state file written by the release before migration
 0002, its job PAUSED in the middle of quantize (tests/data/upgrade_v1/README.md says how it was
 made), is opened by this quantd, migrated, and resumed to output byte-identical to an uninterrupted
-run; the tasks the old release finished are not redone.
+run; the tasks the old release finished are not redone. That release wrote no .quantd-job marker:
+its output directories are adopted only while they hold nothing but the job's finished outputs.
 """
 
 import shutil
@@ -10,7 +11,7 @@ import pytest
 import sqlite3
 from pathlib import Path
 
-from run_helpers import job_row, task_rows, tree_hashes
+from run_helpers import MARKER, job_row, task_rows, tree_hashes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "upgrade_v1"
 RUN_FLAGS = ["--workers", "2", "--device", "cpu", "--threads", "1"]
@@ -30,21 +31,15 @@ def run_in(qd, root, state):
     return proc
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the output directory that release 0.1.0 half wrote has no .quantd-job marker, and the "
-    "marker rule (issue 9) refuses a non-empty directory without one; adopting such a directory "
-    "for the job that wrote it is open work (issue 8)"))
-def test_a_version_1_paused_job_resumes_to_identical_output(qd, tmp_path):
-    ref = workdir(qd, tmp_path / "ref")
-    run_in(qd, ref, "state.db")
-
-    run = workdir(qd, tmp_path / "upgraded")
+def upgraded(qd, root, ref):
+    """A work dir with the version-1 state file and the done tasks' outputs as the old release
+    left them (their recorded SHA-256 is checked on resume: bytes from this quantd must be the
+    same); returns the task rows before the upgrade and the keys of the done ones."""
+    run = workdir(qd, root)
     shutil.copy(DATA / "v1_paused_mid_quantize.db", run / "state.db")
     before = task_rows(run / "state.db")
     done = {key for key, row in before.items() if row["state"] == "DONE"}
     assert [k for k in done if k[0] == "quantize"] and ("export", 0) not in done
-    # The done tasks' outputs as the old release left them (their recorded SHA-256 is checked on
-    # resume: bytes from this quantd must be the same).
     for key in done:
         name = before[key]["name"]
         if key[0] == "quantize":
@@ -53,9 +48,26 @@ def test_a_version_1_paused_job_resumes_to_identical_output(qd, tmp_path):
         elif key[0] == "dequant":
             (run / "bf16").mkdir(exist_ok=True)
             shutil.copy(ref / "bf16" / name, run / "bf16" / name)
+    return run, before, done
+
+
+@pytest.fixture(scope="module")
+def reference(qd, tmp_path_factory):
+    """The uninterrupted run of the same spec by this quantd."""
+    ref = workdir(qd, tmp_path_factory.mktemp("upgrade") / "ref")
+    run_in(qd, ref, "state.db")
+    return ref
+
+
+def test_a_version_1_paused_job_resumes_to_identical_output(qd, reference, tmp_path):
+    ref = reference
+    run, before, done = upgraded(qd, tmp_path / "upgraded", ref)
+    assert not (run / "out" / MARKER).exists()
 
     proc = run_in(qd, run, "state.db")
     assert "resuming job 1: 7 of 14 tasks done" in proc.stderr + proc.stdout
+    assert "adopted an output directory without a marker" in proc.stderr + proc.stdout
+    assert (run / "out" / MARKER).is_file() and (run / "bf16" / MARKER).is_file()
 
     assert job_row(run / "state.db") == [("SUCCEEDED", "", "")]
     con = sqlite3.connect(str(run / "state.db"))
@@ -70,3 +82,27 @@ def test_a_version_1_paused_job_resumes_to_identical_output(qd, tmp_path):
         assert after[key]["sha"] == before[key]["sha"], key
     assert tree_hashes(run / "out") == tree_hashes(ref / "out")
     assert tree_hashes(run / "bf16") == tree_hashes(ref / "bf16")
+
+
+@pytest.mark.parametrize("stray", ["notes.txt", "changed-output"])
+def test_a_version_1_output_with_other_files_is_not_adopted(qd, reference, tmp_path, stray):
+    """A file that is not a finished output of the job (or an output whose bytes changed) stops
+    the adoption: the job fails naming it, and nothing in the directory changes."""
+    run, before, done = upgraded(qd, tmp_path / "upgraded", reference)
+    if stray == "notes.txt":
+        (run / "out" / "notes.txt").write_text("mine")
+        name = "notes.txt"
+    else:
+        name = next(before[k]["name"] for k in sorted(done) if k[0] == "quantize")
+        with open(run / "out" / name, "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff")
+    files = tree_hashes(run / "out")
+    proc = qd.run("run", "--state", "state.db", *RUN_FLAGS, "spec.json", cwd=run)
+    assert proc.returncode != 0, (proc.stdout, proc.stderr)
+    # The version-1 spec's paths are relative, and errors name them as the spec does.
+    assert (f"output: out is not empty ({len(files)} entries) and holds no quantd marker; "
+            f"out/{name} is not an output this job finished (with its recorded size and "
+            "SHA-256), so quantd does not adopt the directory") in proc.stderr, proc.stderr
+    assert tree_hashes(run / "out") == files
+    assert not (run / "out" / MARKER).exists()

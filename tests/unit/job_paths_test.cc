@@ -98,6 +98,44 @@ TEST_F(JobPathsTest, MaterializeBf16MustNotOverlapSourceOrOutput) {
                 "/out");
 }
 
+TEST_F(JobPathsTest, APathSwappedForASymlinkAfterSubmitIsRefusedAtStart) {
+  fs::create_directories(dir_ + "/model");
+  fs::create_directories(dir_ + "/allowed");
+  fs::create_directories(dir_ + "/secret");
+  JobSpec spec = Spec(dir_ + "/model", dir_ + "/allowed/out");
+  spec.calibration.amax_file = dir_ + "/allowed/amax.json";
+  ASSERT_TRUE(ResolveJobPaths(&spec, false).ok());
+  EXPECT_TRUE(CheckJobPathsUnchanged(spec).ok());
+  // After the submit, the output becomes a symlink out of the allowed root.
+  fs::create_directory_symlink(dir_ + "/secret", dir_ + "/allowed/out");
+  absl::Status s = CheckJobPathsUnchanged(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "output: " + dir_ + "/allowed/out now leads through the symbolic link " +
+                             dir_ + "/allowed/out (to " + dir_ +
+                             "/secret), which was not there when the job was submitted; quantd "
+                             "does not follow it");
+  fs::remove(dir_ + "/allowed/out");
+  // Likewise a dangling link to a file, and a directory above a path.
+  fs::create_symlink(dir_ + "/secret/key", dir_ + "/allowed/amax.json");
+  EXPECT_EQ(CheckJobPathsUnchanged(spec).message(),
+            "calibration.amax_file: " + dir_ + "/allowed/amax.json now leads through the "
+            "symbolic link " + dir_ + "/allowed/amax.json (to " + dir_ +
+                "/secret/key), which was not there when the job was submitted; quantd does not "
+                "follow it");
+  fs::remove(dir_ + "/allowed/amax.json");
+  fs::rename(dir_ + "/allowed", dir_ + "/allowed.real");
+  fs::create_directory_symlink(dir_ + "/secret", dir_ + "/allowed");
+  EXPECT_EQ(CheckJobPathsUnchanged(spec).message(),
+            "output: " + dir_ + "/allowed/out now leads through the symbolic link " + dir_ +
+                "/allowed (to " + dir_ +
+                "/secret), which was not there when the job was submitted; quantd does not "
+                "follow it");
+  // A spec an earlier release stored with relative paths is only checked for overlaps.
+  JobSpec relative = Spec("model", "model/out");
+  EXPECT_EQ(CheckJobPathsUnchanged(relative).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(CheckJobPathsUnchanged(Spec("model", "out")).ok());
+}
+
 TEST_F(JobPathsTest, OtherJobsOutputsAreRefused) {
   fs::create_directories(dir_ + "/model");
   std::vector<ClaimedDir> claimed = {{7, dir_ + "/out"}};

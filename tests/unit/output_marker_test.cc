@@ -68,6 +68,52 @@ TEST_F(OutputMarkerTest, ForeignFilesNeedOverwriteAndAreNeverReplaced) {
   EXPECT_FALSE((*resumed)->IsForeign(".quantd-job"));
 }
 
+TEST_F(OutputMarkerTest, AnUnmarkedDirectoryOfTheJobsOwnOutputsIsAdopted) {
+  // What an earlier release left: two finished shards, an interrupted one's temporary file, and
+  // a user's *.tmp file.
+  Touch(dir_ + "/a.safetensors");
+  Touch(dir_ + "/b.safetensors");
+  Touch(dir_ + "/c.safetensors.tmp");
+  Touch(dir_ + "/draft.tmp");
+  OwnFiles own;
+  own.outputs = {"a.safetensors", "b.safetensors"};
+  own.written = {"a.safetensors", "b.safetensors", "c.safetensors", "config.json"};
+  auto marker = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false, own);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  EXPECT_TRUE((*marker)->adopted());
+  EXPECT_FALSE((*marker)->IsForeign("a.safetensors"));
+  EXPECT_FALSE((*marker)->IsForeign("c.safetensors.tmp"));  // the job's own: swept, rewritten
+  EXPECT_TRUE((*marker)->IsForeign("draft.tmp"));           // never deleted
+  marker->reset();
+  // Once marked, the directory is claimed as the job's, not adopted again.
+  auto again = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE((*again)->adopted());
+  EXPECT_TRUE((*again)->IsForeign("draft.tmp"));
+}
+
+TEST_F(OutputMarkerTest, AnyOtherFileStopsTheAdoptionAndIsNamed) {
+  Touch(dir_ + "/a.safetensors");
+  Touch(dir_ + "/config.json");  // the job writes one, but has not finished it
+  OwnFiles own;
+  own.outputs = {"a.safetensors"};
+  own.written = {"a.safetensors", "config.json"};
+  auto refused = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false, own);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "output: " + dir_ + " is not empty (2 entries) and holds no quantd marker; " + dir_ +
+                "/config.json is not an output this job finished (with its recorded size and "
+                "SHA-256), so quantd does not adopt the directory; use an empty directory, or set "
+                "overwrite to write next to the files there (quantd never replaces or deletes "
+                "them)");
+  EXPECT_FALSE(fs::exists(dir_ + "/.quantd-job"));
+  // Without a finished output there, there is nothing to adopt.
+  fs::remove(dir_ + "/config.json");
+  own.outputs.clear();
+  EXPECT_EQ(OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false, own).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(OutputMarkerTest, AnotherJobsDirectoryIsRefused) {
   ASSERT_TRUE(OutputMarker::Claim("output", dir_, {1, 1000, "/a/quantd.db"}, false).ok());
   Touch(dir_ + "/model.safetensors");

@@ -157,27 +157,59 @@ class FakeTasks final : public JobTasks {
 
 class FakeLoaded final : public LoadedJob {
  public:
-  explicit FakeLoaded(FakeStages* stages) : stages_(stages) {}
+  FakeLoaded(FakeStages* stages, int64_t job_id, std::atomic<int>* attached)
+      : stages_(stages), job_id_(job_id), attached_(attached) {}
   absl::StatusOr<std::unique_ptr<JobTasks>> Attach(
-      store::JobStore& store, int64_t job_id, int64_t,
-      const std::function<void(const std::string&)>&) override {
-    if (!store.HasPlan(job_id)) RETURN_IF_ERROR(store.SetPlan(job_id, stages_->plan));
+      store::JobStore& store, int64_t, const std::function<void(const std::string&)>&) override {
+    attached_->fetch_add(1);
+    if (!store.HasPlan(job_id_)) RETURN_IF_ERROR(store.SetPlan(job_id_, stages_->plan));
     return std::unique_ptr<JobTasks>(new FakeTasks(stages_));
   }
 
  private:
   FakeStages* stages_;
+  const int64_t job_id_;
+  std::atomic<int>* attached_;  // counts Attach calls
 };
 
+// Loads instantly, unless a test holds the source phase: then Load waits until it is let go.
 class FakePlanner final : public JobPlanner {
  public:
   explicit FakePlanner(FakeStages* stages) : stages_(stages) {}
-  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec&) override {
-    return std::unique_ptr<LoadedJob>(new FakeLoaded(stages_));
+  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec&,
+                                                  pipeline::StoredJob stored) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++loads_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !held_; });
+    return std::unique_ptr<LoadedJob>(
+        new FakeLoaded(stages_, stored.identity.job_id, &attached_));
   }
+
+  // From now on, Load waits in the source phase until LetGo.
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = true;
+  }
+  void LetGo() {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = false;
+    cv_.notify_all();
+  }
+  // Waits until `n` Loads have begun in all.
+  bool WaitForLoads(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kPatience, [&] { return loads_ >= n; });
+  }
+  int attached() const { return attached_.load(); }
 
  private:
   FakeStages* stages_;
+  std::mutex mu_;               // guards the members below
+  std::condition_variable cv_;  // signalled on each Load and on LetGo
+  bool held_ = false;           // Load waits while set
+  int loads_ = 0;               // Loads begun
+  std::atomic<int> attached_{0};
 };
 
 class FakeDevice final : public compute::Device {
@@ -201,6 +233,12 @@ class FakeDevice final : public compute::Device {
   const int64_t total_;
 };
 
+// Lets a held source phase go when the test ends, however it ends (Shutdown waits for it).
+struct LetGoAtExit {
+  FakePlanner* planner;
+  ~LetGoAtExit() { planner->LetGo(); }
+};
+
 class SchedulerFakeClockTest : public testing_util::TempDirTest {
  protected:
   std::unique_ptr<Scheduler> Start(std::vector<std::string> devices,
@@ -209,7 +247,7 @@ class SchedulerFakeClockTest : public testing_util::TempDirTest {
     EXPECT_TRUE(store.ok()) << store.status();
     options.devices = std::move(devices);
     options.clock = &clock_;
-    options.planner = std::make_shared<FakePlanner>(&stages_);
+    options.planner = planner_;
     options.lease_ms = kLeaseMs;
     options.open_device = [](const std::string& name)
         -> absl::StatusOr<std::unique_ptr<compute::Device>> {
@@ -272,6 +310,7 @@ class SchedulerFakeClockTest : public testing_util::TempDirTest {
 
   testing_util::FakeClock clock_;
   FakeStages stages_;
+  std::shared_ptr<FakePlanner> planner_ = std::make_shared<FakePlanner>(&stages_);
   std::mutex log_mu_;                 // guards log_
   std::condition_variable log_cv_;    // signalled per line
   std::vector<std::string> log_;      // "kind: message" lines of the scheduler
@@ -509,6 +548,56 @@ TEST_F(SchedulerFakeClockTest, AStoreThatStaysUnusableStopsTheScheduler) {
   }
   EXPECT_EQ(s->Submit("", Spec(), nullptr).status().code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE((*locker)->Exec("ROLLBACK").ok());
+}
+
+TEST_F(SchedulerFakeClockTest, CommandsAreAnsweredWhileAJobsSourceIsReadAndAStoppedReadIsDropped) {
+  stages_.Plan({"a"});
+  planner_->Hold();
+  auto s = Start({"cpu"});
+  const LetGoAtExit let_go{planner_.get()};
+  const int64_t first = Submit(*s);
+  ASSERT_TRUE(planner_->WaitForLoads(1));  // its source phase waits on the planning pool
+  // Commands still go through the strand.
+  const int64_t second = Submit(*s);
+  EXPECT_EQ(s->board().Get(second)->state(), v1::PENDING);  // the one worker is the first job's
+  auto report = s->Report(first, 0);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->state(), v1::RUNNING);
+  auto pausing = s->Cancel(first, /*pause=*/true);
+  ASSERT_TRUE(pausing.ok()) << pausing.status();
+  EXPECT_EQ(WaitStopped(*s, first).state(), v1::PAUSED);
+  // Resumed before that source phase ended: the job waits for it, its result is dropped and
+  // the job reads its source again.
+  auto resumed = s->Resume(first);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->state(), v1::PENDING);
+  EXPECT_EQ(planner_->attached(), 0);
+  planner_->LetGo();
+  const v1::Job second_done = WaitStopped(*s, second);
+  EXPECT_EQ(second_done.state(), v1::SUCCEEDED) << second_done.last_error();
+  const v1::Job first_done = WaitStopped(*s, first);
+  EXPECT_EQ(first_done.state(), v1::SUCCEEDED) << first_done.last_error();
+  EXPECT_EQ(planner_->attached(), 2);
+  ASSERT_TRUE(planner_->WaitForLoads(3));
+  EXPECT_EQ(stages_.starts().size(), 2u);
+}
+
+TEST_F(SchedulerFakeClockTest, AJobCancelledWhileItsSourceIsReadCanBeDeleted) {
+  stages_.Plan({"a"});
+  planner_->Hold();
+  auto s = Start({"cpu"});
+  const LetGoAtExit let_go{planner_.get()};
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(planner_->WaitForLoads(1));
+  ASSERT_TRUE(s->Cancel(id, /*pause=*/false).ok());
+  EXPECT_EQ(WaitStopped(*s, id).state(), v1::CANCELLED);
+  ASSERT_TRUE(s->Delete(id).ok());
+  EXPECT_FALSE(s->board().Get(id).has_value());
+  planner_->LetGo();
+  const v1::Job next = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(next.state(), v1::SUCCEEDED) << next.last_error();
+  EXPECT_EQ(planner_->attached(), 1);  // the deleted job's source phase was dropped
+  EXPECT_EQ(stages_.starts().size(), 1u);
 }
 
 }  // namespace

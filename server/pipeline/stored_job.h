@@ -1,0 +1,28 @@
+// StoredJob: what the state database says about a job when a process starts (or resumes) it.
+// Read on the thread that owns the JobStore (the scheduler's strand) and handed to the source
+// phase of PreparedJob (PreparedJob::Load), which reads files only and never touches the store.
+#ifndef QUANTD_SERVER_PIPELINE_STORED_JOB_H_
+#define QUANTD_SERVER_PIPELINE_STORED_JOB_H_
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/pipeline/output_marker.h"
+#include "server/store/job_store.h"
+
+namespace quantd::pipeline {
+
+struct StoredJob {
+  JobIdentity identity;              // the job, as its output markers name it
+  bool planned = false;              // its plan is stored: this is not its first start
+  std::vector<store::TaskRow> tasks;  // the stored plan's tasks (empty until planned)
+};
+
+// Reads job `job_id` from `store` (on the store's thread).
+absl::StatusOr<StoredJob> ReadStoredJob(store::JobStore& store, int64_t job_id);
+
+}  // namespace quantd::pipeline
+
+#endif  // QUANTD_SERVER_PIPELINE_STORED_JOB_H_

@@ -1,5 +1,7 @@
 #include "server/serve_command.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -24,6 +26,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -151,16 +154,41 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(const ServeConfig& confi
   return config.devices;
 }
 
-// Takes <state-dir>/quantd.lock; the lock is held while the returned FileLock lives.
+// The lock file holds the pid of the daemon that holds the lock ("<pid>\n"), so that a second
+// daemon can name it; at most this many bytes of it are read.
+constexpr uint64_t kMaxLockFileBytes = 64;
+
+// Takes <state-dir>/quantd.lock and writes this process's pid into it; the lock is held while the
+// returned FileLock lives. When another daemon holds it, the error names that daemon's pid.
 absl::StatusOr<std::unique_ptr<store::FileLock>> LockStateDir(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "quantd.lock").string();
   bool held_elsewhere = false;
   absl::StatusOr<std::unique_ptr<store::FileLock>> lock =
       store::FileLock::Acquire(path, &held_elsewhere);
   if (!lock.ok() && held_elsewhere) {
+    absl::StatusOr<std::string> text = checkpoint::ReadFile(path, kMaxLockFileBytes);
+    int64_t pid = 0;
+    const std::string holder =
+        text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &pid) && pid > 0
+            ? absl::StrCat("pid ", pid)
+            : std::string("its pid is not recorded yet");
     return absl::FailedPreconditionError(
-        absl::StrCat("another quantd serves the state dir ", dir, " (", path, " is locked)"));
+        absl::StrCat("another quantd (", holder, ") serves the state dir ", dir, " (", path,
+                     " is locked); stop it first, or give this one another --state-dir"));
   }
+  if (!lock.ok()) return lock;
+  // Written in place (the lock is on this very file): truncate, then the pid.
+  const int fd = open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, 0) != 0) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot record this quantd's pid in ", path, ": ", strerror(err)));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  absl::Status written = checkpoint::WriteFully(fd, pid.data(), pid.size(), path);
+  close(fd);
+  if (!written.ok()) return absl::FailedPreconditionError(written.message());
   return lock;
 }
 

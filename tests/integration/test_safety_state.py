@@ -221,3 +221,53 @@ def test_half_open_metrics_connections_do_not_block_scrapes(qd, tmp_path):
         for s in idle:
             s.close()
     d.stop()
+
+
+def test_a_second_daemon_on_the_same_state_dir_names_the_first(qd, tmp_path):
+    """The state dir's lock refuses a second daemon, which names the first one's pid and leaves
+    its serve.json alone."""
+    with Daemon(qd.binary, tmp_path / "state") as first:
+        served = first.ready_file.read_text()
+        second = Daemon(qd.binary, tmp_path / "state", socket_path=tmp_path / "second.sock")
+        proc = subprocess.run(second.cmd(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+        lock = tmp_path / "state" / "quantd.lock"
+        assert (f"another quantd (pid {first.pid}) serves the state dir {tmp_path / 'state'} "
+                f"({lock} is locked)") in proc.stderr, proc.stderr
+        assert first.ready_file.read_text() == served
+        first.channel()  # still serving
+        first.stop()
+
+
+def test_a_stale_serve_json_is_replaced_not_trusted(qd, tmp_path):
+    """serve.json of a daemon that died (its pid gone, its socket gone) is never read as the new
+    daemon's: it is replaced once the new one serves."""
+    state = tmp_path / "state"
+    state.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = {"pid": dead.pid, "listen": [f"unix:{tmp_path}/gone.sock"], "metrics_listen": ""}
+    d = Daemon(qd.binary, state)
+    (state / "serve.json").write_text(json.dumps(stale))
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen(d.cmd(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                info = json.loads((state / "serve.json").read_text())
+            except FileNotFoundError:
+                info = None
+            if info is not None and info["pid"] == proc.pid:
+                break
+            assert info in (None, stale), info  # the stale file, gone, then the new one only
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "serve.log").read_text()
+            time.sleep(0.02)
+        assert info["listen"] == [f"unix:{d.socket_path}"], info
+        assert (state / "quantd.lock").read_text() == f"{proc.pid}\n"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
+        d.close()
+    assert not (state / "serve.json").exists()

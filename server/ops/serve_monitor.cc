@@ -9,7 +9,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/ops/disk_space.h"
+#include "server/checkpoint/disk_space.h"
 
 namespace quantd::ops {
 namespace {
@@ -75,16 +75,17 @@ void ServeMonitor::RunOnce() {
 
 void ServeMonitor::SampleDisks() {
   metrics::Metrics& metrics = *options_.metrics;
-  if (absl::StatusOr<DiskSpace> state = DiskSpaceUnder(options_.state_dir); state.ok()) {
+  if (absl::StatusOr<checkpoint::DiskSpace> state = checkpoint::DiskSpaceUnder(options_.state_dir);
+      state.ok()) {
     metrics.SetDiskSpace("state", state->free_bytes, state->size_bytes);
   }
   std::vector<std::string> outputs;
   for (v1::JobState s : {v1::PENDING, v1::RUNNING, v1::PAUSED}) {
     AppendOutputs(*options_.board, s, &outputs);
   }
-  std::optional<DiskSpace> least_free;
+  std::optional<checkpoint::DiskSpace> least_free;
   for (const std::string& output : outputs) {
-    absl::StatusOr<DiskSpace> space = DiskSpaceUnder(output);
+    absl::StatusOr<checkpoint::DiskSpace> space = checkpoint::DiskSpaceUnder(output);
     if (!space.ok()) continue;
     if (!least_free || space->free_bytes < least_free->free_bytes) least_free = *space;
   }

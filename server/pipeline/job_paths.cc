@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "server/model/tokenizer_utf8.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -87,42 +88,6 @@ absl::Status Resolve(absl::string_view field, bool allow_relative, std::string* 
 
 }  // namespace
 
-bool IsValidUtf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    int extra = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return false;  // a continuation byte, an overlong lead (C0, C1) or beyond U+10FFFF
-    }
-    if (i + extra >= text.size()) return false;  // a truncated sequence
-    for (int k = 1; k <= extra; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(text[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((extra == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (extra == 3 && (cp < 0x10000 || cp > 0x10FFFF))) {
-      return false;  // overlong, a surrogate, or too large
-    }
-    i += extra + 1;
-  }
-  return true;
-}
-
 absl::Status CheckPathText(absl::string_view field, const std::string& path) {
   if (path.size() > kMaxPathBytes) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", path.size(),
@@ -132,7 +97,7 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path) {
   if (path.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": contains a NUL byte"));
   }
-  if (!IsValidUtf8(path)) {
+  if (model::FirstInvalidUtf8(path).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": is not valid UTF-8"));
   }
   return absl::OkStatus();

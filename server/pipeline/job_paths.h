@@ -15,7 +15,6 @@
 #include <stdint.h>
 
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,10 +26,8 @@ namespace quantd::pipeline {
 // The longest path a spec may hold: one byte less than PATH_MAX, which counts the NUL.
 inline constexpr size_t kMaxPathBytes = PATH_MAX - 1;
 
-// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points > U+10FFFF).
-bool IsValidUtf8(std::string_view text);
-
-// The text of a path field: at most kMaxPathBytes, valid UTF-8, no NUL byte. InvalidArgument
+// The text of a path field: at most kMaxPathBytes, valid UTF-8 (model::FirstInvalidUtf8: no
+// overlong forms, surrogates or code points above U+10FFFF), no NUL byte. InvalidArgument
 // naming `field` (and the length, never the text).
 absl::Status CheckPathText(absl::string_view field, const std::string& path);
 

@@ -1,7 +1,6 @@
 #include "server/pipeline/plan.h"
 
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 
 #include <nlohmann/json.hpp>
 
@@ -10,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
+#include "server/checkpoint/disk_space.h"
 #include "server/pipeline/export_layout.h"
 #include "server/pipeline/stage.h"
 #include "server/pipeline/stage_registry.h"
@@ -250,16 +251,17 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
   return plan;
 }
 
+namespace {
+
+// Free bytes on the file system that holds (or will hold) `dir`, relative or not.
 absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::path p = std::filesystem::absolute(dir, ec);
-  while (!p.empty() && !std::filesystem::exists(p, ec)) p = p.parent_path();
-  struct statvfs st;
-  if (p.empty() || statvfs(p.c_str(), &st) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot read free space for ", dir));
-  }
-  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  const std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  ASSIGN_OR_RETURN(const checkpoint::DiskSpace space, checkpoint::DiskSpaceUnder(p.string()));
+  return static_cast<uint64_t>(space.free_bytes);
 }
+
+}  // namespace
 
 absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan) {
   absl::StatusOr<uint64_t> out_free = FreeDiskBytes(spec.output);

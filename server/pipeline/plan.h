@@ -108,8 +108,6 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
 absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const TensorInventory& inventory);
 
-// Free bytes on the file system holding `dir` (its nearest existing ancestor).
-absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& dir);
 // Refuses, with the numbers, when the output (and BF16 copy) would not fit.
 absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan);
 

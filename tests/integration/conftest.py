@@ -7,10 +7,13 @@ binary is an error, never a skip.
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from daemon import grpc_stubs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,3 +63,17 @@ def source(qd, tmp_path_factory):
     (root / "amax.json").write_text(json.dumps(amax))
     return {"dir": src, "amax": root / "amax.json",
             "shards": len(set(index["weight_map"].values()))}
+
+
+@pytest.fixture(scope="session")
+def stubs(tmp_path_factory):
+    """The Python gRPC modules of our proto (daemon.grpc_stubs), generated once per session."""
+    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+@pytest.fixture
+def model(source, tmp_path):
+    """A private copy of the tiny fixture (tests may put things next to or inside it)."""
+    dst = tmp_path / "model"
+    shutil.copytree(source["dir"], dst)
+    return dst

@@ -8,24 +8,25 @@ are unchanged. Connections go through daemon.Daemon's helpers only.
 
 import hashlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import grpc
 import pytest
 
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
+from job_client import RPC_TIMEOUT_S, WATCH_TIMEOUT_S, JobClient
 from run_helpers import MARKER, tree_hashes
 
-RPC_TIMEOUT_S = 10
-WATCH_TIMEOUT_S = 180
-SPEC = {"recipe": "experts", "weight_format": "w4a16_nvfp4"}
+class Client(JobClient):
+    def refused(self, code, **spec):
+        with pytest.raises(grpc.RpcError) as info:
+            self.submit(**spec)
+        assert info.value.code() == code, (info.value.code(), info.value.details())
+        return info.value
 
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
+    def delete(self, job_id):
+        self.stub.DeleteJob(self.pb.DeleteJobRequest(id=job_id), timeout=RPC_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -39,45 +40,9 @@ def daemon(qd, tmp_path_factory):
         d.close()
 
 
-class Client:
-    def __init__(self, stubs, channel):
-        self.pb, pb_grpc = stubs
-        self.stub = pb_grpc.QuantServiceStub(channel)
-
-    def submit(self, request_id="", **spec):
-        request = self.pb.SubmitJobRequest(request_id=request_id,
-                                           spec=self.pb.JobSpec(**{**SPEC, **spec}))
-        return self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_S)
-
-    def refused(self, code, **spec):
-        with pytest.raises(grpc.RpcError) as info:
-            self.submit(**spec)
-        assert info.value.code() == code, (info.value.code(), info.value.details())
-        return info.value
-
-    def finish(self, job_id):
-        """The job's last snapshot once it is SUCCEEDED, FAILED or CANCELLED."""
-        last = None
-        for last in self.stub.WatchJob(self.pb.WatchJobRequest(id=job_id),
-                                       timeout=WATCH_TIMEOUT_S):
-            pass
-        return last
-
-    def delete(self, job_id):
-        self.stub.DeleteJob(self.pb.DeleteJobRequest(id=job_id), timeout=RPC_TIMEOUT_S)
-
-
 @pytest.fixture(scope="module")
 def client(daemon, stubs):
     return Client(stubs, daemon.channel())
-
-
-@pytest.fixture
-def model(source, tmp_path):
-    """A private copy of the tiny fixture (tests may put things next to or inside it)."""
-    dst = tmp_path / "model"
-    shutil.copytree(source["dir"], dst)
-    return dst
 
 
 def digest_tree(root):

@@ -5,61 +5,13 @@ the daemon, and no error carries the content of a file.
 """
 
 import os
-import shutil
-import threading
-import time
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
+from job_client import WATCH_TIMEOUT_S, JobClient as Client
 
-RPC_TIMEOUT_S = 10
-WATCH_TIMEOUT_S = 180
 SECRET = "hunter2-correct-horse"
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
-
-
-@pytest.fixture
-def model(source, tmp_path):
-    dst = tmp_path / "model"
-    shutil.copytree(source["dir"], dst)
-    return dst
-
-
-class Client:
-    def __init__(self, stubs, channel):
-        self.pb, pb_grpc = stubs
-        self.stub = pb_grpc.QuantServiceStub(channel)
-        self.health = health_pb2_grpc.HealthStub(channel)
-
-    def submit(self, **spec):
-        fields = {"recipe": "experts", "weight_format": "w4a16_nvfp4", **spec}
-        calibration = fields.pop("calibration", None)
-        job_spec = self.pb.JobSpec(**fields)
-        if calibration:
-            job_spec.calibration.CopyFrom(self.pb.CalibrationSpec(**calibration))
-        return self.stub.SubmitJob(self.pb.SubmitJobRequest(spec=job_spec), timeout=RPC_TIMEOUT_S)
-
-    def finish(self, job_id):
-        last = None
-        for last in self.stub.WatchJob(self.pb.WatchJobRequest(id=job_id),
-                                       timeout=WATCH_TIMEOUT_S):
-            pass
-        return last
-
-    def responsive(self, job_id):
-        """GetJob, ListJobs and health each answer within a second."""
-        for call in (lambda: self.stub.GetJob(self.pb.GetJobRequest(id=job_id), timeout=1),
-                     lambda: self.stub.ListJobs(self.pb.ListJobsRequest(), timeout=1),
-                     lambda: self.health.Check(health_pb2.HealthCheckRequest(service=""),
-                                               timeout=1)):
-            call()
 
 
 def make_fifo(path):

@@ -15,35 +15,10 @@ import urllib.request
 
 import pytest
 
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
+from job_client import RPC_TIMEOUT_S, JobClient
 
-RPC_TIMEOUT_S = 10
-WATCH_TIMEOUT_S = 180
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
-
-
-class Client:
-    def __init__(self, stubs, channel):
-        self.pb, pb_grpc = stubs
-        self.stub = pb_grpc.QuantServiceStub(channel)
-
-    def submit(self, src, out, **spec):
-        fields = {"recipe": "experts", "weight_format": "w4a16_nvfp4", **spec}
-        return self.stub.SubmitJob(self.pb.SubmitJobRequest(
-            spec=self.pb.JobSpec(source=str(src), output=str(out), **fields)),
-            timeout=RPC_TIMEOUT_S)
-
-    def finish(self, job_id):
-        last = None
-        for last in self.stub.WatchJob(self.pb.WatchJobRequest(id=job_id),
-                                       timeout=WATCH_TIMEOUT_S):
-            pass
-        return last
-
+class Client(JobClient):
     def list_all(self, page_size=0):
         jobs, pages, token = [], [], ""
         while True:
@@ -68,7 +43,7 @@ def start_fails(d):
 def run_one_job(qd, stubs, d, source, out):
     d.start()
     client = Client(stubs, d.channel())
-    job = client.finish(client.submit(source["dir"], out).id)
+    job = client.finish(client.submit(source=str(source["dir"]), output=str(out)).id)
     assert job.state == client.pb.SUCCEEDED, job
     d.stop()
 
@@ -127,7 +102,8 @@ def test_retention_prunes_finished_jobs_only(qd, stubs, source, tmp_path):
     client = Client(stubs, d.channel())
     ids = []
     for i in range(3):
-        job = client.finish(client.submit(source["dir"], tmp_path / f"out{i}").id)
+        job = client.finish(client.submit(source=str(source["dir"]),
+                                          output=str(tmp_path / f"out{i}")).id)
         assert job.state == client.pb.SUCCEEDED, job
         ids.append(job.id)
     d.stop()
@@ -152,7 +128,8 @@ def test_list_jobs_pages_stay_under_the_message_limit(qd, stubs, source, tmp_pat
     globs = [f"layers.{i}.never_{'x' * 40}" for i in range(3000)]  # ~190 KB of JSON
     with Daemon(qd.binary, tmp_path / "state") as d:
         client = Client(stubs, d.channel())
-        ids = [client.submit(tmp_path / "missing", tmp_path / f"out{i}", exclude=globs).id
+        ids = [client.submit(source=str(tmp_path / "missing"),
+                             output=str(tmp_path / f"out{i}"), exclude=globs).id
                for i in range(24)]
         jobs, pages = client.list_all(page_size=1000)
         assert [j.id for j in jobs] == ids
@@ -189,7 +166,8 @@ def test_idle_connection_flood_does_not_stop_new_clients(qd, stubs, source, tmp_
         for _ in range(400):
             flood.append(connect_raw(d.address))
         client = Client(stubs, d.channel())
-        job = client.finish(client.submit(source["dir"], tmp_path / "out").id)
+        job = client.finish(client.submit(source=str(source["dir"]),
+                                          output=str(tmp_path / "out")).id)
         assert job.state == client.pb.SUCCEEDED, job
         assert "raised the open-file limit from 256" in d.log()
     finally:

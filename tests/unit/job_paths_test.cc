@@ -14,16 +14,19 @@ namespace {
 namespace fs = std::filesystem;
 using JobPathsTest = testing_util::TempDirTest;
 
-TEST(Utf8Test, AcceptsWellFormedAndRefusesTheRest) {
-  EXPECT_TRUE(IsValidUtf8(""));
-  EXPECT_TRUE(IsValidUtf8("/models/Ünïcödé/日本/😀"));
-  EXPECT_FALSE(IsValidUtf8("\xff"));
-  EXPECT_FALSE(IsValidUtf8("\xc3"));              // truncated
-  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));          // overlong '/'
-  EXPECT_FALSE(IsValidUtf8("\xe0\x80\xaf"));      // overlong '/', 3 bytes
-  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // a surrogate
-  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // beyond U+10FFFF
-  EXPECT_FALSE(IsValidUtf8("a\x80" "b"));         // a lone continuation byte
+TEST(CheckPathTextTest, AcceptsWellFormedUtf8AndRefusesTheRest) {
+  EXPECT_TRUE(CheckPathText("output", "/models/Ünïcödé/日本/😀").ok());
+  for (const char* bad : {
+           "\xff",
+           "\xc3",              // truncated
+           "\xc0\xaf",          // overlong '/'
+           "\xe0\x80\xaf",      // overlong '/', 3 bytes
+           "\xed\xa0\x80",      // a surrogate
+           "\xf4\x90\x80\x80",  // beyond U+10FFFF
+           "a\x80" "b",         // a lone continuation byte
+       }) {
+    EXPECT_EQ(CheckPathText("output", bad).message(), "output: is not valid UTF-8") << bad;
+  }
 }
 
 TEST(CheckPathTextTest, NamesTheFieldNeverTheText) {

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "server/ops/disk_space.h"
+#include "server/checkpoint/disk_space.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::ops {
@@ -153,15 +153,16 @@ TEST_F(ServeMonitorTest, ThreadRunsRoundsUntilStop) {
 
 TEST_F(ServeMonitorTest, DiskSpaceUnderWalksUpToAnExistingParent) {
   const Statvfs fs = Stat(dir_);
-  absl::StatusOr<DiskSpace> space = DiskSpaceUnder(dir_ + "/a/b/../c/");
+  absl::StatusOr<checkpoint::DiskSpace> space = checkpoint::DiskSpaceUnder(dir_ + "/a/b/../c/");
   ASSERT_TRUE(space.ok()) << space.status();
   EXPECT_EQ(space->size_bytes, fs.size_bytes);
   // A regular file where a directory should be (ENOTDIR) also leads to the parent.
   std::ofstream(dir_ + "/file") << "x";
-  space = DiskSpaceUnder(dir_ + "/file/sub");
+  space = checkpoint::DiskSpaceUnder(dir_ + "/file/sub");
   ASSERT_TRUE(space.ok()) << space.status();
   EXPECT_EQ(space->size_bytes, fs.size_bytes);
-  const absl::StatusOr<DiskSpace> relative = DiskSpaceUnder("relative/dir");
+  const absl::StatusOr<checkpoint::DiskSpace> relative =
+      checkpoint::DiskSpaceUnder("relative/dir");
   EXPECT_EQ(relative.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(relative.status().message().find("relative/dir"), std::string::npos);
 }

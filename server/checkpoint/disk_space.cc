@@ -1,4 +1,4 @@
-#include "server/ops/disk_space.h"
+#include "server/checkpoint/disk_space.h"
 
 #include <errno.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace quantd::ops {
+namespace quantd::checkpoint {
 
 absl::StatusOr<DiskSpace> DiskSpaceUnder(const std::string& path) {
   std::filesystem::path p(path);
@@ -33,4 +33,4 @@ absl::StatusOr<DiskSpace> DiskSpaceUnder(const std::string& path) {
       absl::StrCat("disk space: cannot examine ", path, " or a parent: ", strerror(error)));
 }
 
-}  // namespace quantd::ops
+}  // namespace quantd::checkpoint

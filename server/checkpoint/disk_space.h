@@ -1,7 +1,8 @@
-// DiskSpaceUnder: how full the file system that holds (or will hold) a path is, for the
-// quantd_disk_* metrics and the "disk nearly full" alerts (deploy/prometheus/alerts.yml).
-#ifndef QUANTD_SERVER_OPS_DISK_SPACE_H_
-#define QUANTD_SERVER_OPS_DISK_SPACE_H_
+// DiskSpaceUnder: how full the file system that holds (or will hold) a path is: for the free-space
+// check before a job writes (pipeline/plan.h CheckDiskSpace), the quantd_disk_* metrics and the
+// "disk nearly full" alerts (deploy/prometheus/alerts.yml).
+#ifndef QUANTD_SERVER_CHECKPOINT_DISK_SPACE_H_
+#define QUANTD_SERVER_CHECKPOINT_DISK_SPACE_H_
 
 #include <stdint.h>
 
@@ -9,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace quantd::ops {
+namespace quantd::checkpoint {
 
 struct DiskSpace {
   int64_t free_bytes = 0;  // available to an unprivileged writer (statvfs f_bavail)
@@ -21,6 +22,6 @@ struct DiskSpace {
 // otherwise, NotFound naming the path when no ancestor can be examined.
 absl::StatusOr<DiskSpace> DiskSpaceUnder(const std::string& path);
 
-}  // namespace quantd::ops
+}  // namespace quantd::checkpoint
 
-#endif  // QUANTD_SERVER_OPS_DISK_SPACE_H_
+#endif  // QUANTD_SERVER_CHECKPOINT_DISK_SPACE_H_

@@ -47,7 +47,8 @@ struct StageContext {
   kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on
   // Calibrated max |input| per quantized module (the amax table), for input_scale.
   const std::map<std::string, float>* input_amax = nullptr;
-  // Called with the number of source bytes just processed (for progress); thread-safe.
+  // Called with the number of source bytes just processed (for progress); thread-safe. Each call,
+  // with 0 bytes too, is the task's heartbeat: a task silent for a whole lease (60 s) loses it.
   std::function<void(uint64_t)> add_progress;
   // Set when the job is being cancelled or the process is stopping; checked between tensors.
   const std::atomic<bool>* cancelled = nullptr;

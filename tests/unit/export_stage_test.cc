@@ -127,6 +127,10 @@ class ExportStageTest : public testing::Test {
     ctx.spec = &spec_;
     ctx.source = source_.get();
     ctx.inventory = &inventory_;
+    ctx.add_progress = [this](uint64_t bytes) {
+      ++heartbeats_;
+      progress_bytes_ += bytes;
+    };
     return RunExportTask(ctx, plan_);
   }
 
@@ -142,6 +146,8 @@ class ExportStageTest : public testing::Test {
   TensorInventory inventory_;
   JobSpec spec_;
   Plan plan_;
+  int heartbeats_ = 0;           // add_progress calls of the exports
+  uint64_t progress_bytes_ = 0;  // bytes they reported
 };
 
 const json kW4A4Group = {
@@ -331,6 +337,30 @@ TEST_F(ExportStageTest, MissingOutputShardFailsNamingIt) {
   EXPECT_NE(out.status().message().find("model-00002-of-00004.safetensors"), std::string::npos)
       << out.status();
   EXPECT_FALSE(fs::exists(out_ + "/model.safetensors.index.json"));
+}
+
+TEST_F(ExportStageTest, ReportsAHeartbeatPerShardHeaderAndCopiedChunk) {
+  // Export reads no source bytes, but a long one must keep its lease: one heartbeat per output
+  // shard whose header the index is built from, and per 1 MiB chunk of each copied file (the
+  // fixture's are all smaller: one each).
+  MakeSource(fixture::Arch::kDeepseekV4);
+  PlanAndWriteShards("");
+  ASSERT_TRUE(Export().ok());
+  int shards = 0, copied = 0;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(out_)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() == ".safetensors") {
+      ++shards;
+    } else if (name != "model.safetensors.index.json" && name != "config.json" &&
+               name != "hf_quant_config.json") {
+      ++copied;
+    }
+  }
+  EXPECT_EQ(shards, 4);
+  EXPECT_GT(copied, 0);
+  EXPECT_EQ(heartbeats_, shards + copied);
+  EXPECT_EQ(progress_bytes_, 0u);
 }
 
 }  // namespace

@@ -263,8 +263,8 @@ TEST_F(RunnerTest, Nvfp4WithoutAmaxAndKvFp8FailWithClearMessages) {
   absl::Status s = RunJob(Options(Spec("out", ""), "a.db"));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
-            "weight_format nvfp4 needs input amax: set calibration.amax_file or use w4a16_nvfp4; "
-            "calibration is not built yet");
+            "weight_format nvfp4 needs input amax: give calibration data (calibration.dataset or "
+            "datasets), calibration.amax_file or calibration.mode constant, or use w4a16_nvfp4");
   auto store = OpenStore("a.db");
   EXPECT_EQ(store->GetJob(1)->state, store::JobState::kFailed);
   EXPECT_EQ(store->GetJob(1)->error, s.message());

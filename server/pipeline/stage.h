@@ -67,7 +67,8 @@ struct TaskOutput {
   std::vector<store::TensorStatsRow> stats;
   // Amax contribution (calibrate tasks; calibration/amax_rows.h), recorded by the stage's Record.
   std::vector<store::AmaxRow> amax;
-  int64_t calibrated_tokens = 0;  // token rows a calibrate task moved through its layer
+  int64_t calibrated_tokens = 0;    // token rows a calibrate task moved through its layer
+  double calibration_seconds = 0;   // and the wall time it took (metrics)
 };
 
 class Stage {

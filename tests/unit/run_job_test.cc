@@ -639,6 +639,9 @@ TEST(ProgressTest, LineFormat) {
   ProgressSnapshot small{"verify", 3, 4, 4'500'000, 6'000'000, 1'000'000};
   EXPECT_EQ(FormatProgressLine(small), "verify  3/4 tasks  4.5/6.0 MB  1.00 MB/s  ETA 2s");
   EXPECT_EQ(FormatProgressLine({"export", 0, 1, 0, 0, std::nullopt}), "export  0/1 tasks");
+  // The calibrate stage counts tokens: (4096 - 1536) / 410 per s = 6.2 s.
+  EXPECT_EQ(FormatProgressLine({"calibrate", 3, 8, 1536, 4096, 410.0}),
+            "calibrate  3/8 tasks  1536/4096 tokens  410 tokens/s  ETA 6s");
   EXPECT_EQ(FormatDuration(0.4), "0s");
   EXPECT_EQ(FormatDuration(59.4), "59s");
   EXPECT_EQ(FormatDuration(60), "1m00s");

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <system_error>
 #include <tuple>
@@ -87,6 +88,7 @@ absl::StatusOr<TaskOutput> RunTokens(const CalibrateTask& /*task*/, const store:
 
 absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& device,
                                     const StageContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
   calibration::ActivationStore& store = job->activations();
@@ -148,6 +150,8 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
   TaskOutput out;
   out.amax = calibration::ToAmaxRows(result->amax);
   out.calibrated_tokens = result->tokens;
+  out.calibration_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
 

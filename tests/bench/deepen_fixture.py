@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes a DeepSeek-V4 checkpoint with FACTOR times the decoder layers of SOURCE (a `quantd
-mkfixture` output): layers.N.* of the source become layers.N + k*L.* for k < FACTOR (the same
-bytes, so every copy has the same cost), config.json's num_hidden_layers and compress_ratios
+mkfixture` output): layer N + k*L (k < FACTOR) is a byte copy of source layer N, except that the
+copies of the hash-routed layers (the first num_hash_layers, which only the model's first layers
+may be) take the first non-hash layer; config.json's num_hidden_layers and compress_ratios
 follow, the MTP block and the other tensors are copied once. Byte-level safetensors: nothing is
 decoded. For the calibration benchmark (run_calibrate_bench.sh) only.
 
@@ -29,7 +30,9 @@ def read_shard(path):
 def main():
     source, out, factor = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     config = json.loads((source / "config.json").read_text())
-    layers = config["num_hidden_layers"]
+    layers, hash_layers = config["num_hidden_layers"], config.get("num_hash_layers", 0)
+    # Target layer -> its source layer.
+    origin = [t if t < layers else max(t % layers, hash_layers) for t in range(layers * factor)]
     out.mkdir(parents=True)
     tensors = {}  # name -> (dtype, shape, bytes)
     for shard in sorted(source.glob("*.safetensors")):
@@ -39,7 +42,8 @@ def main():
             blob = body[start:end]
             m = LAYER.match(name)
             copies = [name] if m is None else [
-                f"layers.{int(m.group(1)) + k * layers}.{m.group(2)}" for k in range(factor)]
+                f"layers.{target}.{m.group(2)}" for target, n in enumerate(origin)
+                if n == int(m.group(1))]
             for copy in copies:
                 tensors[copy] = (t["dtype"], t["shape"], blob)
     header, offset = {}, 0
@@ -59,7 +63,7 @@ def main():
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": offset}, "weight_map": {n: shard_name for n in tensors}}))
     ratios = config["compress_ratios"]
-    config["compress_ratios"] = ratios[:layers] * factor + ratios[layers:]
+    config["compress_ratios"] = [ratios[n] for n in origin] + ratios[layers:]
     config["num_hidden_layers"] = layers * factor
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for extra in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):

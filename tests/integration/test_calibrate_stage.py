@@ -11,6 +11,7 @@ import json
 import signal
 import sqlite3
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -257,3 +258,49 @@ def test_daemon_calibrates_and_resumes_after_sigkill(qd, source, stubs, daemon_r
     assert stored_amax(state) == daemon_reference["rows"]
     assert leftovers(state) == []
     qd.run_ok("verify", out)
+
+
+@pytest.mark.parametrize("pause", [False, True])
+def test_daemon_cancel_or_pause_mid_calibration_leaves_no_spill_file(qd, source, stubs,
+                                                                     daemon_reference, tmp_path,
+                                                                     pause):
+    """Cancelled (or paused, then resumed) while layer 1 calibrates, with every activation
+    spilled (host budget 4 KiB): the job's spill files are gone once it stops; a resumed job
+    calibrates from layer 0 again and gives the uninterrupted bytes."""
+    from test_daemon import Client
+    pb = stubs[0]
+    d = Daemon(qd.binary, tmp_path / "state")
+    state = tmp_path / "state" / "quantd.db"
+    try:
+        d.start()
+        client = Client(stubs, d.channel())
+        out = tmp_path / "out"
+        spec = daemon_spec(pb, source, out)
+        spec.host_memory_bytes = 4096
+        job = client.submit(spec, "cancel")
+        answers = []
+
+        def stop_in_layer_1(message):
+            calibrate = [s for s in message.stages if s.kind == "calibrate"]
+            # tokens and both slices of layer 0 done: layer 1 is running, layer 0 spilled.
+            if not answers and calibrate and calibrate[0].tasks_done >= 3:
+                answers.append(client.cancel(job.id, pause=pause))
+            return False
+
+        seen = client.watch(job.id, stop_in_layer_1)
+        assert answers, seen[-1]
+        assert seen[-1].state == (pb.PAUSED if pause else pb.CANCELLED), seen[-1]
+        deadline = time.monotonic() + 10
+        while leftovers(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leftovers(state) == []
+        if pause:
+            client.resume(job.id)
+            final = client.watch(job.id)[-1]
+            assert final.state == pb.SUCCEEDED, final
+            assert tree_hashes(out) == daemon_reference["out"]
+            assert stored_amax(state) == daemon_reference["rows"]
+            assert leftovers(state) == []
+        d.stop()
+    finally:
+        d.close()

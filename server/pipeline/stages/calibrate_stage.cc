@@ -43,6 +43,18 @@ int64_t LayerOf(const std::string& module) {
   return layer;
 }
 
+// The source's config.json as a DeepSeek-V4 model: the only architecture with a forward.
+absl::StatusOr<model::V4Config> SourceConfig(const PlanInput& input) {
+  absl::StatusOr<model::V4Config> config =
+      model::ParseV4Config(input.source->config(), input.spec->source + "/config.json");
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat("calibration data is given, and calibration runs the "
+                                     "DeepSeek-V4 forward: ", config.status().message()));
+  }
+  return config;
+}
+
 model::Numerics ForwardNumerics(const CalibrationSpec& spec) {
   return spec.numerics == CalibrationNumerics::kMath ? model::Numerics::kMath
                                                      : model::Numerics::kOfficial;
@@ -177,9 +189,7 @@ bool NeedsCalibration(const JobSpec& spec) {
 
 absl::StatusOr<CalibrationLayout> PlanCalibrationLayout(const PlanInput& input) {
   if (!NeedsCalibration(*input.spec)) return CalibrationLayout{};
-  ASSIGN_OR_RETURN(const model::V4Config config,
-                   model::ParseV4Config(input.source->config(),
-                                        input.spec->source + "/config.json"));
+  ASSIGN_OR_RETURN(const model::V4Config config, SourceConfig(input));
   const int64_t devices = static_cast<int64_t>(input.spec->devices.size());
   return CalibrationLayout{config.num_hidden_layers, devices > 0 ? devices : kAutoSlices};
 }
@@ -233,9 +243,7 @@ absl::StatusOr<std::map<std::string, float>> CalibratedInputAmax(const StageCont
 absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInput& input) const {
   ASSIGN_OR_RETURN(const CalibrationLayout layout, PlanCalibrationLayout(input));
   if (layout.layers == 0) return std::vector<store::TaskPlan>();
-  ASSIGN_OR_RETURN(const model::V4Config config,
-                   model::ParseV4Config(input.source->config(),
-                                        input.spec->source + "/config.json"));
+  ASSIGN_OR_RETURN(const model::V4Config config, SourceConfig(input));
   ASSIGN_OR_RETURN(const calibration::SampleIds ids,
                    calibration::TokenizeCalibration(*input.spec, input.spec->source,
                                                     config.vocab_size, /*fold_ids=*/false));

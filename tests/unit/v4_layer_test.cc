@@ -11,8 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats.h"
-#include "server/fixture/fixture.h"
-#include "tests/unit/test_dirs.h"
+#include "tests/unit/v4_tiny_checkpoint.h"
 
 namespace quantd::model {
 namespace {
@@ -46,19 +45,11 @@ class RecordingObserver final : public Observer {
   std::set<std::string> kv_;              // KV cache modules seen
 };
 
-class V4LayerTest : public testing_util::TempDirTest {
+class V4LayerTest : public testing_util::V4TinyCheckpointTest {
  protected:
   void SetUp() override {
-    TempDirTest::SetUp();
-    const fixture::FixtureConfig fc =
-        fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kTiny);
-    ASSERT_TRUE(fixture::WriteFixture(fc, 7, dir_ + "/ckpt", {}).ok());
-    auto ckpt = OpenV4Checkpoint(dir_ + "/ckpt");
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    ckpt_ = std::move(*ckpt);
-    auto device = compute::OpenDevice("cpu", {.cpu_threads = 1});
-    ASSERT_TRUE(device.ok());
-    device_ = std::move(*device);
+    V4TinyCheckpointTest::SetUp();
+    if (HasFatalFailure()) return;
     for (int64_t i = 0; i < kSequences * kSeqLen; ++i) {
       ids_.push_back(static_cast<int32_t>((i * 7919 + 13) % ckpt_->config.vocab_size));
     }
@@ -66,8 +57,6 @@ class V4LayerTest : public testing_util::TempDirTest {
 
   static constexpr int64_t kSequences = 2;
   static constexpr int64_t kSeqLen = 140;  // > 128: HCA gets an entry, the window slides
-  std::unique_ptr<V4Checkpoint> ckpt_;
-  std::unique_ptr<compute::Device> device_;
   std::vector<int32_t> ids_;
 };
 

@@ -171,6 +171,43 @@ TEST_F(V4LayerTest, OfficialStaysAbove20DbSqnrOfMathInOneLayer) {
   EXPECT_GT(10.0 * std::log10(signal / noise), 20.0);
 }
 
+// Every layer (hash, CSA, HCA) and the head in both numerics: the host threads split every
+// non-GEMM loop (min_work 1), unevenly (3 threads), and the bytes do not move. The device and
+// its Gemm are the same for both runs, so only the host threads differ.
+TEST_F(V4LayerTest, HostThreadCountDoesNotChangeABit) {
+  const V4Config& c = ckpt_->config;
+  auto head = LoadHead(*ckpt_, *device_);
+  ASSERT_TRUE(head.ok()) << head.status();
+  for (Numerics numerics : {Numerics::kOfficial, Numerics::kMath}) {
+    auto one = MakeForwardContext(*device_, numerics, nullptr);
+    ASSERT_TRUE(one.ok());
+    ASSERT_EQ(one->threads.count, 1);  // the device's cpu_threads
+    ForwardContext three = *one;
+    three.threads = {.count = 3, .min_work = 1};
+    auto a = Embed(*ckpt_, ids_, kSequences, kSeqLen);
+    ASSERT_TRUE(a.ok());
+    V4Activations b = *a;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      auto weights = LoadLayer(*ckpt_, l, *device_);
+      ASSERT_TRUE(weights.ok()) << weights.status();
+      auto next_a = RunLayer(*one, c, *weights, *a);
+      auto next_b = RunLayer(three, c, *weights, b);
+      ASSERT_TRUE(next_a.ok() && next_b.ok());
+      a = std::move(next_a);
+      b = std::move(*next_b);
+      ASSERT_EQ(a->streams.size(), b.streams.size());
+      EXPECT_EQ(memcmp(a->streams.data(), b.streams.data(), b.streams.size() * 4), 0)
+          << NumericsName(numerics) << " layer " << l;
+    }
+    std::vector<float> hidden_a, logits_a, hidden_b, logits_b;
+    ASSERT_TRUE(HeadForward(*one, c, *head, *a, &hidden_a, &logits_a).ok());
+    ASSERT_TRUE(HeadForward(three, c, *head, b, &hidden_b, &logits_b).ok());
+    EXPECT_EQ(hidden_a, hidden_b) << NumericsName(numerics);
+    EXPECT_EQ(memcmp(logits_a.data(), logits_b.data(), logits_a.size() * 4), 0)
+        << NumericsName(numerics);
+  }
+}
+
 TEST_F(V4LayerTest, SpilledActivationsComeBackBitIdentical) {
   auto acts = Embed(*ckpt_, ids_, kSequences, kSeqLen);
   ASSERT_TRUE(acts.ok());

@@ -1,5 +1,6 @@
 """The exact values of tests/unit/v4_rounding_test.cc against the official code's semantics in
-torch: the per-head q norm of inference/model.py `Attention.forward` on a BF16 tensor, the
+torch: the q_norm output (model.py `RMSNorm`: float32, one cast to BF16), the per-head q
+normalisation of `Attention.forward` on a BF16 tensor, the
 indexer's BF16 score sum of `Indexer.forward`, and its Hadamard transform + FP4 simulation through
 deepseek_cpu_kernels/ (CPU stand-ins written from fast_hadamard_transform and kernel.py). The C++
 test asserts that quantd's official numerics produce these numbers; this one that DeepSeek's
@@ -29,7 +30,15 @@ def values(t):
     return t.float().flatten().tolist()
 
 
-def test_q_norm_on_bf16():
+def test_q_norm_output_is_rounded_once():
+    x = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=BF16)
+    weight = torch.tensor([1 + 3 * 2 ** -9, 2.0, 0.5, 1 + 2 ** -8], dtype=torch.float32)
+    xf = x.float()  # model.py RMSNorm.forward
+    y = (weight * (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + EPS))).to(BF16)
+    assert values(y) == [1.0078125, -2.0, 0.5, -1.0]
+
+
+def test_per_head_q_norm_on_bf16():
     q = torch.tensor([[1.0, 1 + 2 ** -7], [3.0, -0.5]], dtype=BF16)
     mean = q.square().mean(-1, keepdim=True) + EPS  # BF16 ops, as model.py
     scale = torch.rsqrt(mean.float()).to(BF16)  # one rounding, as the CUDA kernel

@@ -1,6 +1,7 @@
 // The official numerics' BF16 roundings and FP4 simulation that only `official` has, with exact
 // values derived by hand from the official code's dtypes (inference/model.py on BF16 tensors,
-// fast_hadamard_transform, kernel.py fp4_quant): the per-head q norm, the indexer's score sums,
+// fast_hadamard_transform, kernel.py fp4_quant): the q_norm output (an RMSNorm in float32 rounded
+// once to BF16; the indexer reads it too), the per-head q normalisation, the indexer's score sums,
 // and the indexer's Hadamard transform + FP4 simulation. Each input is chosen so that the
 // rounding changes the result against `math`. tests/interop/test_v4_official_roundings.py checks
 // the same values against torch BF16 and the CPU stand-ins of DeepSeek's kernels.
@@ -10,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "server/model/v4_attention.h"
 #include "server/model/v4_indexer.h"
+#include "server/model/v4_mhc.h"
 
 namespace quantd::model {
 namespace {
@@ -20,6 +22,25 @@ ForwardContext Context(Numerics numerics) {
   ForwardContext ctx;
   ctx.numerics = numerics;
   return ctx;
+}
+
+TEST(V4RoundingTest, QNormOutputIsRoundedOnceToBf16) {
+  // x = [1, -1, 1, -1]: mean square 1, s = 1 / sqrt(1 + 1e-6) = 1 - 2^-21 in float32 (0.99999952).
+  // weight * x * s in float32, then BF16 (step 2^-7 in [1, 2), 2^-9 in [0.25, 0.5)):
+  //   (1 + 3 * 2^-9) * s = 1.0058589 = 128.75 steps -> 129 * 2^-7 = 1.0078125
+  //   2 * -s = -1.999999 -> -2;  0.5 * s = 0.49999976 -> 0.5
+  //   (1 + 2^-8) * -s = -1.0039058 = 128.49994 steps: just below the tie -> -1
+  const std::vector<float> x = {1.0f, -1.0f, 1.0f, -1.0f};
+  const std::vector<float> weight = {1.0f + 3 * 0x1p-9f, 2.0f, 0.5f, 1.0f + 0x1p-8f};
+  std::vector<float> out(4);
+  RmsNorm(Context(Numerics::kOfficial), x.data(), 1, 4, weight, kEps, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1.0078125f, -2.0f, 0.5f, -1.0f}));
+  // Math keeps float32: weight * x * (1 - 2^-21), exact to the float32 ulp of each product.
+  RmsNorm(Context(Numerics::kMath), x.data(), 1, 4, weight, kEps, out.data());
+  const float s = 1.0f - 0x1p-21f;
+  ASSERT_EQ(1.0f / std::sqrt(1.0f + kEps), s);
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(out[c], weight[c] * (x[c] * s)) << c;
+  EXPECT_NE(out[0], 1.0078125f);
 }
 
 TEST(V4RoundingTest, QNormRoundsEveryStepToBf16) {

@@ -38,12 +38,11 @@ void HadamardRows(float* x, int64_t rows, int64_t n) {
 }
 
 absl::Status SimulateIndexerFp4(float* x, int64_t rows, int64_t n, const HostThreads& threads) {
-  return ParallelRowsOrError(threads, rows, 16 * n, [&](int64_t begin, int64_t end) {
-    float* first = x + begin * n;
-    HadamardRows(first, end - begin, n);
-    RoundToBf16(first, (end - begin) * n);  // fast_hadamard_transform returns BF16
-    return SimulateFp4Act(first, end - begin, n, n);
+  ParallelRows(threads, rows, 8 * n, [&](int, int64_t begin, int64_t end) {
+    HadamardRows(x + begin * n, end - begin, n);
+    RoundToBf16(x + begin * n, (end - begin) * n);  // fast_hadamard_transform returns BF16
   });
+  return SimulateFp4Act(x, rows, n, n, threads);
 }
 
 void IndexerScores(Numerics numerics, const float* dots, const float* weights, int64_t queries,

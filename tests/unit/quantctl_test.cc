@@ -283,6 +283,96 @@ TEST_F(SpecFlagsTest, FlagsOverrideTheSpecFile) {
   EXPECT_EQ(s->host_memory_bytes(), 1000);
 }
 
+TEST_F(SpecFlagsTest, CalibrationKeysFromTheSpecFileAndFlags) {
+  const std::string spec = WriteSpec(R"({
+      "source": "/models/v4", "output": "/out/a",
+      "calibration": {"datasets": [{"path": "news.jsonl", "samples": 512},
+                                   {"path": "/cal/chat.jsonl"}],
+                      "min_seq_len": 8, "seed": 3, "add_bos": false, "mode": "data",
+                      "w2_input": "weighted", "expert_amax": "layer_max",
+                      "uncalibrated": "model_max", "numerics": "math", "amax_out": "amax.json"}})");
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  absl::StatusOr<v1::JobSpec> s = Parse({"--spec", spec});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::CalibrationSpec& c = s->calibration();
+  ASSERT_EQ(c.datasets_size(), 2);
+  EXPECT_EQ(c.datasets(0).path(), (cwd / "news.jsonl").string());  // made absolute
+  EXPECT_EQ(c.datasets(0).samples(), 512);
+  EXPECT_EQ(c.datasets(1).path(), "/cal/chat.jsonl");
+  EXPECT_EQ(c.datasets(1).samples(), 0);
+  EXPECT_EQ(c.min_seq_len(), 8);
+  EXPECT_EQ(c.seed(), 3);
+  ASSERT_TRUE(c.has_add_bos());
+  EXPECT_FALSE(c.add_bos());
+  EXPECT_EQ(c.mode(), "data");
+  EXPECT_EQ(c.w2_input(), "weighted");
+  EXPECT_EQ(c.expert_amax(), "layer_max");
+  EXPECT_EQ(c.uncalibrated(), "model_max");
+  EXPECT_EQ(c.numerics(), "math");
+  EXPECT_EQ(c.amax_out(), (cwd / "amax.json").string());
+
+  // The flags replace the file's values; the datasets list as a whole.
+  s = Parse({"--spec", spec, "--calibration-dataset", "/cal/a.jsonl:64", "--calibration-dataset",
+             "rel/b.jsonl", "--calibration-dataset", "/cal/c:d.jsonl", "--min-seq-len", "0",
+             "--seed", "11", "--calibration-mode", "constant", "--w2-input", "max",
+             "--expert-amax", "per_expert", "--uncalibrated", "layer_max", "--numerics",
+             "official", "--amax-out", "/cal/out.json"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->calibration().datasets_size(), 3);
+  EXPECT_EQ(s->calibration().datasets(0).path(), "/cal/a.jsonl");
+  EXPECT_EQ(s->calibration().datasets(0).samples(), 64);
+  EXPECT_EQ(s->calibration().datasets(1).path(), (cwd / "rel/b.jsonl").string());
+  EXPECT_EQ(s->calibration().datasets(1).samples(), 0);
+  EXPECT_EQ(s->calibration().datasets(2).path(), "/cal/c:d.jsonl");
+  EXPECT_EQ(s->calibration().datasets(2).samples(), 0);
+  ASSERT_TRUE(s->calibration().has_min_seq_len());
+  EXPECT_EQ(s->calibration().min_seq_len(), 0);
+  EXPECT_EQ(s->calibration().seed(), 11);
+  EXPECT_FALSE(s->calibration().add_bos());  // the file's value stays
+  EXPECT_EQ(s->calibration().mode(), "constant");
+  EXPECT_EQ(s->calibration().w2_input(), "max");
+  EXPECT_EQ(s->calibration().expert_amax(), "per_expert");
+  EXPECT_EQ(s->calibration().uncalibrated(), "layer_max");
+  EXPECT_EQ(s->calibration().numerics(), "official");
+  EXPECT_EQ(s->calibration().amax_out(), "/cal/out.json");
+
+  // Without a file: unset stays unset (the daemon's default), --no-bos sets add_bos false.
+  s = Parse({"--source", "/s", "--output", "/o"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->calibration().has_add_bos());
+  EXPECT_FALSE(s->calibration().has_min_seq_len());
+  s = Parse({"--source", "/s", "--output", "/o", "--no-bos"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->calibration().has_add_bos());
+  EXPECT_FALSE(s->calibration().add_bos());
+}
+
+TEST(DatasetFlagTest, PathAndSampleCount) {
+  struct Case {
+    std::string value;
+    std::string path;
+    int64_t samples;
+  };
+  for (const Case& c : std::vector<Case>{{"/a.jsonl", "/a.jsonl", 0},
+                                         {"/a.jsonl:0", "/a.jsonl", 0},
+                                         {"/a.jsonl:256", "/a.jsonl", 256},
+                                         {"/a:b.jsonl", "/a:b.jsonl", 0},
+                                         {"/a.jsonl:", "/a.jsonl:", 0},
+                                         {"/a.jsonl:-3", "/a.jsonl:-3", 0},
+                                         {"/x:1:2", "/x:1", 2}}) {
+    absl::StatusOr<v1::CalibrationDataset> d = ParseDatasetFlag(c.value);
+    ASSERT_TRUE(d.ok()) << c.value << ": " << d.status();
+    EXPECT_EQ(d->path(), c.path) << c.value;
+    EXPECT_EQ(d->samples(), c.samples) << c.value;
+  }
+  absl::StatusOr<v1::CalibrationDataset> d = ParseDatasetFlag("/a.jsonl:99999999999999999999");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.status().message(),
+            "--calibration-dataset /a.jsonl:99999999999999999999: the sample count is out of "
+            "range");
+}
+
 TEST_F(SpecFlagsTest, FlagsAloneMakeASpec) {
   absl::StatusOr<v1::JobSpec> s = Parse({"--source", "/src", "--output", "/out/../dst"});
   ASSERT_TRUE(s.ok()) << s.status();
@@ -310,6 +400,16 @@ TEST_F(SpecFlagsTest, ErrorsNameTheKey) {
       {R"({"devices": "cpu"})", "field 'devices' must be an array of strings"},
       {R"({"include": ["a", 2]})", "field 'include' must be an array of strings"},
       {R"({"calibration": []})", "field 'calibration' must be an object"},
+      {R"({"calibration": {"datasets": {"path": "/a"}}})",
+       "field 'calibration.datasets' must be an array of objects"},
+      {R"({"calibration": {"datasets": ["/a"]}})",
+       "field 'calibration.datasets[0]' must be an object"},
+      {R"({"calibration": {"datasets": [{"path": "/a"}, {"path": "/b", "samples": "8"}]}})",
+       "field 'calibration.datasets[1].samples' must be an integer"},
+      {R"({"calibration": {"datasets": [{"file": "/a"}]}})",
+       "field 'calibration.datasets[0].file' is not a known field"},
+      {R"({"calibration": {"add_bos": "yes"}})",
+       "field 'calibration.add_bos' must be true or false"},
       {R"(["source"])", "not a JSON object"},
   };
   for (const Case& c : cases) {

@@ -297,6 +297,7 @@ TEST_F(ApiTest, JobRunsToSucceededAndWatchSeesItsStatesInOrder) {
   }
   ASSERT_EQ(all.rules_size(), shards);
   for (const v1::RuleCheck& rule : all.rules()) EXPECT_TRUE(rule.passed()) << rule.name();
+  EXPECT_EQ(all.layers_size(), 0);  // W4A16: no input amax
   v1::JobReport worst;
   ASSERT_TRUE(Report(id, 3, &worst).status.ok());
   ASSERT_EQ(worst.tensors_size(), 3);

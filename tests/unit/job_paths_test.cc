@@ -119,8 +119,8 @@ TEST_F(JobPathsTest, AmaxOutMustNotOverwriteTheSourceOrAnInput) {
   };
   for (const Case& c :
        {Case{dir_ + "/link/amax.json",
-             "calibration.amax_out: " + dir_ + "/model/amax.json lies inside the source directory " +
-                 dir_ + "/model"},
+             "calibration.amax_out: " + dir_ +
+                 "/model/amax.json lies inside the source directory " + dir_ + "/model"},
         Case{dir_ + "/model/",
              "calibration.amax_out: " + dir_ + "/model is the source directory " + dir_ +
                  "/model"},

@@ -182,6 +182,8 @@ TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {
             "layers.1.ffn.experts.3.w2.weight    0.1187    18.51      0.04211\n"
             "layers.0.attn.wq_a.weight           0.0958    20.37          0.5\n"
             "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
             "rule checks: 1 of 2 passed\n"
             "  PASS  verify model-00001-of-00002.safetensors\n"
             "  FAIL  verify model-00002-of-00002.safetensors\n"
@@ -195,6 +197,60 @@ TEST(ReportViewTest, SaysWhatIsNotThereYet) {
   r.set_state(v1::RUNNING);
   EXPECT_EQ(FormatReport(r),
             "job 8 RUNNING  no tensor statistics yet\n"
+            "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
+}
+
+v1::ProjectionAmax* AddProjection(v1::LayerReport* layer, const std::string& name, int64_t modules,
+                                  double min, double median, double max) {
+  v1::ProjectionAmax* p = layer->add_projections();
+  p->set_projection(name);
+  p->set_modules(modules);
+  p->set_min_amax(min);
+  p->set_median_amax(median);
+  p->set_max_amax(max);
+  return p;
+}
+
+TEST(ReportViewTest, FormatsTheInputAmaxOfEachLayer) {
+  v1::JobReport r;
+  r.set_job_id(9);
+  r.set_state(v1::SUCCEEDED);
+  v1::LayerReport* l0 = r.add_layers();
+  l0->set_layer(0);
+  AddProjection(l0, "attn.wq_a", 1, 3.25, 3.25, 3.25);
+  AddProjection(l0, "ffn.experts.w1", 8, 0.5, 1.75, 2.5);
+  AddProjection(l0, "ffn.experts.w2", 7, 0.25, 0.5, 0.75);
+  AddProjection(l0, "ffn.experts.w2.unweighted", 7, 4, 5, 6);
+  AddProjection(l0, "ffn.shared_experts.w1", 1, 1.5, 1.5, 1.5);
+  l0->set_token_counts(true);
+  l0->set_calibrated_tokens(4096);
+  l0->set_routed_experts(8);
+  l0->set_uncalibrated_experts(1);
+  v1::LayerReport* l12 = r.add_layers();
+  l12->set_layer(12);
+  AddProjection(l12, "attn.wkv", 1, 12.0625, 12.0625, 12.0625);
+  l12->set_token_counts(true);
+  l12->set_calibrated_tokens(4096);
+  // From an amax file: no token counts.
+  v1::LayerReport* l13 = r.add_layers();
+  l13->set_layer(13);
+  AddProjection(l13, "ffn.experts.w1", 2, 0.5, 0.625, 0.75);
+  l13->set_routed_experts(2);
+  EXPECT_EQ(FormatReport(r),
+            "job 9 SUCCEEDED  no tensor statistics yet\n"
+            "\n"
+            "calibration: input amax per decoder layer (routed experts: min / median / max)\n"
+            "LAYER  TOKENS  UNCALIBRATED  PROJECTION                  MIN  MEDIAN    MAX\n"
+            "0        4096  1 of 8        attn.wq_a                                 3.25\n"
+            "                             ffn.experts.w1              0.5    1.75    2.5\n"
+            "                             ffn.experts.w2             0.25     0.5   0.75\n"
+            "                             ffn.experts.w2.unweighted     4       5      6\n"
+            "                             ffn.shared_experts.w1                      1.5\n"
+            "12       4096  -             attn.wkv                                 12.06\n"
+            "13          -  -             ffn.experts.w1              0.5   0.625   0.75\n"
             "\n"
             "rule checks: none yet (verify has not run)\n");
 }

@@ -125,14 +125,20 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path) {
 
 absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative) {
   struct Field {
-    const char* name;
+    std::string name;
     std::string* path;
   };
-  const Field fields[] = {{"source", &spec->source},
-                          {"output", &spec->output},
-                          {"materialize_bf16", &spec->materialize_bf16},
-                          {"calibration.amax_file", &spec->calibration.amax_file},
-                          {"calibration.dataset", &spec->calibration.dataset}};
+  CalibrationSpec& cal = spec->calibration;
+  std::vector<Field> inputs = {{"calibration.amax_file", &cal.amax_file},
+                               {"calibration.dataset", &cal.dataset}};
+  for (size_t i = 0; i < cal.datasets.size(); ++i) {
+    inputs.push_back({absl::StrCat("calibration.datasets[", i, "].path"), &cal.datasets[i].path});
+  }
+  std::vector<Field> fields = {{"source", &spec->source},
+                               {"output", &spec->output},
+                               {"materialize_bf16", &spec->materialize_bf16},
+                               {"calibration.amax_out", &cal.amax_out}};
+  fields.insert(fields.end(), inputs.begin(), inputs.end());
   for (const Field& f : fields) {
     if (absl::Status s = Resolve(f.name, allow_relative, f.path); !s.ok()) return s;
   }
@@ -152,12 +158,33 @@ absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative) {
       }
     }
   }
+  if (!cal.amax_out.empty()) {
+    const fs::path amax_out(cal.amax_out);
+    if (std::string how = Overlap(amax_out, source); !how.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("calibration.amax_out: ", cal.amax_out, " ",
+                                                     how, " the source directory ",
+                                                     spec->source));
+    }
+    for (const Field& input : inputs) {
+      if (!input.path->empty() && Overlap(amax_out, fs::path(*input.path)) == "is") {
+        return absl::InvalidArgumentError(absl::StrCat("calibration.amax_out: ", cal.amax_out,
+                                                       " is ", input.name,
+                                                       "; the job would overwrite its input"));
+      }
+    }
+    std::error_code ec;
+    if (fs::is_directory(amax_out, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration.amax_out: ", cal.amax_out, " is a directory; name the file to write"));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDir>& claimed) {
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{"output", &spec.output},
-                                    {"materialize_bf16", &spec.materialize_bf16}}) {
+                                    {"materialize_bf16", &spec.materialize_bf16},
+                                    {"calibration.amax_out", &spec.calibration.amax_out}}) {
     if (path->empty()) continue;
     for (const ClaimedDir& c : claimed) {
       if (std::string how = Overlap(fs::path(*path), fs::path(c.dir)); !how.empty()) {

@@ -2,11 +2,13 @@
 
 #include <stdint.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -36,6 +38,19 @@ absl::Status ReadObject(const json& object, const std::string& prefix, const std
     const FieldDescriptor* field = message->GetDescriptor()->FindFieldByName(it.key());
     if (field == nullptr) return FieldError(origin, name, "is not a known field");
     if (value.is_null()) continue;
+    if (field->is_repeated() && field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      // calibration.datasets: a list of objects
+      if (!value.is_array()) return FieldError(origin, name, "must be an array of objects");
+      reflection->ClearField(message, field);
+      for (size_t i = 0; i < value.size(); ++i) {
+        const std::string item = absl::StrCat(name, "[", i, "]");
+        if (!value[i].is_object()) return FieldError(origin, item, "must be an object");
+        absl::Status s =
+            ReadObject(value[i], item + ".", origin, reflection->AddMessage(message, field));
+        if (!s.ok()) return s;
+      }
+      continue;
+    }
     if (field->is_repeated()) {  // include, exclude, devices: lists of strings
       // "devices": "auto" is the default, every device of the daemon (an empty list).
       if (name == "devices" && value.is_string() && value.get<std::string>() == "auto") continue;
@@ -132,6 +147,34 @@ void AddSpecFlags(CLI::App* cmd, SpecFlags* f) {
   cmd->add_flag("--calibrate-all-experts", f->calibrate_all_experts,
                 "calibrate every routed expert");
   cmd->add_option_function<std::vector<std::string>>(
+      "--calibration-dataset",
+      [f](const std::vector<std::string>& v) { f->calibration_datasets = v; },
+      "PATH[:SAMPLES]: a JSONL file of calibration samples (repeatable; not with --dataset)");
+  cmd->add_option_function<int64_t>(
+      "--min-seq-len", [f](const int64_t& v) { f->min_seq_len = v; },
+      "calibration samples with fewer tokens are skipped");
+  cmd->add_option_function<int64_t>(
+      "--seed", [f](const int64_t& v) { f->seed = v; }, "picks the calibration samples");
+  cmd->add_flag("--no-bos", f->no_bos, "no BOS before calibration samples");
+  cmd->add_option_function<std::string>(
+      "--calibration-mode", [f](const std::string& v) { f->calibration_mode = v; },
+      "data | constant");
+  cmd->add_option_function<std::string>(
+      "--w2-input", [f](const std::string& v) { f->w2_input = v; },
+      "unweighted | weighted | max: the input a routed w2's amax comes from");
+  cmd->add_option_function<std::string>(
+      "--expert-amax", [f](const std::string& v) { f->expert_amax = v; },
+      "per_expert | layer_max");
+  cmd->add_option_function<std::string>(
+      "--uncalibrated", [f](const std::string& v) { f->uncalibrated = v; },
+      "layer_max | model_max: the amax of experts no calibration token reached");
+  cmd->add_option_function<std::string>(
+      "--numerics", [f](const std::string& v) { f->numerics = v; },
+      "official | math: the calibration forward's rounding");
+  cmd->add_option_function<std::string>(
+      "--amax-out", [f](const std::string& v) { f->amax_out = v; },
+      "file to write the measured amax table to (the --amax-file format)");
+  cmd->add_option_function<std::vector<std::string>>(
       "--device", [f](const std::vector<std::string>& v) { f->devices = v; },
       "cpu | cuda:N (repeatable); default: every device of the daemon");
   cmd->add_option_function<int64_t>(
@@ -155,6 +198,25 @@ absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::st
   absl::Status s = ReadObject(doc, "", origin, &spec);
   if (!s.ok()) return s;
   return spec;
+}
+
+absl::StatusOr<v1::CalibrationDataset> ParseDatasetFlag(const std::string& value) {
+  v1::CalibrationDataset dataset;
+  dataset.set_path(value);
+  const size_t colon = value.rfind(':');
+  if (colon == std::string::npos || colon + 1 == value.size()) return dataset;
+  const std::string count = value.substr(colon + 1);
+  if (!std::all_of(count.begin(), count.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return dataset;
+  }
+  int64_t samples = 0;
+  if (!absl::SimpleAtoi(count, &samples)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--calibration-dataset ", value, ": the sample count is out of range"));
+  }
+  dataset.set_path(value.substr(0, colon));
+  dataset.set_samples(samples);
+  return dataset;
 }
 
 absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
@@ -185,6 +247,23 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   if (f.num_samples) cal->set_num_samples(*f.num_samples);
   if (f.seq_len) cal->set_seq_len(*f.seq_len);
   if (f.calibrate_all_experts) cal->set_calibrate_all_experts(true);
+  if (f.calibration_datasets) {
+    cal->clear_datasets();
+    for (const std::string& value : *f.calibration_datasets) {
+      absl::StatusOr<v1::CalibrationDataset> dataset = ParseDatasetFlag(value);
+      if (!dataset.ok()) return dataset.status();
+      *cal->add_datasets() = *std::move(dataset);
+    }
+  }
+  if (f.min_seq_len) cal->set_min_seq_len(*f.min_seq_len);
+  if (f.seed) cal->set_seed(*f.seed);
+  if (f.no_bos) cal->set_add_bos(false);
+  if (f.calibration_mode) cal->set_mode(*f.calibration_mode);
+  if (f.w2_input) cal->set_w2_input(*f.w2_input);
+  if (f.expert_amax) cal->set_expert_amax(*f.expert_amax);
+  if (f.uncalibrated) cal->set_uncalibrated(*f.uncalibrated);
+  if (f.numerics) cal->set_numerics(*f.numerics);
+  if (f.amax_out) cal->set_amax_out(*f.amax_out);
   if (f.devices) spec.mutable_devices()->Assign(f.devices->begin(), f.devices->end());
   if (f.host_memory_bytes) spec.set_host_memory_bytes(*f.host_memory_bytes);
   if (f.overwrite) spec.set_overwrite(true);
@@ -197,18 +276,23 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   }
   // Paths are the daemon's; make relative ones absolute against this directory.
   struct PathField {
-    const char* name;
+    std::string name;
     std::string* value;
   };
-  const PathField paths[] = {{"source", spec.mutable_source()},
-                             {"output", spec.mutable_output()},
-                             {"materialize_bf16", spec.mutable_materialize_bf16()},
-                             {"calibration.amax_file", cal->mutable_amax_file()},
-                             {"calibration.dataset", cal->mutable_dataset()}};
+  std::vector<PathField> paths = {{"source", spec.mutable_source()},
+                                  {"output", spec.mutable_output()},
+                                  {"materialize_bf16", spec.mutable_materialize_bf16()},
+                                  {"calibration.amax_file", cal->mutable_amax_file()},
+                                  {"calibration.dataset", cal->mutable_dataset()},
+                                  {"calibration.amax_out", cal->mutable_amax_out()}};
+  for (int i = 0; i < cal->datasets_size(); ++i) {
+    paths.push_back({absl::StrCat("calibration.datasets[", i, "].path"),
+                     cal->mutable_datasets(i)->mutable_path()});
+  }
   for (const PathField& p : paths) {
     // Checked here too: the proto would refuse invalid UTF-8 before the daemon could name the field.
     if (absl::Status s = pipeline::CheckPathText(p.name, *p.value); !s.ok()) return s;
-    absl::StatusOr<std::string> abs = Absolute(*p.value, p.name);
+    absl::StatusOr<std::string> abs = Absolute(*p.value, p.name.c_str());
     if (!abs.ok()) return abs.status();
     *p.value = *std::move(abs);
   }

@@ -34,6 +34,17 @@ struct SpecFlags {
   std::optional<int64_t> num_samples;               // --num-samples
   std::optional<int64_t> seq_len;                   // --seq-len
   bool calibrate_all_experts = false;               // --calibrate-all-experts (sets true)
+  // --calibration-dataset PATH[:SAMPLES], repeatable: replaces calibration.datasets.
+  std::optional<std::vector<std::string>> calibration_datasets;
+  std::optional<int64_t> min_seq_len;               // --min-seq-len
+  std::optional<int64_t> seed;                      // --seed
+  bool no_bos = false;                              // --no-bos (sets add_bos false)
+  std::optional<std::string> calibration_mode;      // --calibration-mode
+  std::optional<std::string> w2_input;              // --w2-input
+  std::optional<std::string> expert_amax;           // --expert-amax
+  std::optional<std::string> uncalibrated;          // --uncalibrated
+  std::optional<std::string> numerics;              // --numerics
+  std::optional<std::string> amax_out;              // --amax-out
   std::optional<std::vector<std::string>> devices;  // --device, repeatable
   std::optional<int64_t> host_memory_bytes;         // --host-memory-bytes
   bool overwrite = false;                           // --overwrite (sets true)
@@ -47,10 +58,15 @@ void AddSpecFlags(CLI::App* cmd, SpecFlags* flags);
 // key, e.g. "spec.json: field 'calibration.seq_len' must be an integer".
 absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin);
 
+// One --calibration-dataset value: PATH, or PATH:SAMPLES when the text after the last ':' is a
+// decimal number (a path that itself ends so goes in a --spec file). InvalidArgument for a count
+// beyond int64.
+absl::StatusOr<v1::CalibrationDataset> ParseDatasetFlag(const std::string& value);
+
 // The --spec file (if any) with the given flags merged over it. Relative paths (source, output,
-// materialize_bf16, amax_file, dataset) become absolute against the current directory, since the
-// daemon runs elsewhere. InvalidArgument when the file cannot be read or parsed, or when source
-// or output is missing.
+// materialize_bf16 and the calibration's amax_file, dataset, datasets[*].path, amax_out) become
+// absolute against the current directory, since the daemon runs elsewhere. InvalidArgument when
+// the file cannot be read or parsed, or when source or output is missing.
 absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& flags);
 
 }  // namespace quantd::client

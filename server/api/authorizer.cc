@@ -41,13 +41,18 @@ absl::Status CheckAdmin(const Grant& grant, const char* method) {
 
 absl::Status CheckPaths(const Grant& grant, const v1::JobSpec& spec) {
   if (grant.any_path) return absl::OkStatus();
-  const std::pair<const char*, const std::string*> fields[] = {
+  std::vector<std::pair<std::string, const std::string*>> fields = {
       {"source", &spec.source()},
       {"output", &spec.output()},
       {"materialize_bf16", &spec.materialize_bf16()},
       {"calibration.amax_file", &spec.calibration().amax_file()},
       {"calibration.dataset", &spec.calibration().dataset()},
   };
+  for (int i = 0; i < spec.calibration().datasets_size(); ++i) {
+    fields.emplace_back(absl::StrCat("calibration.datasets[", i, "].path"),
+                        &spec.calibration().datasets(i).path());
+  }
+  fields.emplace_back("calibration.amax_out", &spec.calibration().amax_out());
   for (const auto& [field, value] : fields) {
     if (value->empty()) continue;
     if (value->size() >= PATH_MAX) {  // not resolved, not echoed

@@ -54,8 +54,10 @@ class Authorizer {
 };
 
 // PERMISSION_DENIED naming the first field of `spec` whose path is outside `grant`'s allowed roots
-// (source, output, materialize_bf16, calibration.amax_file, calibration.dataset), INVALID_ARGUMENT
-// for a path of PATH_MAX bytes or more (a caller restricted to roots only); OK otherwise.
+// (source, output, materialize_bf16, calibration.amax_file, calibration.dataset,
+// calibration.datasets[i].path, calibration.amax_out; the roots serve reads and writes alike),
+// INVALID_ARGUMENT for a path of PATH_MAX bytes or more (a caller restricted to roots only); OK
+// otherwise.
 absl::Status CheckPaths(const Grant& grant, const v1::JobSpec& spec);
 
 }  // namespace quantd::api

@@ -77,12 +77,15 @@ absl::Status CheckSpecText(const google::protobuf::Message& message, const std::
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* field = descriptor->field(i);
     const std::string name = absl::StrCat(prefix, field->name());
-    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
-        !field->is_repeated()) {
-      if (!reflection->HasField(message, field)) continue;
-      if (absl::Status s = CheckSpecText(reflection->GetMessage(message, field), name + ".");
-          !s.ok()) {
-        return s;
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!field->is_repeated()) {
+        if (!reflection->HasField(message, field)) continue;
+        RETURN_IF_ERROR(CheckSpecText(reflection->GetMessage(message, field), name + "."));
+        continue;
+      }
+      for (int k = 0; k < reflection->FieldSize(message, field); ++k) {  // calibration.datasets
+        RETURN_IF_ERROR(CheckSpecText(reflection->GetRepeatedMessage(message, field, k),
+                                      absl::StrCat(name, "[", k, "].")));
       }
       continue;
     }

@@ -22,11 +22,41 @@ std::string DirOf(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// What a non-regular file is, for errors.
+const char* FileKind(mode_t mode) {
+  return S_ISFIFO(mode)                     ? "a FIFO"
+         : S_ISDIR(mode)                    ? "a directory"
+         : S_ISCHR(mode) || S_ISBLK(mode)   ? "a device"
+         : S_ISSOCK(mode)                   ? "a socket"
+                                            : "a special file";
+}
+
 }  // namespace
 
 absl::StatusOr<int> CreateForWrite(const std::string& path) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return ErrnoError(errno, "cannot create", path);
+  const auto not_regular = [&](mode_t mode) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is ", FileKind(mode), "; only regular files are written"));
+  };
+  // O_NONBLOCK: a FIFO planted at `path` fails the open (ENXIO without a reader) instead of
+  // blocking it; on a regular file the flag changes nothing.
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+                0644);
+  struct stat st;
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENXIO && lstat(path.c_str(), &st) == 0) return not_regular(st.st_mode);
+    return ErrnoError(err, "cannot create", path);
+  }
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoError(err, "cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {  // a FIFO with a reader, a device
+    close(fd);
+    return not_regular(st.st_mode);
+  }
   return fd;
 }
 
@@ -96,13 +126,8 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
   }
   if (!S_ISREG(st->st_mode)) {
     close(fd);
-    const char* kind = S_ISFIFO(st->st_mode)  ? "a FIFO"
-                       : S_ISDIR(st->st_mode) ? "a directory"
-                       : S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) ? "a device"
-                       : S_ISSOCK(st->st_mode)                        ? "a socket"
-                                                                      : "a special file";
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is ", kind, "; only regular files are read"));
+        absl::StrCat(path, ": is ", FileKind(st->st_mode), "; only regular files are read"));
   }
   return fd;
 }

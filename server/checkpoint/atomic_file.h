@@ -21,7 +21,8 @@ absl::Status CommitTmpFile(const std::string& tmp_path, const std::string& path)
 
 // Building blocks for writers that stream into a tmp file themselves:
 // Creates (or truncates) `path` for writing, mode 0644; returns the descriptor. A symlink at `path`
-// is refused (O_NOFOLLOW), so a planted link cannot redirect the write.
+// is refused (O_NOFOLLOW), so a planted link cannot redirect the write, and so is anything but a
+// regular file (InvalidArgument naming the path and what it is), a FIFO without blocking.
 absl::StatusOr<int> CreateForWrite(const std::string& path);
 // Writes all `size` bytes to `fd` (retrying short writes and EINTR); errors name `path`.
 absl::Status WriteFully(int fd, const void* data, uint64_t size, const std::string& path);

@@ -3,9 +3,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <array>
 #include <filesystem>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/model/tokenizer_utf8.h"
@@ -50,16 +51,27 @@ std::string Overlap(const fs::path& path, const fs::path& other) {
 
 // A path field of a spec.
 struct PathField {
-  const char* name;   // as errors name it
+  std::string name;   // as errors name it
   std::string* path;  // in the spec
 };
 
-std::array<PathField, 5> PathFields(JobSpec* spec) {
-  return {{{"source", &spec->source},
-           {"output", &spec->output},
-           {"materialize_bf16", &spec->materialize_bf16},
-           {"calibration.amax_file", &spec->calibration.amax_file},
-           {"calibration.dataset", &spec->calibration.dataset}}};
+// PathFields lists what a job writes (source included) before the files it only reads, which
+// start at this index.
+constexpr size_t kFirstInputField = 4;
+
+// Every path field of `spec`.
+std::vector<PathField> PathFields(JobSpec* spec) {
+  CalibrationSpec& cal = spec->calibration;
+  std::vector<PathField> fields = {{"source", &spec->source},
+                                   {"output", &spec->output},
+                                   {"materialize_bf16", &spec->materialize_bf16},
+                                   {"calibration.amax_out", &cal.amax_out},
+                                   {"calibration.amax_file", &cal.amax_file},
+                                   {"calibration.dataset", &cal.dataset}};
+  for (size_t i = 0; i < cal.datasets.size(); ++i) {
+    fields.push_back({absl::StrCat("calibration.datasets[", i, "].path"), &cal.datasets[i].path});
+  }
+  return fields;
 }
 
 absl::Status Resolve(absl::string_view field, bool allow_relative, std::string* path) {
@@ -104,9 +116,11 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path) {
 }
 
 absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative) {
-  for (const PathField& f : PathFields(spec)) {
+  const std::vector<PathField> fields = PathFields(spec);
+  for (const PathField& f : fields) {
     if (absl::Status s = Resolve(f.name, allow_relative, f.path); !s.ok()) return s;
   }
+  const CalibrationSpec& cal = spec->calibration;
   const fs::path source(spec->source), output(spec->output);
   if (std::string how = Overlap(output, source); !how.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("output: ", spec->output, " ", how,
@@ -121,6 +135,27 @@ absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative) {
                                                        spec->materialize_bf16, " ", how, " the ",
                                                        name, " directory ", dir->string()));
       }
+    }
+  }
+  if (!cal.amax_out.empty()) {
+    const fs::path amax_out(cal.amax_out);
+    if (std::string how = Overlap(amax_out, source); !how.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("calibration.amax_out: ", cal.amax_out, " ",
+                                                     how, " the source directory ",
+                                                     spec->source));
+    }
+    for (size_t i = kFirstInputField; i < fields.size(); ++i) {
+      const PathField& input = fields[i];
+      if (!input.path->empty() && Overlap(amax_out, fs::path(*input.path)) == "is") {
+        return absl::InvalidArgumentError(absl::StrCat("calibration.amax_out: ", cal.amax_out,
+                                                       " is ", input.name,
+                                                       "; the job would overwrite its input"));
+      }
+    }
+    std::error_code ec;
+    if (fs::is_directory(amax_out, ec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration.amax_out: ", cal.amax_out, " is a directory; name the file to write"));
     }
   }
   return absl::OkStatus();
@@ -154,7 +189,8 @@ absl::Status CheckJobPathsUnchanged(const JobSpec& spec) {
 
 absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDir>& claimed) {
   for (const auto& [field, path] : {std::pair<const char*, const std::string*>{"output", &spec.output},
-                                    {"materialize_bf16", &spec.materialize_bf16}}) {
+                                    {"materialize_bf16", &spec.materialize_bf16},
+                                    {"calibration.amax_out", &spec.calibration.amax_out}}) {
     if (path->empty()) continue;
     for (const ClaimedDir& c : claimed) {
       if (std::string how = Overlap(fs::path(*path), fs::path(c.dir)); !how.empty()) {

@@ -31,11 +31,13 @@ inline constexpr size_t kMaxPathBytes = PATH_MAX - 1;
 // naming `field` (and the length, never the text).
 absl::Status CheckPathText(absl::string_view field, const std::string& path);
 
-// Makes source, output, materialize_bf16, calibration.amax_file and calibration.dataset absolute
-// and canonical. A relative path is refused unless `allow_relative` (quantd run resolves against
-// its current directory; the daemon cannot know the caller's). Then refuses, with
-// InvalidArgument naming the field: output overlapping source; materialize_bf16 overlapping
-// source or output.
+// Makes every path of the spec absolute and canonical: source, output, materialize_bf16 and the
+// calibration's amax_file, dataset, datasets[*].path and amax_out. A relative path is refused
+// unless `allow_relative` (quantd run resolves against its current directory; the daemon cannot
+// know the caller's). Then refuses, with InvalidArgument naming the field: output overlapping
+// source; materialize_bf16 overlapping source or output; amax_out (a file the job writes) equal
+// to, inside or around the source, equal to a calibration input (amax_file, a dataset), or an
+// existing directory.
 absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative);
 
 // At each start of a job, whose paths were made canonical when it was submitted:
@@ -51,8 +53,8 @@ struct ClaimedDir {
   std::string dir;  // canonical, as ResolveJobPaths left it
 };
 
-// Refuses (FailedPrecondition naming the field and the job) spec.output or
-// spec.materialize_bf16 overlapping one of `claimed`.
+// Refuses (FailedPrecondition naming the field and the job) spec.output, spec.materialize_bf16
+// or spec.calibration.amax_out overlapping one of `claimed`.
 absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDir>& claimed);
 
 }  // namespace quantd::pipeline

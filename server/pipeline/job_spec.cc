@@ -165,11 +165,18 @@ absl::Status ParseCalibrationDatasets(FieldReader& c, const std::string& origin,
 
 // The size limits of the header comment; errors name the field, never quote it.
 absl::Status CheckLimits(const std::string& origin, const JobSpec& spec) {
-  for (const auto& [field, path] : {std::pair<const char*, const std::string*>{"source", &spec.source},
-                                    {"output", &spec.output},
-                                    {"materialize_bf16", &spec.materialize_bf16},
-                                    {"calibration.amax_file", &spec.calibration.amax_file},
-                                    {"calibration.dataset", &spec.calibration.dataset}}) {
+  std::vector<std::pair<std::string, const std::string*>> paths = {
+      {"source", &spec.source},
+      {"output", &spec.output},
+      {"materialize_bf16", &spec.materialize_bf16},
+      {"calibration.amax_file", &spec.calibration.amax_file},
+      {"calibration.dataset", &spec.calibration.dataset},
+      {"calibration.amax_out", &spec.calibration.amax_out}};
+  for (size_t i = 0; i < spec.calibration.datasets.size(); ++i) {
+    paths.emplace_back(absl::StrCat("calibration.datasets[", i, "].path"),
+                       &spec.calibration.datasets[i].path);
+  }
+  for (const auto& [field, path] : paths) {
     if (absl::Status s = CheckPathText(absl::StrCat("field '", field, "'"), *path); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));
     }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
 #include "server/pipeline/stages/verify_stage.h"
+#include "server/scheduler/calibration_report.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -186,6 +187,8 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
     check->set_passed(t.state == store::TaskState::kDone);
     check->set_message(t.error);
   }
+  ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store_->ListAmax(job_id));
+  AddLayerCalibration(amax, &report);
   return report;
 }
 

@@ -41,9 +41,25 @@ std::string JobSpecProtoToJson(const v1::JobSpec& spec) {
     nlohmann::json cal = nlohmann::json::object();
     PutString(cal, "amax_file", c.amax_file());
     PutString(cal, "dataset", c.dataset());
+    if (!c.datasets().empty()) {
+      nlohmann::json datasets = nlohmann::json::array();
+      for (const v1::CalibrationDataset& d : c.datasets()) {
+        datasets.push_back({{"path", d.path()}, {"samples", d.samples()}});
+      }
+      cal["datasets"] = std::move(datasets);
+    }
     if (c.num_samples() != 0) cal["num_samples"] = c.num_samples();
     if (c.seq_len() != 0) cal["seq_len"] = c.seq_len();
+    if (c.has_min_seq_len()) cal["min_seq_len"] = c.min_seq_len();
+    if (c.seed() != 0) cal["seed"] = c.seed();
+    if (c.has_add_bos()) cal["add_bos"] = c.add_bos();
     if (c.calibrate_all_experts()) cal["calibrate_all_experts"] = true;
+    PutString(cal, "mode", c.mode());
+    PutString(cal, "w2_input", c.w2_input());
+    PutString(cal, "expert_amax", c.expert_amax());
+    PutString(cal, "uncalibrated", c.uncalibrated());
+    PutString(cal, "numerics", c.numerics());
+    PutString(cal, "amax_out", c.amax_out());
     j["calibration"] = std::move(cal);
   }
   if (spec.devices_size() == 1 && spec.devices(0) == "auto") {
@@ -78,6 +94,20 @@ v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
   c->set_num_samples(spec.calibration.num_samples);
   c->set_seq_len(spec.calibration.seq_len);
   c->set_calibrate_all_experts(spec.calibration.calibrate_all_experts);
+  for (const pipeline::CalibrationDataset& d : spec.calibration.datasets) {
+    v1::CalibrationDataset* dataset = c->add_datasets();
+    dataset->set_path(d.path);
+    dataset->set_samples(d.samples);
+  }
+  c->set_min_seq_len(spec.calibration.min_seq_len);
+  c->set_seed(spec.calibration.seed);
+  c->set_add_bos(spec.calibration.add_bos);
+  c->set_mode(pipeline::CalibrationModeName(spec.calibration.mode));
+  c->set_w2_input(pipeline::W2InputName(spec.calibration.w2_input));
+  c->set_expert_amax(pipeline::ExpertAmaxName(spec.calibration.expert_amax));
+  c->set_uncalibrated(pipeline::UncalibratedFillName(spec.calibration.uncalibrated));
+  c->set_numerics(pipeline::CalibrationNumericsName(spec.calibration.numerics));
+  c->set_amax_out(spec.calibration.amax_out);
   for (const std::string& d : spec.devices) out.add_devices(d);
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_overwrite(spec.overwrite);

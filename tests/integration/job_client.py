@@ -16,13 +16,15 @@ class JobClient:
         self.health = health_pb2_grpc.HealthStub(channel)
 
     def submit(self, request_id="", **fields):
-        """SubmitJob of DEFAULT_SPEC updated with `fields` (JobSpec fields; `calibration` a dict
-        of CalibrationSpec fields)."""
+        """SubmitJob of DEFAULT_SPEC updated with `fields` (JobSpec fields; `calibration` a
+        CalibrationSpec or a dict of its fields)."""
         fields = {**DEFAULT_SPEC, **fields}
         calibration = fields.pop("calibration", None)
         spec = self.pb.JobSpec(**fields)
-        if calibration:
-            spec.calibration.CopyFrom(self.pb.CalibrationSpec(**calibration))
+        if isinstance(calibration, dict):
+            calibration = self.pb.CalibrationSpec(**calibration)
+        if calibration is not None:
+            spec.calibration.CopyFrom(calibration)
         return self.stub.SubmitJob(self.pb.SubmitJobRequest(request_id=request_id, spec=spec),
                                    timeout=RPC_TIMEOUT_S)
 

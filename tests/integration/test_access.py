@@ -184,6 +184,17 @@ def test_allowed_roots_are_enforced_after_resolution(uid_daemon, quantctl, sourc
         assert proc.stderr == (f"quantctl: PERMISSION_DENIED: spec.output: {resolved} is outside "
                                f"the allowed roots of uid {ALICE} {roots}\n")
     assert not outside.exists()
+    # The calibration's files too: the data sets it reads and the amax table it writes.
+    for flag, value, field in (("--calibration-dataset", outside / "news.jsonl:8",
+                                "calibration.datasets[0].path"),
+                               ("--amax-out", outside / "amax.json", "calibration.amax_out")):
+        proc = run_as(ALICE, quantctl, d, "submit", "--source", source["dir"], "--output",
+                      alice_dir / "cal-out", "--weight-format", "w4a16_nvfp4", flag, value)
+        assert proc.returncode == 7, proc.stderr
+        resolved = str(value).rsplit(":", 1)[0]
+        assert proc.stderr == (f"quantctl: PERMISSION_DENIED: spec.{field}: {resolved} is outside "
+                               f"the allowed roots of uid {ALICE} {roots}\n")
+    assert not outside.exists()
     # A job of root's outside her roots: she may read it, not change it.
     stub = pb_grpc.QuantServiceStub(d.channel())
     job = stub.SubmitJob(pb.SubmitJobRequest(spec=tiny_spec(pb, source, tmp_path / "root-out")),

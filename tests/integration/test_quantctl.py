@@ -11,6 +11,7 @@ import pty
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -255,6 +256,87 @@ def test_spec_file_flags_and_request_id(qd, qc, source, tmp_path):
     assert again["id"] == first["id"]
     assert qc.run("watch", first["id"]).returncode == 0
     qd.run_ok("verify", tmp_path / "out")
+
+
+def test_calibration_keys_travel_through_the_daemon(qc, source, tmp_path):
+    """Every calibration key of the JSON spec, from a --spec file and from flags, comes back from
+    `get -o json` as the daemon validated it."""
+    cal = tmp_path / "cal"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({
+        "source": str(source["dir"]), "output": str(tmp_path / "out"),
+        "weight_format": "w4a16_nvfp4",
+        "calibration": {"datasets": [{"path": str(cal / "old.jsonl")}], "num_samples": 6,
+                        "seq_len": 64, "min_seq_len": 0, "seed": 5, "add_bos": False,
+                        "w2_input": "weighted"}}))
+    submitted = json.loads(qc.run_ok(
+        "-o", "json", "submit", "--spec", spec, "--calibration-dataset", f"{cal}/news.jsonl:4",
+        "--calibration-dataset", cal / "chat.jsonl", "--seed", 9, "--calibration-mode", "data",
+        "--expert-amax", "layer_max", "--uncalibrated", "model_max", "--numerics", "math",
+        "--amax-out", cal / "amax.json", "--calibrate-all-experts").stdout)
+    job_id = submitted["id"]
+    qc.run("cancel", job_id)  # the keys are what is tested, not the run
+    assert qc.run("watch", job_id).returncode in (0, 1)
+    expected = {
+        "amaxFile": "", "dataset": "",
+        "datasets": [{"path": f"{cal}/news.jsonl", "samples": "4"},
+                     {"path": f"{cal}/chat.jsonl", "samples": "0"}],
+        "numSamples": "6", "seqLen": "64", "minSeqLen": "0", "seed": "9", "addBos": False,
+        "calibrateAllExperts": True, "mode": "data", "w2Input": "weighted",
+        "expertAmax": "layer_max", "uncalibrated": "model_max", "numerics": "math",
+        "amaxOut": f"{cal}/amax.json"}
+    assert submitted["spec"]["calibration"] == expected
+    assert qc.json("get", job_id)["spec"]["calibration"] == expected
+    # Unset keys come back as the defaults the daemon applied.
+    other = qc.json("submit", "--source", source["dir"], "--output", tmp_path / "out2",
+                    "--weight-format", "w4a16_nvfp4", "--no-bos")
+    qc.run("cancel", other["id"])
+    assert qc.run("watch", other["id"]).returncode in (0, 1)
+    assert qc.json("get", other["id"])["spec"]["calibration"] == {
+        "amaxFile": "", "dataset": "", "datasets": [], "numSamples": "0", "seqLen": "512",
+        "minSeqLen": "16", "seed": "0", "addBos": False, "calibrateAllExperts": False,
+        "mode": "data", "w2Input": "max", "expertAmax": "per_expert", "uncalibrated": "layer_max",
+        "numerics": "official", "amaxOut": ""}
+    for job in (job_id, other["id"]):
+        qc.run_ok("delete", job)
+
+
+@pytest.fixture(scope="module")
+def w4a4(qc, source, tmp_path_factory):
+    """A W4A4 job whose input amax comes from the fixture's amax file: its id."""
+    out = tmp_path_factory.mktemp("w4a4") / "out"
+    proc = qc.run_ok("submit", "--source", source["dir"], "--output", out,
+                     "--amax-file", source["amax"], "--watch")
+    return int(re.match(r"job (\d+) (PENDING|RUNNING)\n", proc.stdout).group(1))
+
+
+def test_report_shows_each_layers_input_amax(qc, w4a4, source):
+    amax = json.loads(source["amax"].read_text())
+    values = {}  # layer -> projection -> amax of its routed experts
+    for module, value in amax.items():
+        m = re.fullmatch(r"layers\.(\d+)\.ffn\.experts\.\d+\.(w[123])", module)
+        values.setdefault(int(m.group(1)), {}).setdefault(m.group(2), []).append(value)
+    report = qc.json("report", w4a4)
+    assert [int(layer["layer"]) for layer in report["layers"]] == sorted(values)
+    for layer in report["layers"]:
+        projections = values[int(layer["layer"])]
+        experts = len(projections["w1"])
+        # An amax file counts no tokens: no expert is called uncalibrated.
+        assert layer == {
+            "layer": layer["layer"], "tokenCounts": False, "calibratedTokens": "0",
+            "routedExperts": str(experts), "uncalibratedExperts": "0",
+            "projections": [{"projection": f"ffn.experts.{p}", "modules": str(experts),
+                             "minAmax": min(v), "medianAmax": statistics.median(v),
+                             "maxAmax": max(v)} for p, v in sorted(projections.items())]}
+    lines = qc.run_ok("report", w4a4).stdout.splitlines()
+    start = lines.index("calibration: input amax per decoder layer (routed experts: min / median "
+                        "/ max)")
+    assert lines[start + 1].split() == ["LAYER", "TOKENS", "UNCALIBRATED", "PROJECTION", "MIN",
+                                        "MEDIAN", "MAX"]
+    first = min(values)
+    w1 = values[first]["w1"]
+    assert lines[start + 2].split() == [str(first), "-", "-", "ffn.experts.w1", "%.4g" % min(w1),
+                                        "%.4g" % statistics.median(w1), "%.4g" % max(w1)]
 
 
 def test_failed_job_exits_1_then_resume_and_delete(qc, tmp_path):

@@ -87,6 +87,45 @@ def test_materialize_bf16_overlapping_source_or_output_is_refused(client, model,
     assert not out.exists()
 
 
+def test_calibration_paths_are_resolved_and_amax_out_never_overwrites_an_input(client, stubs,
+                                                                             model, tmp_path):
+    """calibration.datasets[*].path and calibration.amax_out, reachable over gRPC, get the rules
+    of the other paths; amax_out (a file the job writes) is never in the source or an input."""
+    pb = stubs[0]
+    before = digest_tree(model)
+    out = str(tmp_path / "out")
+    dataset = tmp_path / "cal.jsonl"
+    dataset.write_text('{"text": "hello"}\n')
+
+    def refused(code, **calibration):
+        err = client.refused(code, source=str(model), output=out,
+                             calibration=pb.CalibrationSpec(**calibration))
+        assert dict(err.trailing_metadata())["quantd-reason"] == "INVALID_SPEC"
+        return err.details()
+
+    relative = pb.CalibrationDataset(path="cal.jsonl")
+    assert refused(grpc.StatusCode.INVALID_ARGUMENT,
+                   datasets=[pb.CalibrationDataset(path=str(dataset)), relative]) == (
+        "SubmitJobRequest.spec: calibration.datasets[1].path: must be an absolute path (the "
+        "daemon does not know the caller's directory)")
+    (tmp_path / "model-link").symlink_to(model)
+    assert refused(grpc.StatusCode.INVALID_ARGUMENT,
+                   amax_out=str(tmp_path / "model-link" / "amax.json")) == (
+        f"SubmitJobRequest.spec: calibration.amax_out: {model}/amax.json lies inside the source "
+        f"directory {model}")
+    assert refused(grpc.StatusCode.INVALID_ARGUMENT,
+                   datasets=[pb.CalibrationDataset(path=str(dataset), samples=1)],
+                   amax_out=f"{tmp_path}/./cal.jsonl") == (
+        f"SubmitJobRequest.spec: calibration.amax_out: {dataset} is calibration.datasets[0].path; "
+        "the job would overwrite its input")
+    (tmp_path / "dir").mkdir()
+    assert refused(grpc.StatusCode.INVALID_ARGUMENT, amax_out=str(tmp_path / "dir")) == (
+        f"SubmitJobRequest.spec: calibration.amax_out: {tmp_path}/dir is a directory; name the "
+        "file to write")
+    assert digest_tree(model) == before
+    assert dataset.read_text() == '{"text": "hello"}\n'
+
+
 def test_quantctl_relative_spelling_of_the_source_is_refused(qd, daemon, model):
     """The issue's command line: --source model --output model/ from the parent directory."""
     quantctl = Path(qd.binary).parents[1] / "client" / "quantctl"
@@ -164,6 +203,13 @@ def test_another_jobs_output_is_refused_until_that_job_is_deleted(client, stubs,
         err = client.refused(grpc.StatusCode.FAILED_PRECONDITION, source=str(model), output=output)
         assert f"an output of job {first.id}" in err.details(), err.details()
         assert dict(err.trailing_metadata())["quantd-reason"] == "OUTPUT_IN_USE"
+    # Nor may another job write its amax table there.
+    err = client.refused(grpc.StatusCode.FAILED_PRECONDITION, source=str(model),
+                         output=str(tmp_path / "other"),
+                         calibration=pb.CalibrationSpec(amax_out=str(out / "amax.json")))
+    assert err.details() == (f"SubmitJobRequest.spec: calibration.amax_out: {out}/amax.json lies "
+                             f"inside {out}, an output of job {first.id} (delete that job first "
+                             "to reuse its directory)")
     # An idempotent resubmission is the same job, not a second writer.
     assert client.submit("paths-first", source=str(model), output=str(out)).id == first.id
     assert tree_hashes(out) == before

@@ -133,3 +133,22 @@ def test_missing_tokenizer_is_a_usage_error(qd, tmp_path):
                           input=b"", capture_output=True, timeout=60)
     assert proc.returncode == 2
     assert str(tmp_path / "tokenizer.json") in proc.stderr.decode()
+
+
+def test_fixture_tokenizer_equals_the_library(qd, v4_fixture, strings):
+    """mkfixture ships a cut-down DeepSeek tokenizer (one token per byte): the library loads it and
+    gives the ids quantd gives, every id inside the fixture's vocabulary of 1024."""
+    library = Tokenizer.from_file(str(v4_fixture / "tokenizer.json"))
+    sample = strings[:1000]
+    proc = subprocess.run([qd.quantd, "tokenize", "--tokenizer", str(v4_fixture)],
+                          input="".join(json.dumps(s) + "\n" for s in sample).encode(),
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    ours = [json.loads(l) for l in proc.stdout.decode().split("\n")[:-1]]
+    expected = [library.encode(s, add_special_tokens=False).ids for s in sample]
+    assert ours == expected
+    assert max(max(ids, default=0) for ids in ours) < 1024
+    chat = f"{BOS}S<｜User｜>hello<｜Assistant｜></think>Hi{EOS}"
+    assert library.encode(chat, add_special_tokens=False).ids == (
+        [0, 3 + ord("S"), 259] + [3 + b for b in b"hello"] + [260] + [3 + b for b in b"</think>Hi"]
+        + [1])

@@ -200,6 +200,24 @@ TEST_F(AccessPolicyTest, CheckPathsNamesTheField) {
             "path");
   no_roots.any_path = true;
   EXPECT_TRUE(CheckPaths(no_roots, spec).ok());
+  // The calibration's other paths: datasets named by index, amax_out (written) like the rest.
+  spec.mutable_calibration()->clear_amax_file();
+  spec.mutable_calibration()->add_datasets()->set_path("/data/alice/news.jsonl");
+  spec.mutable_calibration()->add_datasets()->set_path("/data/bob/chat.jsonl");
+  s = CheckPaths(alice, spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(),
+            "spec.calibration.datasets[1].path: /data/bob/chat.jsonl is outside the allowed roots "
+            "of uid 1001 (/models/alice, /data/alice)");
+  spec.mutable_calibration()->mutable_datasets(1)->set_path("/data/alice/chat.jsonl");
+  spec.mutable_calibration()->set_amax_out("/etc/quantd/amax.json");
+  s = CheckPaths(alice, spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(),
+            "spec.calibration.amax_out: /etc/quantd/amax.json is outside the allowed roots of "
+            "uid 1001 (/models/alice, /data/alice)");
+  spec.mutable_calibration()->set_amax_out("/models/alice/amax.json");
+  EXPECT_TRUE(CheckPaths(alice, spec).ok());
   // An overlong path is neither resolved nor echoed.
   spec.set_output("/models/alice/" + std::string(PATH_MAX, 'x'));
   s = CheckPaths(alice, spec);

@@ -297,6 +297,7 @@ TEST_F(ApiTest, JobRunsToSucceededAndWatchSeesItsStatesInOrder) {
   }
   ASSERT_EQ(all.rules_size(), shards);
   for (const v1::RuleCheck& rule : all.rules()) EXPECT_TRUE(rule.passed()) << rule.name();
+  EXPECT_EQ(all.layers_size(), 0);  // W4A16: no input amax
   v1::JobReport worst;
   ASSERT_TRUE(Report(id, 3, &worst).status.ok());
   ASSERT_EQ(worst.tensors_size(), 3);
@@ -339,6 +340,22 @@ TEST_F(ApiTest, SubmitRejectsBadRequests) {
   spec.add_devices("cuda:7");
   ExpectError(Submit(spec, "", &job), grpc::StatusCode::INVALID_ARGUMENT, "INVALID_SPEC",
               "spec.devices: cuda:7");
+  // The calibration's paths: each is checked and named, datasets entries by index.
+  spec = Spec("out");
+  spec.mutable_calibration()->add_datasets()->set_path(dir_ + "/a.jsonl");
+  spec.mutable_calibration()->add_datasets()->set_path("/" + std::string(4095, 'p'));
+  ExpectError(Submit(spec, "", &job), grpc::StatusCode::INVALID_ARGUMENT, "INVALID_SPEC",
+              "SubmitJobRequest.spec: field 'calibration.datasets[1].path' is 4096 bytes, more "
+              "than 4095 (PATH_MAX)");
+  spec = Spec("out");
+  spec.mutable_calibration()->add_datasets()->set_path("rel.jsonl");
+  ExpectError(Submit(spec, "", &job), grpc::StatusCode::INVALID_ARGUMENT, "INVALID_SPEC",
+              "SubmitJobRequest.spec: calibration.datasets[0].path: must be an absolute path");
+  spec = Spec("out");
+  spec.mutable_calibration()->set_amax_out(*tiny_ + "/amax.json");
+  ExpectError(Submit(spec, "", &job), grpc::StatusCode::INVALID_ARGUMENT, "INVALID_SPEC",
+              "SubmitJobRequest.spec: calibration.amax_out: " + *tiny_ +
+                  "/amax.json lies inside the source directory " + *tiny_);
   ExpectError(Submit(Spec("out"), std::string(129, 'a'), &job), grpc::StatusCode::INVALID_ARGUMENT,
               "INVALID_REQUEST", "request_id: at most 128 characters, got 129");
   ExpectError(Submit(Spec("out"), "a\nb", &job), grpc::StatusCode::INVALID_ARGUMENT,

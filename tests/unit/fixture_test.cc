@@ -65,17 +65,19 @@ TEST_P(FixtureArchTest, SameSeedGivesIdenticalBytes) {
   const auto a = ReadAll(WriteTiny(GetParam(), 7, "a"));
   const auto b = ReadAll(WriteTiny(GetParam(), 7, "b"));
   const auto c = ReadAll(WriteTiny(GetParam(), 8, "c"));
-  ASSERT_GE(a.size(), 5u);  // >= 2 shards + index + config + generation config
+  // >= 2 shards + index + config + generation config + tokenizer + tokenizer config
+  ASSERT_GE(a.size(), 7u);
   EXPECT_EQ(a, b);
   ASSERT_EQ(a.size(), c.size());
   EXPECT_EQ(a.at("config.json"), c.at("config.json"));
+  EXPECT_EQ(a.at("tokenizer.json"), c.at("tokenizer.json"));
   int differing_shards = 0;
   for (const auto& [name, bytes] : a) {
     if (name.find(".safetensors") != std::string::npos && name.find("index") == std::string::npos) {
       differing_shards += bytes != c.at(name);
     }
   }
-  EXPECT_EQ(differing_shards, static_cast<int>(a.size()) - 3);
+  EXPECT_EQ(differing_shards, static_cast<int>(a.size()) - 5);
 }
 
 TEST_P(FixtureArchTest, IndexCoversEveryTensorAndShardsAreSmall) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/unit/test_dirs.h"
@@ -88,6 +89,75 @@ TEST_F(JobPathsTest, ResolvesToCanonicalAbsolutePaths) {
   EXPECT_EQ(relative.source, dir_ + "/model");
 }
 
+TEST_F(JobPathsTest, CalibrationPathsAreResolvedAndNamed) {
+  fs::create_directories(dir_ + "/model");
+  fs::create_directories(dir_ + "/cal");
+  fs::create_directory_symlink(dir_ + "/cal", dir_ + "/cal-link");
+  JobSpec spec = Spec(dir_ + "/model", dir_ + "/out");
+  spec.calibration.datasets = {{dir_ + "/cal-link/news.jsonl", 8}, {dir_ + "/x/../chat.jsonl", 0}};
+  spec.calibration.amax_out = dir_ + "/cal/./amax.json";
+  ASSERT_TRUE(ResolveJobPaths(&spec, false).ok());
+  EXPECT_EQ(spec.calibration.datasets[0].path, dir_ + "/cal/news.jsonl");
+  EXPECT_EQ(spec.calibration.datasets[1].path, dir_ + "/chat.jsonl");
+  EXPECT_EQ(spec.calibration.amax_out, dir_ + "/cal/amax.json");
+
+  spec = Spec(dir_ + "/model", dir_ + "/out");
+  spec.calibration.datasets = {{dir_ + "/a.jsonl", 0}, {"b.jsonl", 0}};
+  EXPECT_EQ(ResolveJobPaths(&spec, false).message(),
+            "calibration.datasets[1].path: must be an absolute path (the daemon does not know the "
+            "caller's directory)");
+  spec = Spec(dir_ + "/model", dir_ + "/out");
+  spec.calibration.amax_out = "amax.json";
+  EXPECT_EQ(ResolveJobPaths(&spec, false).message(),
+            "calibration.amax_out: must be an absolute path (the daemon does not know the "
+            "caller's directory)");
+}
+
+TEST_F(JobPathsTest, AmaxOutMustNotOverwriteTheSourceOrAnInput) {
+  fs::create_directories(dir_ + "/model");
+  fs::create_directory_symlink(dir_ + "/model", dir_ + "/link");
+  struct Case {
+    std::string amax_out;
+    std::string error;
+  };
+  for (const Case& c :
+       {Case{dir_ + "/link/amax.json",
+             "calibration.amax_out: " + dir_ +
+                 "/model/amax.json lies inside the source directory " + dir_ + "/model"},
+        Case{dir_ + "/model/",
+             "calibration.amax_out: " + dir_ + "/model is the source directory " + dir_ +
+                 "/model"},
+        Case{dir_ + "/in.json",
+             "calibration.amax_out: " + dir_ + "/in.json is calibration.amax_file; the job "
+             "would overwrite its input"},
+        Case{dir_ + "/./b.jsonl",
+             "calibration.amax_out: " + dir_ + "/b.jsonl is calibration.datasets[1].path; the "
+             "job would overwrite its input"},
+        Case{dir_ + "/out",
+             "calibration.amax_out: " + dir_ + "/out is a directory; name the file to write"}}) {
+    fs::create_directories(dir_ + "/out");
+    JobSpec spec = Spec(dir_ + "/model", dir_ + "/output");
+    spec.calibration.amax_file = dir_ + "/in.json";
+    spec.calibration.datasets = {{dir_ + "/a.jsonl", 0}, {dir_ + "/b.jsonl", 0}};
+    spec.calibration.amax_out = c.amax_out;
+    absl::Status s = ResolveJobPaths(&spec, false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.amax_out;
+    EXPECT_EQ(s.message(), c.error) << c.amax_out;
+  }
+  // A hard link to an input is that input.
+  std::ofstream(dir_ + "/a.jsonl") << "{}\n";
+  fs::create_hard_link(dir_ + "/a.jsonl", dir_ + "/hard.jsonl");
+  JobSpec spec = Spec(dir_ + "/model", dir_ + "/output");
+  spec.calibration.dataset = dir_ + "/a.jsonl";
+  spec.calibration.amax_out = dir_ + "/hard.jsonl";
+  EXPECT_EQ(ResolveJobPaths(&spec, false).message(),
+            "calibration.amax_out: " + dir_ + "/hard.jsonl is calibration.dataset; the job would "
+            "overwrite its input");
+  // Inside the job's own output is fine.
+  spec.calibration.amax_out = dir_ + "/output/amax.json";
+  EXPECT_TRUE(ResolveJobPaths(&spec, false).ok());
+}
+
 TEST_F(JobPathsTest, MaterializeBf16MustNotOverlapSourceOrOutput) {
   fs::create_directories(dir_ + "/model");
   JobSpec spec = Spec(dir_ + "/model", dir_ + "/out");
@@ -154,6 +224,13 @@ TEST_F(JobPathsTest, OtherJobsOutputsAreRefused) {
   EXPECT_EQ(CheckDirsUnclaimed(spec, claimed).message(),
             "materialize_bf16: " + dir_ + " contains " + dir_ + "/out, an output of job 7 "
             "(delete that job first to reuse its directory)");
+  spec.materialize_bf16.clear();
+  spec.calibration.amax_out = dir_ + "/out/amax.json";
+  s = CheckDirsUnclaimed(spec, claimed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "calibration.amax_out: " + dir_ + "/out/amax.json lies inside " + dir_ +
+                             "/out, an output of job 7 (delete that job first to reuse its "
+                             "directory)");
 }
 
 }  // namespace

@@ -110,6 +110,14 @@ TEST(JobSpecTest, LimitsNameTheFieldAndQuoteNothing) {
                     long_path + R"("}})"),
             "spec.json: field 'calibration.amax_file': 4096 bytes, longer than the limit of "
             "4095 (PATH_MAX)");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"datasets": [{"path": "d"},
+                {"path": ")" + long_path + R"("}]}})"),
+            "spec.json: field 'calibration.datasets[1].path': 4096 bytes, longer than the limit "
+            "of 4095 (PATH_MAX)");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"amax_out": ")" +
+                    long_path + R"("}})"),
+            "spec.json: field 'calibration.amax_out': 4096 bytes, longer than the limit of "
+            "4095 (PATH_MAX)");
   EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "exclude": ["x", ")" +
                     std::string(kMaxGlobBytes + 1, 'g') + R"("]})"),
             "spec.json: field 'exclude' glob 1 is 1025 bytes, more than 1024");

@@ -182,6 +182,8 @@ TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {
             "layers.1.ffn.experts.3.w2.weight    0.1187    18.51      0.04211\n"
             "layers.0.attn.wq_a.weight           0.0958    20.37          0.5\n"
             "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
             "rule checks: 1 of 2 passed\n"
             "  PASS  verify model-00001-of-00002.safetensors\n"
             "  FAIL  verify model-00002-of-00002.safetensors\n"
@@ -195,6 +197,60 @@ TEST(ReportViewTest, SaysWhatIsNotThereYet) {
   r.set_state(v1::RUNNING);
   EXPECT_EQ(FormatReport(r),
             "job 8 RUNNING  no tensor statistics yet\n"
+            "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
+}
+
+v1::ProjectionAmax* AddProjection(v1::LayerReport* layer, const std::string& name, int64_t modules,
+                                  double min, double median, double max) {
+  v1::ProjectionAmax* p = layer->add_projections();
+  p->set_projection(name);
+  p->set_modules(modules);
+  p->set_min_amax(min);
+  p->set_median_amax(median);
+  p->set_max_amax(max);
+  return p;
+}
+
+TEST(ReportViewTest, FormatsTheInputAmaxOfEachLayer) {
+  v1::JobReport r;
+  r.set_job_id(9);
+  r.set_state(v1::SUCCEEDED);
+  v1::LayerReport* l0 = r.add_layers();
+  l0->set_layer(0);
+  AddProjection(l0, "attn.wq_a", 1, 3.25, 3.25, 3.25);
+  AddProjection(l0, "ffn.experts.w1", 8, 0.5, 1.75, 2.5);
+  AddProjection(l0, "ffn.experts.w2", 7, 0.25, 0.5, 0.75);
+  AddProjection(l0, "ffn.experts.w2.unweighted", 7, 4, 5, 6);
+  AddProjection(l0, "ffn.shared_experts.w1", 1, 1.5, 1.5, 1.5);
+  l0->set_token_counts(true);
+  l0->set_calibrated_tokens(4096);
+  l0->set_routed_experts(8);
+  l0->set_uncalibrated_experts(1);
+  v1::LayerReport* l12 = r.add_layers();
+  l12->set_layer(12);
+  AddProjection(l12, "attn.wkv", 1, 12.0625, 12.0625, 12.0625);
+  l12->set_token_counts(true);
+  l12->set_calibrated_tokens(4096);
+  // From an amax file: no token counts.
+  v1::LayerReport* l13 = r.add_layers();
+  l13->set_layer(13);
+  AddProjection(l13, "ffn.experts.w1", 2, 0.5, 0.625, 0.75);
+  l13->set_routed_experts(2);
+  EXPECT_EQ(FormatReport(r),
+            "job 9 SUCCEEDED  no tensor statistics yet\n"
+            "\n"
+            "calibration: input amax per decoder layer (routed experts: min / median / max)\n"
+            "LAYER  TOKENS  UNCALIBRATED  PROJECTION                  MIN  MEDIAN    MAX\n"
+            "0        4096  1 of 8        attn.wq_a                                 3.25\n"
+            "                             ffn.experts.w1              0.5    1.75    2.5\n"
+            "                             ffn.experts.w2             0.25     0.5   0.75\n"
+            "                             ffn.experts.w2.unweighted     4       5      6\n"
+            "                             ffn.shared_experts.w1                      1.5\n"
+            "12       4096  -             attn.wkv                                 12.06\n"
+            "13          -  -             ffn.experts.w1              0.5   0.625   0.75\n"
             "\n"
             "rule checks: none yet (verify has not run)\n");
 }
@@ -283,6 +339,96 @@ TEST_F(SpecFlagsTest, FlagsOverrideTheSpecFile) {
   EXPECT_EQ(s->host_memory_bytes(), 1000);
 }
 
+TEST_F(SpecFlagsTest, CalibrationKeysFromTheSpecFileAndFlags) {
+  const std::string spec = WriteSpec(R"({
+      "source": "/models/v4", "output": "/out/a",
+      "calibration": {"datasets": [{"path": "news.jsonl", "samples": 512},
+                                   {"path": "/cal/chat.jsonl"}],
+                      "min_seq_len": 8, "seed": 3, "add_bos": false, "mode": "data",
+                      "w2_input": "weighted", "expert_amax": "layer_max",
+                      "uncalibrated": "model_max", "numerics": "math", "amax_out": "amax.json"}})");
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  absl::StatusOr<v1::JobSpec> s = Parse({"--spec", spec});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::CalibrationSpec& c = s->calibration();
+  ASSERT_EQ(c.datasets_size(), 2);
+  EXPECT_EQ(c.datasets(0).path(), (cwd / "news.jsonl").string());  // made absolute
+  EXPECT_EQ(c.datasets(0).samples(), 512);
+  EXPECT_EQ(c.datasets(1).path(), "/cal/chat.jsonl");
+  EXPECT_EQ(c.datasets(1).samples(), 0);
+  EXPECT_EQ(c.min_seq_len(), 8);
+  EXPECT_EQ(c.seed(), 3);
+  ASSERT_TRUE(c.has_add_bos());
+  EXPECT_FALSE(c.add_bos());
+  EXPECT_EQ(c.mode(), "data");
+  EXPECT_EQ(c.w2_input(), "weighted");
+  EXPECT_EQ(c.expert_amax(), "layer_max");
+  EXPECT_EQ(c.uncalibrated(), "model_max");
+  EXPECT_EQ(c.numerics(), "math");
+  EXPECT_EQ(c.amax_out(), (cwd / "amax.json").string());
+
+  // The flags replace the file's values; the datasets list as a whole.
+  s = Parse({"--spec", spec, "--calibration-dataset", "/cal/a.jsonl:64", "--calibration-dataset",
+             "rel/b.jsonl", "--calibration-dataset", "/cal/c:d.jsonl", "--min-seq-len", "0",
+             "--seed", "11", "--calibration-mode", "constant", "--w2-input", "max",
+             "--expert-amax", "per_expert", "--uncalibrated", "layer_max", "--numerics",
+             "official", "--amax-out", "/cal/out.json"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->calibration().datasets_size(), 3);
+  EXPECT_EQ(s->calibration().datasets(0).path(), "/cal/a.jsonl");
+  EXPECT_EQ(s->calibration().datasets(0).samples(), 64);
+  EXPECT_EQ(s->calibration().datasets(1).path(), (cwd / "rel/b.jsonl").string());
+  EXPECT_EQ(s->calibration().datasets(1).samples(), 0);
+  EXPECT_EQ(s->calibration().datasets(2).path(), "/cal/c:d.jsonl");
+  EXPECT_EQ(s->calibration().datasets(2).samples(), 0);
+  ASSERT_TRUE(s->calibration().has_min_seq_len());
+  EXPECT_EQ(s->calibration().min_seq_len(), 0);
+  EXPECT_EQ(s->calibration().seed(), 11);
+  EXPECT_FALSE(s->calibration().add_bos());  // the file's value stays
+  EXPECT_EQ(s->calibration().mode(), "constant");
+  EXPECT_EQ(s->calibration().w2_input(), "max");
+  EXPECT_EQ(s->calibration().expert_amax(), "per_expert");
+  EXPECT_EQ(s->calibration().uncalibrated(), "layer_max");
+  EXPECT_EQ(s->calibration().numerics(), "official");
+  EXPECT_EQ(s->calibration().amax_out(), "/cal/out.json");
+
+  // Without a file: unset stays unset (the daemon's default), --no-bos sets add_bos false.
+  s = Parse({"--source", "/s", "--output", "/o"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->calibration().has_add_bos());
+  EXPECT_FALSE(s->calibration().has_min_seq_len());
+  s = Parse({"--source", "/s", "--output", "/o", "--no-bos"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->calibration().has_add_bos());
+  EXPECT_FALSE(s->calibration().add_bos());
+}
+
+TEST(DatasetFlagTest, PathAndSampleCount) {
+  struct Case {
+    std::string value;
+    std::string path;
+    int64_t samples;
+  };
+  for (const Case& c : std::vector<Case>{{"/a.jsonl", "/a.jsonl", 0},
+                                         {"/a.jsonl:0", "/a.jsonl", 0},
+                                         {"/a.jsonl:256", "/a.jsonl", 256},
+                                         {"/a:b.jsonl", "/a:b.jsonl", 0},
+                                         {"/a.jsonl:", "/a.jsonl:", 0},
+                                         {"/a.jsonl:-3", "/a.jsonl:-3", 0},
+                                         {"/x:1:2", "/x:1", 2}}) {
+    absl::StatusOr<v1::CalibrationDataset> d = ParseDatasetFlag(c.value);
+    ASSERT_TRUE(d.ok()) << c.value << ": " << d.status();
+    EXPECT_EQ(d->path(), c.path) << c.value;
+    EXPECT_EQ(d->samples(), c.samples) << c.value;
+  }
+  absl::StatusOr<v1::CalibrationDataset> d = ParseDatasetFlag("/a.jsonl:99999999999999999999");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.status().message(),
+            "--calibration-dataset /a.jsonl:99999999999999999999: the sample count is out of "
+            "range");
+}
+
 TEST_F(SpecFlagsTest, FlagsAloneMakeASpec) {
   absl::StatusOr<v1::JobSpec> s = Parse({"--source", "/src", "--output", "/out/../dst"});
   ASSERT_TRUE(s.ok()) << s.status();
@@ -310,6 +456,16 @@ TEST_F(SpecFlagsTest, ErrorsNameTheKey) {
       {R"({"devices": "cpu"})", "field 'devices' must be an array of strings"},
       {R"({"include": ["a", 2]})", "field 'include' must be an array of strings"},
       {R"({"calibration": []})", "field 'calibration' must be an object"},
+      {R"({"calibration": {"datasets": {"path": "/a"}}})",
+       "field 'calibration.datasets' must be an array of objects"},
+      {R"({"calibration": {"datasets": ["/a"]}})",
+       "field 'calibration.datasets[0]' must be an object"},
+      {R"({"calibration": {"datasets": [{"path": "/a"}, {"path": "/b", "samples": "8"}]}})",
+       "field 'calibration.datasets[1].samples' must be an integer"},
+      {R"({"calibration": {"datasets": [{"file": "/a"}]}})",
+       "field 'calibration.datasets[0].file' is not a known field"},
+      {R"({"calibration": {"add_bos": "yes"}})",
+       "field 'calibration.add_bos' must be true or false"},
       {R"(["source"])", "not a JSON object"},
   };
   for (const Case& c : cases) {

@@ -77,6 +77,25 @@ TEST_F(SafeReadTest, WritesNeverFollowAPlantedSymlink) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
 }
 
+TEST_F(SafeReadTest, WritesRefuseAPlantedFifoWithoutBlocking) {
+  // E.g. calibration.amax_out's "<file>.tmp" in a directory other users can write to.
+  const std::string out = dir_ + "/amax.json";
+  ASSERT_EQ(mkfifo((out + ".tmp").c_str(), 0600), 0);
+  // No reader ever opens the FIFO: a blocking open would hang the test here.
+  absl::Status s = WriteFileAtomically(out, "{}");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MessageOf(s), out + ".tmp: is a FIFO; only regular files are written");
+  EXPECT_FALSE(fs::exists(out));
+  // With a reader the open succeeds; the write is still refused before any byte.
+  const int reader = open((out + ".tmp").c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  EXPECT_EQ(MessageOf(CreateForWrite(out + ".tmp").status()),
+            out + ".tmp: is a FIFO; only regular files are written");
+  close(reader);
+  EXPECT_EQ(MessageOf(CreateForWrite("/dev/null").status()),
+            "/dev/null: is a device; only regular files are written");
+}
+
 TEST_F(SafeReadTest, JsonErrorsGiveAnOffsetAndQuoteNothing) {
   const std::string path = dir_ + "/secret.json";
   WriteText(path, "{\"password\": hunter2}");

@@ -1,0 +1,27 @@
+// The per-layer calibration figures of a JobReport (quantd.proto LayerReport), summarised from the
+// job's amax table (store::JobStore::ListAmax): rows of kind "input" named by official module
+// name, e.g. "layers.3.attn.wq_a", "layers.3.ffn.shared_experts.w1", "layers.3.ffn.experts.5.w1";
+// a routed w2's weighted input under "layers.L.ffn.experts.E.w2", its unweighted input under
+// "layers.L.ffn.experts.E.w2.unweighted"; `samples` counts the tokens that reached the module (0
+// for rows read from calibration.amax_file). Rows outside "layers.N." (head, mtp.*) and of other
+// kinds ("kv") are not summarised.
+#ifndef QUANTD_SERVER_SCHEDULER_CALIBRATION_REPORT_H_
+#define QUANTD_SERVER_SCHEDULER_CALIBRATION_REPORT_H_
+
+#include <vector>
+
+#include "quantd/v1/quantd.pb.h"
+#include "server/store/job_store.h"
+
+namespace quantd::scheduler {
+
+// Appends one LayerReport per decoder layer that has input amax rows, in layer order. Per layer:
+// each projection's min / median / max over the routed experts (one value for any other module);
+// calibrated_tokens, the most tokens any non-routed module of the layer saw; routed_experts, the
+// experts with a row; uncalibrated_experts, those of them whose rows count no token, when the
+// layer's rows count tokens at all (token_counts).
+void AddLayerCalibration(const std::vector<store::AmaxRow>& amax, v1::JobReport* report);
+
+}  // namespace quantd::scheduler
+
+#endif  // QUANTD_SERVER_SCHEDULER_CALIBRATION_REPORT_H_

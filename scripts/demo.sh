@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the built-in example, through the daemon: writes the tiny DeepSeek-V4-format
-# checkpoint (FP8 attention, MXFP4 routed experts), starts `quantd serve` on its unix socket (state
-# in a SQLite file under $OUT/state, stopped with SIGTERM when the script exits), submits a job that
-# converts the routed experts to NVFP4 with NVIDIA's V4 recipe and follows it with
-# `quantctl submit --watch`, prints the job's report, and checks the result against the export
-# rules.
+# checkpoint (FP8 attention, MXFP4 routed experts, a byte-level tokenizer), starts `quantd serve`
+# on its unix socket (state in a SQLite file under $OUT/state, stopped with SIGTERM when the script
+# exits), submits the W4A4 conversion of the routed experts to NVFP4 with NVIDIA's V4 recipe,
+# calibrated inside the job on the built-in text (tests/data/calibration_sample.jsonl), follows it
+# with `quantctl submit --watch`, prints the job's report, and checks the result against the export
+# rules (every NVFP4 module has its calibrated input_scale).
 # Expects scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,10 +46,11 @@ ready = json.load(open(sys.argv[1]))
 print(ready["listen"][0], ready["metrics_listen"])' "$OUT/state/serve.json")
 echo "quantd serve: gRPC on $SERVER, metrics on http://$METRICS/metrics, log in $OUT/serve.log"
 
-# Weights-only NVFP4 (W4A16): W4A4 needs calibrated input amax, which the calibration stage will
-# provide; until then `--amax-file` supplies it.
+# W4A4: the calibrate stage runs the native forward layer by layer over 32 samples of the built-in
+# text and records max|x| at every expert's input; quantize writes input_scale = amax / 2688.
 "$QUANTCTL" --server "$SERVER" submit --source "$OUT/source" --output "$OUT/nvfp4" \
-  --recipe experts --weight-format w4a16_nvfp4 --expert-cast lossless --export-format modelopt \
+  --recipe experts --weight-format nvfp4 --expert-cast lossless --export-format modelopt \
+  --dataset "$PWD/tests/data/calibration_sample.jsonl" --num-samples 32 --seq-len 256 \
   --watch
 JOB=$("$QUANTCTL" --server "$SERVER" -o json list | python3 -c '
 import json, sys

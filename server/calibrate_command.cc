@@ -12,12 +12,13 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/calibration/activation_store.h"
 #include "server/calibration/amax_table.h"
 #include "server/calibration/calibrate_layer.h"
+#include "server/calibration/calibration_tokens.h"
 #include "server/calibration/export_amax.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/compute/device.h"
-#include "server/model/tokenizer.h"
 #include "server/model/v4_weights.h"
 #include "server/pipeline/calibration_data.h"
 #include "server/pipeline/job_spec.h"
@@ -52,32 +53,6 @@ int64_t RssKib() {
   return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-// The token ids of the spec's calibration samples, checked (or folded) against the model's
-// vocabulary.
-absl::StatusOr<std::vector<std::vector<int32_t>>> CalibrationIds(
-    const CalibrateArgs& args, const pipeline::JobSpec& spec, int64_t vocab) {
-  const std::string dir = args.tokenizer_dir.empty() ? spec.source : args.tokenizer_dir;
-  absl::StatusOr<std::unique_ptr<model::Tokenizer>> tokenizer = model::Tokenizer::LoadDir(dir);
-  if (!tokenizer.ok()) return tokenizer.status();
-  absl::StatusOr<pipeline::CalibrationSet> set =
-      pipeline::LoadCalibrationSet(spec.calibration, **tokenizer);
-  if (!set.ok()) return set.status();
-  std::vector<std::vector<int32_t>> ids;
-  for (pipeline::CalibrationSample& s : set->samples) {
-    for (int32_t& id : s.ids) {
-      if (id < vocab) continue;
-      if (!args.fold_token_ids) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            s.source, ":", s.line, ": token id ", id, " is outside the model's vocabulary of ",
-            vocab, " (a synthetic fixture? see --fold-token-ids)"));
-      }
-      id = static_cast<int32_t>(id % vocab);
-    }
-    ids.push_back(std::move(s.ids));
-  }
-  return ids;
-}
-
 }  // namespace
 
 int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& err) {
@@ -107,16 +82,16 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
     return 0;
   }
 
-  absl::StatusOr<std::vector<std::vector<int32_t>>> ids =
-      CalibrationIds(args, *spec, config.vocab_size);
+  absl::StatusOr<calibration::SampleIds> ids = calibration::TokenizeCalibration(
+      *spec, args.tokenizer_dir.empty() ? spec->source : args.tokenizer_dir, config.vocab_size,
+      args.fold_token_ids);
   if (!ids.ok()) return Fail(err, ids.status(), kFailure);
   absl::StatusOr<std::unique_ptr<compute::Device>> device =
       compute::OpenDevice("cpu", {.cpu_threads = args.threads});
   if (!device.ok()) return Fail(err, device.status(), kFailure);
 
-  // The samples in batches, the batches in contiguous slices; each slice keeps its batches
-  // between layers. Slices never regroup batches: a sequence's forward may differ in the last bit
-  // with the other sequences that share its GEMMs, so the batches alone fix the result.
+  // The samples in batches, the batches in contiguous slices (calibrate_layer.h PlanBatches): the
+  // same code path as the daemon's calibrate stage, run here one slice after the other.
   const int64_t n = static_cast<int64_t>(ids->size());
   int64_t tokens = 0;
   for (const std::vector<int32_t>& s : *ids) tokens += static_cast<int64_t>(s.size());
@@ -124,12 +99,15 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
       calibration::EmbedSlice(**ckpt, *ids, args.batch_bytes);
   if (!batches.ok()) return Fail(err, batches.status(), kFailure);
   const int64_t b = static_cast<int64_t>(batches->size());
-  std::vector<std::vector<calibration::BatchActivations>> slices(args.slices);
+  std::vector<std::vector<calibration::BatchActivations>> embedded(args.slices);
   for (int64_t s = 0; s < args.slices; ++s) {
-    for (int64_t i = s * b / args.slices; i < (s + 1) * b / args.slices; ++i) {
-      slices[s].push_back(std::move((*batches)[i]));
-    }
+    const auto [first, end] = calibration::SliceBatches(b, s, args.slices);
+    for (int64_t i = first; i < end; ++i) embedded[s].push_back(std::move((*batches)[i]));
   }
+  // Between layers the outputs stay in memory, or are spilled under --spill-dir.
+  absl::StatusOr<std::unique_ptr<calibration::ActivationStore>> store =
+      calibration::ActivationStore::Create(args.spill_dir, /*host_budget_bytes=*/0);
+  if (!store.ok()) return Fail(err, store.status(), kFailure);
   err << absl::StrFormat("calibrating %d layers on %d samples (%d tokens, %d batches) in %d slices, %s numerics\n",
                          config.num_hidden_layers, n, tokens, b, args.slices,
                          pipeline::CalibrationNumericsName(cs.numerics));
@@ -139,25 +117,31 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
   options.numerics = cs.numerics == pipeline::CalibrationNumerics::kMath
                          ? model::Numerics::kMath
                          : model::Numerics::kOfficial;
-  options.spill_dir = args.spill_dir;
+  options.spill_dir = (*store)->spill_dir();
+  options.keep_in_host = [&store](int64_t bytes) { return (*store)->ReserveHost(bytes); };
   options.all_experts = cs.calibrate_all_experts;
   const auto start = std::chrono::steady_clock::now();
   const int64_t layers = config.num_hidden_layers;
   for (int64_t layer = 0; layer < layers; ++layer) {
     calibration::SliceTiming timing;
+    options.discard_output = layer + 1 == layers;
     for (int64_t s = 0; s < args.slices; ++s) {
       options.slice = absl::StrCat("layer ", layer, " slice ", s, " of ", args.slices);
       options.slice_index = s;
+      std::shared_ptr<const calibration::ActivationStore::Batches> previous =
+          layer == 0 ? nullptr : (*store)->Get(layer - 1, s);
       absl::StatusOr<calibration::SliceResult> r = calibration::CalibrateLayerSlice(
-          **ckpt, layer, std::move(slices[s]), **device, options);
+          **ckpt, layer, layer == 0 ? embedded[s] : *previous, **device, options);
       if (!r.ok()) return Fail(err, r.status(), kFailure);
       if (absl::Status m = table.Merge(r->amax); !m.ok()) return Fail(err, m, kFailure);
-      slices[s] = std::move(r->output);
+      if (!options.discard_output) (*store)->Put(layer, s, std::move(r->output));
       timing.load += r->timing.load;
       timing.forward += r->timing.forward;
       timing.record += r->timing.record;
       timing.spill += r->timing.spill;
     }
+    if (layer == 0) embedded.clear();
+    if (layer > 0) (*store)->ReleaseLayer(layer - 1);
     const double elapsed = SecondsSince(start);
     const double rate = static_cast<double>(tokens) * (layer + 1) / elapsed;
     err << absl::StrFormat(
@@ -167,9 +151,7 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
         timing.forward, timing.record, timing.spill, RssKib(), PeakRssKib());
   }
   const double seconds = SecondsSince(start);
-  for (std::vector<calibration::BatchActivations>& batches : slices) {
-    calibration::ReleaseBatches(batches);
-  }
+  store->reset();
 
   calibration::ExportReport report;
   absl::StatusOr<std::map<std::string, float>> amax =

@@ -24,6 +24,8 @@
 #include <iosfwd>
 #include <string>
 
+#include "server/calibration/calibrate_layer.h"
+
 namespace CLI {
 class App;
 }  // namespace CLI
@@ -37,7 +39,7 @@ struct CalibrateArgs {
   std::string tokenizer_dir;    // --tokenizer; "" = the spec's source
   std::string spill_dir;        // --spill-dir; "" = activations in host memory
   int64_t slices = 1;           // --slices
-  int64_t batch_bytes = int64_t{1} << 30;  // --batch-bytes: working memory per RunLayer call
+  int64_t batch_bytes = calibration::kDefaultBatchBytes;  // --batch-bytes: per RunLayer call
   int threads = 0;              // --threads; 0 = all cores
   bool fold_token_ids = false;  // --fold-token-ids
 };

@@ -37,6 +37,9 @@ class AmaxTable {
   void RecordW2(const std::string& module, float weighted_amax, float unweighted_amax,
                 int64_t rows);
 
+  // Sets `module`'s record (a table rebuilt from stored rows, calibration/amax_rows.h).
+  void Put(const std::string& module, const AmaxEntry& entry) { entries_[module] = entry; }
+
   // Names the slice this table holds; a table being recorded holds exactly one.
   void AddSlice(const std::string& slice) { slices_.insert(slice); }
 

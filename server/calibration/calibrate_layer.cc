@@ -24,19 +24,15 @@ absl::Status AddLayerContext(const absl::Status& s, int64_t layer) {
   return absl::Status(s.code(), absl::StrCat("layer ", layer, ": ", s.message()));
 }
 
-// The batch's activations in host memory: itself, or read back from its spill file (verified
-// against its SHA-256, then removed).
-absl::StatusOr<model::V4Activations> TakeHost(BatchActivations& batch) {
-  if (batch.spill_path.empty()) return std::move(batch.host);
+// The batch's activations read back from its spill file, verified against its SHA-256.
+absl::StatusOr<model::V4Activations> ReadSpilled(const BatchActivations& batch) {
   ASSIGN_OR_RETURN(const std::string sha256, checkpoint::Sha256File(batch.spill_path));
   if (sha256 != batch.spill_sha256) {
     return absl::DataLossError(absl::StrCat("spilled activations ", batch.spill_path,
                                             " have SHA-256 ", sha256, ", written as ",
                                             batch.spill_sha256));
   }
-  ASSIGN_OR_RETURN(model::V4Activations acts, model::ReadActivations(batch.spill_path));
-  ::remove(batch.spill_path.c_str());
-  return acts;
+  return model::ReadActivations(batch.spill_path);
 }
 
 }  // namespace
@@ -56,48 +52,86 @@ int64_t EstimateBatchBytes(const model::V4Config& c, int64_t sequences, int64_t 
   return 4 * (tokens * per_token + sequences * scores);
 }
 
-absl::StatusOr<std::vector<BatchActivations>> EmbedSlice(
-    const model::V4Checkpoint& ckpt, const std::vector<std::vector<int32_t>>& sample_ids,
-    int64_t batch_bytes) {
+absl::StatusOr<std::vector<std::vector<size_t>>> PlanBatches(const model::V4Config& config,
+                                                             const std::vector<int64_t>& lengths,
+                                                             int64_t batch_bytes) {
   // Samples by length, in order of first appearance of each length.
-  std::vector<int64_t> lengths;
+  std::vector<int64_t> order;
   std::map<int64_t, std::vector<size_t>> by_length;
-  for (size_t k = 0; k < sample_ids.size(); ++k) {
-    const int64_t n = static_cast<int64_t>(sample_ids[k].size());
-    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("calibration sample ", k, " is empty"));
-    if (by_length[n].empty()) lengths.push_back(n);
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    const int64_t n = lengths[k];
+    if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("calibration sample ", k, " is empty"));
+    if (by_length[n].empty()) order.push_back(n);
     by_length[n].push_back(k);
   }
-  std::vector<BatchActivations> batches;
-  for (int64_t n : lengths) {
+  std::vector<std::vector<size_t>> batches;
+  for (int64_t n : order) {
     const std::vector<size_t>& members = by_length[n];
     size_t i = 0;
     while (i < members.size()) {
       int64_t take = 1;
       while (i + take < members.size() &&
-             EstimateBatchBytes(ckpt.config, take + 1, n) <= batch_bytes) {
+             EstimateBatchBytes(config, take + 1, n) <= batch_bytes) {
         ++take;
       }
-      std::vector<int32_t> ids;
-      for (int64_t j = 0; j < take; ++j) {
-        const std::vector<int32_t>& s = sample_ids[members[i + j]];
-        ids.insert(ids.end(), s.begin(), s.end());
-      }
-      ASSIGN_OR_RETURN(model::V4Activations acts, model::Embed(ckpt, std::move(ids), take, n));
-      BatchActivations b;
-      b.tokens = acts.tokens();
-      b.host = std::move(acts);
-      batches.push_back(std::move(b));
+      batches.emplace_back(members.begin() + i, members.begin() + i + take);
       i += take;
     }
   }
   return batches;
 }
 
+std::pair<int64_t, int64_t> SliceBatches(int64_t batches, int64_t slice, int64_t slices) {
+  return {slice * batches / slices, (slice + 1) * batches / slices};
+}
+
+absl::StatusOr<BatchActivations> EmbedBatch(const model::V4Checkpoint& ckpt,
+                                            const std::vector<std::vector<int32_t>>& sample_ids,
+                                            const std::vector<size_t>& members) {
+  if (members.empty()) return absl::InvalidArgumentError("a calibration batch has no sample");
+  const int64_t n = static_cast<int64_t>(sample_ids.at(members[0]).size());
+  std::vector<int32_t> ids;
+  for (size_t k : members) {
+    const std::vector<int32_t>& s = sample_ids.at(k);
+    if (static_cast<int64_t>(s.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("calibration sample ", k, " has ", s.size(), " tokens, its batch ", n));
+    }
+    ids.insert(ids.end(), s.begin(), s.end());
+  }
+  ASSIGN_OR_RETURN(model::V4Activations acts,
+                   model::Embed(ckpt, std::move(ids), static_cast<int64_t>(members.size()), n));
+  BatchActivations b;
+  b.tokens = acts.tokens();
+  b.host = std::move(acts);
+  return b;
+}
+
+int64_t HostBytes(const model::V4Activations& acts) {
+  return static_cast<int64_t>(acts.streams.size() * sizeof(float) +
+                              acts.token_ids.size() * sizeof(int32_t));
+}
+
+absl::StatusOr<std::vector<BatchActivations>> EmbedSlice(
+    const model::V4Checkpoint& ckpt, const std::vector<std::vector<int32_t>>& sample_ids,
+    int64_t batch_bytes) {
+  std::vector<int64_t> lengths;
+  for (const std::vector<int32_t>& s : sample_ids) lengths.push_back(static_cast<int64_t>(s.size()));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> plan,
+                   PlanBatches(ckpt.config, lengths, batch_bytes));
+  std::vector<BatchActivations> batches;
+  for (const std::vector<size_t>& members : plan) {
+    ASSIGN_OR_RETURN(BatchActivations b, EmbedBatch(ckpt, sample_ids, members));
+    batches.push_back(std::move(b));
+  }
+  return batches;
+}
+
 absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt, int64_t layer,
-                                                std::vector<BatchActivations> input,
+                                                const std::vector<BatchActivations>& input,
                                                 compute::Device& device,
-                                                const SliceOptions& options) {
+                                                const SliceOptions& options,
+                                                const std::atomic<bool>* cancelled) {
   SliceResult result;
   result.amax.AddSlice(options.slice);
   auto start = std::chrono::steady_clock::now();
@@ -111,19 +145,34 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
   ctx.observe_all_experts = options.all_experts;
   double run_seconds = 0.0;
   for (size_t i = 0; i < input.size(); ++i) {
-    start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(model::V4Activations in, TakeHost(input[i]));
-    result.timing.spill += SecondsSince(start);
+    if (cancelled != nullptr && cancelled->load()) {
+      return absl::CancelledError(absl::StrCat("layer ", layer, ": calibration cancelled"));
+    }
+    // A spilled input is read into `read`; one in host memory is used where it is.
+    model::V4Activations read;
+    const model::V4Activations* in = &input[i].host;
+    if (!input[i].spill_path.empty()) {
+      start = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(read, ReadSpilled(input[i]));
+      result.timing.spill += SecondsSince(start);
+      in = &read;
+    }
 
     start = std::chrono::steady_clock::now();
-    absl::StatusOr<model::V4Activations> out = model::RunLayer(ctx, ckpt.config, *weights, in);
+    absl::StatusOr<model::V4Activations> out = model::RunLayer(ctx, ckpt.config, *weights, *in);
     run_seconds += SecondsSince(start);
     if (!out.ok()) return AddLayerContext(out.status(), layer);
     if (!observer.status().ok()) return observer.status();
+    result.tokens += out->tokens();
+    if (options.on_batch) options.on_batch(out->tokens());
+    read = model::V4Activations();
+    if (options.discard_output) continue;
 
     BatchActivations batch;
     batch.tokens = out->tokens();
-    if (options.spill_dir.empty()) {
+    const bool keep = options.keep_in_host ? options.keep_in_host(HostBytes(*out))
+                                           : options.spill_dir.empty();
+    if (keep) {
       batch.host = std::move(*out);
     } else {
       start = std::chrono::steady_clock::now();

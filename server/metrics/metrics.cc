@@ -140,6 +140,15 @@ class PrometheusMetrics final : public Metrics {
                                  .Name("quantd_calibration_samples_total")
                                  .Help("Calibration samples processed.")
                                  .Register(*registry_)),
+        calibrated_tokens_(prometheus::BuildCounter()
+                               .Name("quantd_calibrated_tokens_total")
+                               .Help("Token rows calibrate tasks moved through a decoder layer.")
+                               .Register(*registry_)),
+        calibration_layer_(prometheus::BuildHistogram()
+                               .Name("quantd_calibration_layer_seconds")
+                               .Help("Duration of one calibrate task: a decoder layer over one "
+                                     "slice of the calibration samples.")
+                               .Register(*registry_)),
         rpcs_(prometheus::BuildCounter()
                   .Name("quantd_rpc_requests_total")
                   .Help("RPCs handled by method and gRPC status code.")
@@ -161,6 +170,8 @@ class PrometheusMetrics final : public Metrics {
         read_bytes_total_(read_bytes_.Add({})),
         written_bytes_total_(written_bytes_.Add({})),
         calibration_samples_total_(calibration_samples_.Add({})),
+        calibrated_tokens_total_(calibrated_tokens_.Add({})),
+        calibration_layer_seconds_(calibration_layer_.Add({}, StageBuckets())),
         queue_depth_value_(queue_depth_.Add({})),
         heartbeat_value_(heartbeat_.Add({})),
         heartbeat_time_(absl::Now()) {
@@ -277,6 +288,11 @@ class PrometheusMetrics final : public Metrics {
     calibration_samples_total_.Increment(static_cast<double>(n));
   }
 
+  void CalibratedLayerSlice(uint64_t tokens, double seconds) override {
+    calibrated_tokens_total_.Increment(static_cast<double>(tokens));
+    calibration_layer_seconds_.Observe(seconds);
+  }
+
   void RpcHandled(const std::string& method, const std::string& code) override {
     rpcs_.Add({{"method", method}, {"code", code}}).Increment();
   }
@@ -323,6 +339,8 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Family<prometheus::Counter>& retries_;
   prometheus::Family<prometheus::Counter>& job_failures_;
   prometheus::Family<prometheus::Counter>& calibration_samples_;
+  prometheus::Family<prometheus::Counter>& calibrated_tokens_;
+  prometheus::Family<prometheus::Histogram>& calibration_layer_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Gauge>& heartbeat_;
   prometheus::Family<prometheus::Gauge>& disk_free_;
@@ -331,6 +349,8 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Counter& read_bytes_total_;
   prometheus::Counter& written_bytes_total_;
   prometheus::Counter& calibration_samples_total_;
+  prometheus::Counter& calibrated_tokens_total_;
+  prometheus::Histogram& calibration_layer_seconds_;
   prometheus::Gauge& queue_depth_value_;
   prometheus::Gauge& heartbeat_value_;
 

@@ -11,9 +11,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/calibration/calibrate_task.h"
+#include "server/calibration/export_amax.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 #include "server/checkpoint/sha256.h"
+#include "server/pipeline/stages/calibrate_stage.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -102,6 +105,9 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Prepare(
   }
   absl::StatusOr<std::vector<store::AmaxRow>> amax = store.ListAmax(job_id);
   if (!amax.ok()) return amax.status();
+  if (NeedsCalibration(spec)) {
+    ASSIGN_OR_RETURN(*amax, job->StartCalibration(store, job_id, now_ms, log));
+  }
   for (const store::AmaxRow& row : *amax) {
     if (row.kind == "input") job->input_amax_[row.module] = static_cast<float>(row.value);
   }
@@ -129,6 +135,48 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Prepare(
   return job;
 }
 
+absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
+    store::JobStore& store, int64_t job_id, int64_t now_ms,
+    const std::function<void(const std::string&)>& log) {
+  ASSIGN_OR_RETURN(calibration_,
+                   calibration::JobCalibration::Create(
+                       spec_, JobWorkDir(store.db().path(), job_id), spec_.host_memory_bytes));
+  std::vector<int64_t> done_layers;
+  bool unfinished = false;
+  for (const store::TaskRow& t : stored_tasks_) {
+    if (t.stage_kind != CalibrateStage::kKind) continue;
+    absl::StatusOr<calibration::CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
+    if (!task.ok() || task->kind != calibration::CalibrateTask::Kind::kLayer) continue;
+    if (t.state == store::TaskState::kDone) {
+      done_layers.push_back(t.id);
+    } else {
+      unfinished = true;
+    }
+  }
+  if (unfinished && !done_layers.empty()) {
+    ASSIGN_OR_RETURN(
+        int requeued,
+        store.RequeueDoneTasks(job_id, done_layers,
+                               "calibration restarts from layer 0: the activations between "
+                               "layers were held by the process that stopped",
+                               now_ms));
+    if (log) log(absl::StrCat("requeued ", requeued, " task(s) to calibrate from layer 0"));
+    ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
+  }
+  // Unfinished, every layer task runs again and brings its rows; finished, the stored rows are
+  // the whole table.
+  std::vector<store::AmaxRow> rows;
+  if (!unfinished) {
+    ASSIGN_OR_RETURN(rows, store.ListAmax(job_id));
+  }
+  calibration_->Restore(rows, stored_tasks_);
+  return std::vector<store::AmaxRow>();
+}
+
+std::string JobWorkDir(const std::string& db_path, int64_t job_id) {
+  return absl::StrCat(db_path, ".work/job-", job_id);
+}
+
 absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t job_id, int64_t now_ms,
                                   const std::function<void(const std::string&)>& log) {
   if (spec_.kv_cache == KvCache::kFp8) {
@@ -143,13 +191,20 @@ absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t job_id, int64_
     if (!loaded.ok()) return loaded.status();
     rows = std::move(*loaded);
   }
-  if (spec_.weight_format == WeightFormat::kNvfp4 && rows.empty()) {
+  if (spec_.weight_format == WeightFormat::kNvfp4 && rows.empty() &&
+      spec_.calibration.mode == CalibrationMode::kConstant) {
+    // ModelOpt's constant-amax recipe: input_scale 1.0, no forward pass.
+    for (const auto& [module, amax] : calibration::ConstantInputAmax(inventory_)) {
+      rows.push_back(store::AmaxRow{module, "input", amax, 0});
+    }
+  }
+  if (spec_.weight_format == WeightFormat::kNvfp4 && rows.empty() && !NeedsCalibration(spec_)) {
     absl::StatusOr<std::vector<store::AmaxRow>> stored = store.ListAmax(job_id);
     if (!stored.ok()) return stored.status();
     if (stored->empty()) {
       return absl::FailedPreconditionError(
-          "weight_format nvfp4 needs input amax: set calibration.amax_file or use w4a16_nvfp4; "
-          "calibration is not built yet");
+          "weight_format nvfp4 needs input amax: give calibration data (calibration.dataset or "
+          "datasets), calibration.amax_file or calibration.mode constant, or use w4a16_nvfp4");
     }
   }
   if (absl::Status s = CheckDiskSpace(spec_, plan_); !s.ok()) return s;
@@ -183,6 +238,7 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.stored_tasks = &stored_tasks_;
   ctx.backend = &device.backend();
   ctx.input_amax = &input_amax_;
+  ctx.calibration = calibration_.get();
   ctx.cancelled = cancelled;
   ctx.add_progress = std::move(add_progress);
   return stage->Run(task, device, ctx);
@@ -196,9 +252,13 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
     return absl::UnimplementedError(
         absl::StrCat("this quantd cannot record ", task.stage_kind, " tasks"));
   }
-  return store.CompleteTask(
+  RETURN_IF_ERROR(store.CompleteTask(
       lease, output.path, static_cast<int64_t>(output.bytes), output.sha256, now_ms,
-      [&](store::TaskRecord& txn) { return stage->Record(txn, task, output); });
+      [&](store::TaskRecord& txn) { return stage->Record(txn, task, output); }));
+  if (calibration_ != nullptr && task.stage_kind == CalibrateStage::kKind) {
+    calibration_->OnTaskDone(task, output.amax, output.sha256);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> PreparedJob::SweepTmpFiles() const {

@@ -8,6 +8,11 @@
 // one (the source changed), and requeue every DONE task whose output file is gone or no longer
 // has the recorded size and SHA-256 (with the done tasks that depend on it), so it is rebuilt.
 //
+// A calibrating job (stages/calibrate_stage.h) also owns its calibration::JobCalibration. Its
+// activations between layers live only in this process, so a later start whose calibration is
+// unfinished requeues every done layer task: calibration resumes from layer 0 on the stored
+// tokens, and each rerun replaces its amax rows, so the result equals an uninterrupted run.
+//
 // Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
 // completed with that stage's Record in the same transaction (CompleteTask).
 #ifndef QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
@@ -26,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/calibration/job_calibration.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
@@ -82,6 +88,11 @@ class PreparedJob {
   PreparedJob() = default;
   absl::Status PlanJob(store::JobStore& store, int64_t job_id, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
+  // Creates calibration_ and applies the resume rule (see above); returns the amax rows that
+  // input_amax_ takes (none: quantize tasks export from calibration_).
+  absl::StatusOr<std::vector<store::AmaxRow>> StartCalibration(
+      store::JobStore& store, int64_t job_id, int64_t now_ms,
+      const std::function<void(const std::string&)>& log);
 
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
   JobSpec spec_;                                       // the job's spec
@@ -91,7 +102,13 @@ class PreparedJob {
   std::vector<store::TaskRow> stored_tasks_;           // the stored plan (for the inspect task)
   std::map<std::string, float> input_amax_;            // the amax table, kind "input"
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
+  // A calibrating job's runtime state (stages/calibrate_stage.h); nullptr otherwise. Thread-safe.
+  std::unique_ptr<calibration::JobCalibration> calibration_;
 };
+
+// A job's own work directory (calibration tokens, spilled activations): "<state>.work/job-<id>"
+// next to the state database `db_path`.
+std::string JobWorkDir(const std::string& db_path, int64_t job_id);
 
 // Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).
 inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;

@@ -34,6 +34,10 @@
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
+namespace quantd::calibration {
+class JobCalibration;  // calibration/job_calibration.h
+}  // namespace quantd::calibration
+
 namespace quantd::pipeline {
 
 // What one task reads while it runs: the job (shared read-only by every worker) and the task's
@@ -47,6 +51,8 @@ struct StageContext {
   kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on
   // Calibrated max |input| per quantized module (the amax table), for input_scale.
   const std::map<std::string, float>* input_amax = nullptr;
+  // A calibrating job's runtime state (activations, tokens, amax so far); nullptr otherwise.
+  calibration::JobCalibration* calibration = nullptr;
   // Called with the number of source bytes just processed (for progress); thread-safe.
   std::function<void(uint64_t)> add_progress;
   // Set when the job is being cancelled or the process is stopping; checked between tensors.
@@ -59,6 +65,10 @@ struct TaskOutput {
   std::string sha256;    // its SHA-256, hex
   // Per-tensor error against the source, recorded by the stage's Record.
   std::vector<store::TensorStatsRow> stats;
+  // Amax contribution (calibrate tasks; calibration/amax_rows.h), recorded by the stage's Record.
+  std::vector<store::AmaxRow> amax;
+  int64_t calibrated_tokens = 0;    // token rows a calibrate task moved through its layer
+  double calibration_seconds = 0;   // and the wall time it took (metrics)
 };
 
 class Stage {

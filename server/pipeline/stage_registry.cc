@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/dequant_stage.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/inspect_stage.h"
@@ -32,6 +33,7 @@ const StageRegistry& BuiltinStages() {
     // Display order. A new stage: its file under stages/ and one line here.
     stages.push_back(std::make_unique<InspectStage>());
     stages.push_back(std::make_unique<DequantStage>());
+    stages.push_back(std::make_unique<CalibrateStage>());
     stages.push_back(std::make_unique<QuantizeStage>());
     stages.push_back(std::make_unique<ExportStage>());
     stages.push_back(std::make_unique<VerifyStage>());

@@ -85,6 +85,10 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
     if (metrics != nullptr) {
       metrics->TaskAttempt(task.stage_kind, "done");
       metrics->AddBytesWritten(output->bytes);
+      if (output->calibrated_tokens > 0) {
+        metrics->CalibratedLayerSlice(static_cast<uint64_t>(output->calibrated_tokens),
+                                      output->calibration_seconds);
+      }
       ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));
       for (const store::StageProgress& p : stages) {
         if (p.stage_id != task.stage_id || p.state != store::StageState::kSucceeded ||

@@ -219,8 +219,8 @@ def test_exit_codes_and_refusals(qd, source, tmp_path):
     proc = qd.run("run", "--state", tmp_path / "b.db", nvfp4)
     assert proc.returncode == 1
     assert proc.stderr.strip().endswith(
-        "weight_format nvfp4 needs input amax: set calibration.amax_file or use w4a16_nvfp4; "
-        "calibration is not built yet"), proc.stderr
+        "weight_format nvfp4 needs input amax: give calibration data (calibration.dataset or "
+        "datasets), calibration.amax_file or calibration.mode constant, or use w4a16_nvfp4"), proc.stderr
     assert job_row(tmp_path / "b.db")[0][0] == "FAILED"
     # 0, then 0 again (a no-op), then 1 for another spec on the same state file.
     qd.run_ok("run", "--state", state, *RUN_FLAGS, good)

@@ -257,6 +257,7 @@ class CalibrateLayerTest : public testing_util::V4TinyCheckpointTest {
         auto r = CalibrateLayerSlice(*ckpt_, layer, std::move(acts), *device_, options);
         ASSERT_TRUE(r.ok()) << r.status();
         ASSERT_TRUE(table->Merge(r->amax).ok());
+        ReleaseBatches(acts);  // the caller drops a layer's input once it ran
         acts = std::move(r->output);
       }
       for (BatchActivations& b : acts) {

@@ -212,6 +212,8 @@ TEST(MetricsTest, CountersAddUpExactly) {
   m->AddBytesWritten(512);
   m->AddCalibrationSamples(128);
   m->AddCalibrationSamples(384);
+  m->CalibratedLayerSlice(1536, 0.25);
+  m->CalibratedLayerSlice(512, 2);
   for (int i = 0; i < 3; ++i) m->TaskAttempt("quantize", "done");
   m->TaskAttempt("quantize", "retried");
   m->TaskAttempt("export", "interrupted");
@@ -229,6 +231,9 @@ TEST(MetricsTest, CountersAddUpExactly) {
   m->SetDeviceBusyRatio("cuda:0", 0.5);
   m->SetDeviceMemoryUsed("cuda:0", int64_t{80} << 30);
   const std::string text = m->Exposition();
+  EXPECT_TRUE(HasLine(text, "quantd_calibrated_tokens_total 2048")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_calibration_layer_seconds_count 2")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_calibration_layer_seconds_sum 2.25")) << text;
   EXPECT_TRUE(HasLine(text, "quantd_read_bytes_total 1099511627779")) << text;
   EXPECT_TRUE(HasLine(text, "quantd_written_bytes_total 4608"));
   EXPECT_TRUE(HasLine(text, "quantd_calibration_samples_total 512"));

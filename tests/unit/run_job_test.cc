@@ -263,8 +263,8 @@ TEST_F(RunnerTest, Nvfp4WithoutAmaxAndKvFp8FailWithClearMessages) {
   absl::Status s = RunJob(Options(Spec("out", ""), "a.db"));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
-            "weight_format nvfp4 needs input amax: set calibration.amax_file or use w4a16_nvfp4; "
-            "calibration is not built yet");
+            "weight_format nvfp4 needs input amax: give calibration data (calibration.dataset or "
+            "datasets), calibration.amax_file or calibration.mode constant, or use w4a16_nvfp4");
   auto store = OpenStore("a.db");
   EXPECT_EQ(store->GetJob(1)->state, store::JobState::kFailed);
   EXPECT_EQ(store->GetJob(1)->error, s.message());
@@ -639,6 +639,9 @@ TEST(ProgressTest, LineFormat) {
   ProgressSnapshot small{"verify", 3, 4, 4'500'000, 6'000'000, 1'000'000};
   EXPECT_EQ(FormatProgressLine(small), "verify  3/4 tasks  4.5/6.0 MB  1.00 MB/s  ETA 2s");
   EXPECT_EQ(FormatProgressLine({"export", 0, 1, 0, 0, std::nullopt}), "export  0/1 tasks");
+  // The calibrate stage counts tokens: (4096 - 1536) / 410 per s = 6.2 s.
+  EXPECT_EQ(FormatProgressLine({"calibrate", 3, 8, 1536, 4096, 410.0}),
+            "calibrate  3/8 tasks  1536/4096 tokens  410 tokens/s  ETA 6s");
   EXPECT_EQ(FormatDuration(0.4), "0s");
   EXPECT_EQ(FormatDuration(59.4), "59s");
   EXPECT_EQ(FormatDuration(60), "1m00s");

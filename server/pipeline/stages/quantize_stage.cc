@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "server/base/status_macros.h"
+#include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/inspect_stage.h"
 #include "server/checkpoint/safetensors_writer.h"
 #include "server/pipeline/stages/input_scales.h"
@@ -123,7 +124,15 @@ absl::Status QuantizeRun::Prepare() {
     }
   }
   if (spec.weight_format == WeightFormat::kNvfp4) {
-    absl::StatusOr<InputScales> scales = ResolveInputScales(task_, ctx_.input_amax);
+    // A calibrating job exports the input amax of the layers calibrated so far (its own are).
+    std::map<std::string, float> calibrated;
+    if (ctx_.calibration != nullptr) {
+      absl::StatusOr<std::map<std::string, float>> amax = CalibratedInputAmax(ctx_, task_);
+      if (!amax.ok()) return amax.status();
+      calibrated = std::move(*amax);
+    }
+    absl::StatusOr<InputScales> scales =
+        ResolveInputScales(task_, ctx_.calibration != nullptr ? &calibrated : ctx_.input_amax);
     if (!scales.ok()) {
       return absl::Status(scales.status().code(),
                           absl::StrCat(task_.shard, ": ", scales.status().message()));
@@ -280,11 +289,16 @@ absl::StatusOr<TaskOutput> QuantizeRun::Run() {
 
 absl::StatusOr<std::vector<store::TaskPlan>> QuantizeStage::Plan(const PlanInput& input) const {
   const store::TaskRef inspect{std::string(InspectStage::kKind), std::string(InspectStage::kKind)};
+  ASSIGN_OR_RETURN(const CalibrationLayout calibration, PlanCalibrationLayout(input));
   std::vector<store::TaskPlan> tasks;
   for (size_t i = 0; i < input.output_shards.size(); ++i) {
     const OutputShard& shard = input.output_shards[i];
+    std::vector<store::TaskRef> depends_on = {inspect};
+    for (store::TaskRef& ref : CalibrateDependencies(calibration, *input.spec, shard.task)) {
+      depends_on.push_back(std::move(ref));
+    }
     tasks.push_back({shard.task.shard, ToJson(shard.task), static_cast<int64_t>(shard.source_bytes),
-                     ShardLabel(i, input.output_shards.size()), {}, {inspect}});
+                     ShardLabel(i, input.output_shards.size()), {}, std::move(depends_on)});
   }
   return tasks;
 }

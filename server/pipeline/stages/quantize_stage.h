@@ -19,8 +19,9 @@ class QuantizeStage final : public Stage {
   static constexpr std::string_view kKind = "quantize";
 
   std::string_view kind() const override { return kKind; }
-  // One task per output shard (payload ShardTask), after inspect only: it reads the source, so it
-  // does not wait for the BF16 copy.
+  // One task per output shard (payload ShardTask), after inspect: it reads the source, so it
+  // does not wait for the BF16 copy. In a calibrating job also after the calibrate tasks of its
+  // modules' layers (calibrate_stage.h CalibrateDependencies).
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;

@@ -1,0 +1,115 @@
+#include "server/calibration/job_calibration.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "server/base/status_macros.h"
+#include "server/calibration/amax_rows.h"
+#include "server/calibration/calibrate_task.h"
+
+namespace quantd::calibration {
+
+int64_t DefaultActivationBudget() {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? pages * page / 4 : int64_t{1} << 32;
+}
+
+absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(
+    const pipeline::JobSpec& spec, const std::string& work_dir, int64_t host_budget_bytes) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ActivationStore> activations,
+                   ActivationStore::Create(work_dir, host_budget_bytes > 0
+                                                         ? host_budget_bytes
+                                                         : DefaultActivationBudget()));
+  return std::unique_ptr<JobCalibration>(
+      new JobCalibration(spec, work_dir, std::move(activations)));
+}
+
+JobCalibration::JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
+                               std::unique_ptr<ActivationStore> activations)
+    : spec_(spec),
+      tokens_path_((std::filesystem::path(work_dir) / "tokens.bin").string()),
+      activations_(std::move(activations)) {}
+
+absl::StatusOr<const model::V4Checkpoint*> JobCalibration::Checkpoint() {
+  absl::MutexLock lock(&mu_);
+  if (ckpt_ == nullptr) {
+    ASSIGN_OR_RETURN(ckpt_, model::OpenV4Checkpoint(spec_.source));
+  }
+  return ckpt_.get();
+}
+
+absl::StatusOr<std::shared_ptr<const SampleIds>> JobCalibration::Tokens(int64_t vocab) {
+  absl::MutexLock lock(&mu_);
+  if (tokens_ == nullptr) {
+    if (tokens_sha256_.empty()) {
+      return absl::FailedPreconditionError("the calibration tokens task has not finished");
+    }
+    ASSIGN_OR_RETURN(SampleIds ids, ReadTokensFile(tokens_path_, tokens_sha256_, vocab));
+    tokens_ = std::make_shared<const SampleIds>(std::move(ids));
+  }
+  return tokens_;
+}
+
+void JobCalibration::MergeRows(const std::vector<store::AmaxRow>& rows) {
+  for (const store::AmaxRow& r : rows) {
+    if (r.kind != "input") continue;
+    auto [it, inserted] = amax_.emplace(r.module, r);
+    if (inserted) continue;
+    it->second.value = std::max(it->second.value, r.value);
+    it->second.samples += r.samples;
+  }
+}
+
+void JobCalibration::Restore(const std::vector<store::AmaxRow>& rows,
+                             const std::vector<store::TaskRow>& tasks) {
+  absl::MutexLock lock(&mu_);
+  MergeRows(rows);
+  for (const store::TaskRow& t : tasks) {
+    if (t.stage_kind != "calibrate" || t.state != store::TaskState::kDone) continue;
+    absl::StatusOr<CalibrateTask> task = ParseCalibrateTask(t.payload_json);
+    if (!task.ok()) continue;  // the stage refuses it when it runs
+    if (task->kind == CalibrateTask::Kind::kTokens) tokens_sha256_ = t.output_sha256;
+    if (task->kind == CalibrateTask::Kind::kLayer) done_[task->layer].insert(task->slice);
+  }
+}
+
+void JobCalibration::OnTaskDone(const store::TaskRow& row,
+                                const std::vector<store::AmaxRow>& amax,
+                                const std::string& output_sha256) {
+  absl::StatusOr<CalibrateTask> task = ParseCalibrateTask(row.payload_json);
+  if (!task.ok()) return;
+  absl::MutexLock lock(&mu_);
+  switch (task->kind) {
+    case CalibrateTask::Kind::kTokens:
+      tokens_sha256_ = output_sha256;
+      tokens_ = nullptr;  // a rerun wrote the file again: read it again
+      break;
+    case CalibrateTask::Kind::kLayer: {
+      // Rows of a rerun are the same values: the max is unchanged. Token counts here serve no
+      // export; the store keeps the exact ones (a rerun replaces its rows there).
+      MergeRows(amax);
+      std::set<int64_t>& done = done_[task->layer];
+      done.insert(task->slice);
+      if (task->layer > 0 && static_cast<int64_t>(done.size()) == task->slices) {
+        activations_->ReleaseLayer(task->layer - 1);
+      }
+      break;
+    }
+    case CalibrateTask::Kind::kAmaxOut:
+      break;
+  }
+}
+
+AmaxTable JobCalibration::Table() const {
+  std::vector<store::AmaxRow> rows;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [module, row] : amax_) rows.push_back(row);
+  }
+  return FromAmaxRows(rows);
+}
+
+}  // namespace quantd::calibration

@@ -1,0 +1,89 @@
+// The runtime state of one calibrating job in this process (owned by its pipeline::PreparedJob,
+// shared by the worker threads running its calibrate and quantize tasks; thread-safe):
+//   - the source opened as a DeepSeek-V4 model (on first use, by the first calibrate task);
+//   - the calibration tokens, read once from the job's tokens file and checked against the
+//     SHA-256 the tokens task recorded;
+//   - the activations between layers (ActivationStore, host budget then spill files);
+//   - the amax measured so far: the rows of every finished calibrate task (as JobStore::ListAmax
+//     merges them), from which a quantize task exports the input amax of its finished layers.
+//
+// The scheduler reports each finished calibrate task (OnTaskDone, after its completion is
+// committed); once every slice of layer L is done, layer L-1's activations are released.
+#ifndef QUANTD_SERVER_CALIBRATION_JOB_CALIBRATION_H_
+#define QUANTD_SERVER_CALIBRATION_JOB_CALIBRATION_H_
+
+#include <stdint.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/calibration/activation_store.h"
+#include "server/calibration/amax_table.h"
+#include "server/calibration/calibration_tokens.h"
+#include "server/model/v4_weights.h"
+#include "server/pipeline/job_spec.h"
+#include "server/store/job_store.h"
+
+namespace quantd::calibration {
+
+// Host memory the activations may take when the spec sets no host_memory_bytes: a quarter of
+// the machine's memory.
+int64_t DefaultActivationBudget();
+
+class JobCalibration {
+ public:
+  // `work_dir`: the job's own directory for the tokens file and spill files (created).
+  // `host_budget_bytes`: the spec's host_memory_bytes, 0 = DefaultActivationBudget().
+  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(const pipeline::JobSpec& spec,
+                                                                const std::string& work_dir,
+                                                                int64_t host_budget_bytes);
+
+  // The source as a V4 model, opened on the first call.
+  absl::StatusOr<const model::V4Checkpoint*> Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The job's tokens file ("<work_dir>/tokens.bin").
+  const std::string& tokens_path() const { return tokens_path_; }
+  // The sample ids of the tokens file, read on the first call after the tokens task finished.
+  absl::StatusOr<std::shared_ptr<const SampleIds>> Tokens(int64_t vocab) ABSL_LOCKS_EXCLUDED(mu_);
+
+  ActivationStore& activations() { return *activations_; }
+
+  // At (re)start: the amax rows already stored for the job (JobStore::ListAmax), and the done
+  // calibrate tasks (their payloads and outputs).
+  void Restore(const std::vector<store::AmaxRow>& rows,
+               const std::vector<store::TaskRow>& tasks) ABSL_LOCKS_EXCLUDED(mu_);
+  // A calibrate task's completion was committed with `amax` (its rows) and its output's SHA-256.
+  void OnTaskDone(const store::TaskRow& task, const std::vector<store::AmaxRow>& amax,
+                  const std::string& output_sha256) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The table of the rows so far (FromAmaxRows of the merged rows).
+  AmaxTable Table() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
+                 std::unique_ptr<ActivationStore> activations);
+  void MergeRows(const std::vector<store::AmaxRow>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const pipeline::JobSpec spec_;                      // the job's spec (source, calibration)
+  const std::string tokens_path_;                     // in the work directory
+  const std::unique_ptr<ActivationStore> activations_;  // thread-safe itself
+
+  mutable absl::Mutex mu_;  // guards the members below
+  std::unique_ptr<model::V4Checkpoint> ckpt_ ABSL_GUARDED_BY(mu_);  // opened on first use
+  std::string tokens_sha256_ ABSL_GUARDED_BY(mu_);  // recorded by the tokens task; "" before
+  std::shared_ptr<const SampleIds> tokens_ ABSL_GUARDED_BY(mu_);  // read on first use
+  // Module row (kind "input") -> {max amax, summed tokens} over the finished tasks.
+  std::map<std::string, store::AmaxRow> amax_ ABSL_GUARDED_BY(mu_);
+  // Layer -> its slices done in this process (or before it, from Restore).
+  std::map<int64_t, std::set<int64_t>> done_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace quantd::calibration
+
+#endif  // QUANTD_SERVER_CALIBRATION_JOB_CALIBRATION_H_

@@ -1,0 +1,311 @@
+#include "server/pipeline/stages/calibrate_stage.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <system_error>
+#include <tuple>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
+#include "server/calibration/amax_rows.h"
+#include "server/calibration/calibrate_layer.h"
+#include "server/calibration/calibrate_task.h"
+#include "server/calibration/calibration_tokens.h"
+#include "server/calibration/export_amax.h"
+#include "server/calibration/job_calibration.h"
+#include "server/checkpoint/sha256.h"
+#include "server/model/v4_config.h"
+#include "server/pipeline/stages/inspect_stage.h"
+#include "server/pipeline/stages/shard_io.h"
+
+namespace quantd::pipeline {
+namespace {
+
+using calibration::CalibrateTask;
+
+// The decoder layer of an official module name ("layers.<L>.…"), or -1.
+int64_t LayerOf(const std::string& module) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (module.rfind(kPrefix, 0) != 0) return -1;
+  const size_t dot = module.find('.', kPrefix.size());
+  int64_t layer = -1;
+  if (dot == std::string::npos ||
+      !absl::SimpleAtoi(module.substr(kPrefix.size(), dot - kPrefix.size()), &layer)) {
+    return -1;
+  }
+  return layer;
+}
+
+// The source's config.json as a DeepSeek-V4 model: the only architecture with a forward.
+absl::StatusOr<model::V4Config> SourceConfig(const PlanInput& input) {
+  absl::StatusOr<model::V4Config> config =
+      model::ParseV4Config(input.source->config(), input.spec->source + "/config.json");
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat("calibration data is given, and calibration runs the "
+                                     "DeepSeek-V4 forward: ", config.status().message()));
+  }
+  return config;
+}
+
+model::Numerics ForwardNumerics(const CalibrationSpec& spec) {
+  return spec.numerics == CalibrationNumerics::kMath ? model::Numerics::kMath
+                                                     : model::Numerics::kOfficial;
+}
+
+absl::StatusOr<calibration::JobCalibration*> JobState(const StageContext& ctx) {
+  if (ctx.calibration == nullptr) {
+    return absl::InternalError("a calibrate task ran without the job's calibration state");
+  }
+  return ctx.calibration;
+}
+
+// The output record of a file the task wrote.
+absl::StatusOr<TaskOutput> FileOutput(const std::string& path) {
+  TaskOutput out;
+  out.path = path;
+  std::error_code ec;
+  out.bytes = std::filesystem::file_size(path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", ec.message()));
+  ASSIGN_OR_RETURN(out.sha256, checkpoint::Sha256File(path));
+  return out;
+}
+
+absl::StatusOr<TaskOutput> RunTokens(const CalibrateTask& /*task*/, const store::TaskRow& row,
+                                     const StageContext& ctx) {
+  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  ASSIGN_OR_RETURN(const model::V4Config config,
+                   model::ParseV4Config(ctx.source->config(), ctx.spec->source + "/config.json"));
+  ASSIGN_OR_RETURN(const calibration::SampleIds ids,
+                   calibration::TokenizeCalibration(*ctx.spec, ctx.spec->source,
+                                                    config.vocab_size, /*fold_ids=*/false));
+  int64_t tokens = 0;
+  for (const std::vector<int32_t>& s : ids) tokens += static_cast<int64_t>(s.size());
+  if (tokens != row.bytes_total) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the calibration data now gives ", tokens, " tokens, the job was planned with ",
+        row.bytes_total, ": the data set files changed"));
+  }
+  RETURN_IF_ERROR(calibration::WriteTokensFile(job->tokens_path(), ids));
+  if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
+  return FileOutput(job->tokens_path());
+}
+
+absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& device,
+                                    const StageContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
+  calibration::ActivationStore& store = job->activations();
+
+  // The slice's input: its batches embedded (layer 0), or the previous layer's output.
+  std::shared_ptr<const calibration::ActivationStore::Batches> input;
+  if (task.layer == 0) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const calibration::SampleIds> ids,
+                     job->Tokens(ckpt->config.vocab_size));
+    std::vector<int64_t> lengths;
+    for (const std::vector<int32_t>& s : *ids) lengths.push_back(static_cast<int64_t>(s.size()));
+    ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> batches,
+                     calibration::PlanBatches(ckpt->config, lengths,
+                                              calibration::kDefaultBatchBytes));
+    if (task.end_batch > static_cast<int64_t>(batches.size())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("calibrate ", task.Name(), ": planned batches up to ", task.end_batch,
+                       ", the tokens give ", batches.size()));
+    }
+    auto embedded = std::make_shared<calibration::ActivationStore::Batches>();
+    for (int64_t b = task.first_batch; b < task.end_batch; ++b) {
+      ASSIGN_OR_RETURN(calibration::BatchActivations acts,
+                       calibration::EmbedBatch(*ckpt, *ids, batches[b]));
+      embedded->push_back(std::move(acts));
+    }
+    input = std::move(embedded);
+  } else {
+    input = store.Get(task.layer - 1, task.slice);
+    if (input == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("calibrate ", task.Name(), ": the activations of layer ", task.layer - 1,
+                       " slice ", task.slice, " are not in this process"));
+    }
+  }
+
+  calibration::SliceOptions options;
+  options.numerics = ForwardNumerics(ctx.spec->calibration);
+  options.slice = absl::StrCat("layer ", task.layer, " slice ", task.slice, " of ", task.slices);
+  options.slice_index = task.slice;
+  options.spill_dir = store.spill_dir();
+  options.all_experts = ctx.spec->calibration.calibrate_all_experts;
+  options.discard_output = task.layer + 1 == task.layers;
+  int64_t reserved = 0;  // host bytes reserved for this slice's outputs
+  options.keep_in_host = [&store, &reserved](int64_t bytes) {
+    if (!store.ReserveHost(bytes)) return false;
+    reserved += bytes;
+    return true;
+  };
+  options.on_batch = [&ctx](int64_t tokens) {
+    if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
+  };
+  absl::StatusOr<calibration::SliceResult> result = calibration::CalibrateLayerSlice(
+      *ckpt, task.layer, *input, device, options, ctx.cancelled);
+  if (!result.ok()) {
+    store.UnreserveHost(reserved);
+    return result.status();
+  }
+  if (!options.discard_output) store.Put(task.layer, task.slice, std::move(result->output));
+  TaskOutput out;
+  out.amax = calibration::ToAmaxRows(result->amax);
+  out.calibrated_tokens = result->tokens;
+  out.calibration_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
+  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
+  const calibration::AmaxTable table = job->Table();
+  calibration::ExportReport report;
+  ASSIGN_OR_RETURN(const auto exported, calibration::ExportInputAmax(
+                                            table, ckpt->config, ctx.spec->calibration, &report));
+  const std::string& path = ctx.spec->calibration.amax_out;
+  RETURN_IF_ERROR(calibration::WriteAmaxFile(path, exported, table));
+  return FileOutput(path);
+}
+
+}  // namespace
+
+bool NeedsCalibration(const JobSpec& spec) {
+  const CalibrationSpec& c = spec.calibration;
+  return spec.weight_format == WeightFormat::kNvfp4 && c.mode == CalibrationMode::kData &&
+         c.amax_file.empty() && (!c.dataset.empty() || !c.datasets.empty());
+}
+
+absl::StatusOr<CalibrationLayout> PlanCalibrationLayout(const PlanInput& input) {
+  if (!NeedsCalibration(*input.spec)) return CalibrationLayout{};
+  ASSIGN_OR_RETURN(const model::V4Config config, SourceConfig(input));
+  const int64_t devices = static_cast<int64_t>(input.spec->devices.size());
+  return CalibrationLayout{config.num_hidden_layers, devices > 0 ? devices : kAutoSlices};
+}
+
+std::vector<store::TaskRef> CalibrateDependencies(const CalibrationLayout& layout,
+                                                  const JobSpec& spec, const ShardTask& task) {
+  std::set<int64_t> layers;
+  bool all = spec.calibration.uncalibrated == UncalibratedFill::kModelMax;
+  for (const std::string& module : task.modules) {
+    const int64_t layer = LayerOf(module);
+    if (layer < 0 || layer >= layout.layers) all = true;
+    layers.insert(layer);
+  }
+  if (all) {
+    layers.clear();
+    for (int64_t l = 0; l < layout.layers; ++l) layers.insert(l);
+  }
+  std::vector<store::TaskRef> refs;
+  if (task.modules.empty()) return refs;
+  for (int64_t l : layers) {
+    for (int64_t s = 0; s < layout.slices; ++s) {
+      refs.push_back({std::string(CalibrateStage::kKind), calibration::CalibrateTaskName(l, s)});
+    }
+  }
+  return refs;
+}
+
+absl::StatusOr<std::map<std::string, float>> CalibratedInputAmax(const StageContext& ctx,
+                                                                 const ShardTask& task) {
+  if (task.modules.empty()) return std::map<std::string, float>();
+  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
+  calibration::ExportReport report;
+  using AmaxMap = std::map<std::string, float>;
+  ASSIGN_OR_RETURN(AmaxMap exported, calibration::ExportInputAmax(job->Table(), ckpt->config,
+                                                                  ctx.spec->calibration, &report));
+  if (ctx.spec->calibration.uncalibrated == UncalibratedFill::kModelMax) return exported;
+  std::set<int64_t> layers;
+  for (const std::string& module : task.modules) layers.insert(LayerOf(module));
+  for (int64_t l : report.layers_without_experts) {
+    if (layers.count(l) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          task.shard, ": no routed expert of layer ", l,
+          " received a calibration token for some projection, so its experts take the model's "
+          "max, known only after the last layer: set calibration.uncalibrated to model_max"));
+    }
+  }
+  return exported;
+}
+
+absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInput& input) const {
+  ASSIGN_OR_RETURN(const CalibrationLayout layout, PlanCalibrationLayout(input));
+  if (layout.layers == 0) return std::vector<store::TaskPlan>();
+  ASSIGN_OR_RETURN(const model::V4Config config, SourceConfig(input));
+  ASSIGN_OR_RETURN(const calibration::SampleIds ids,
+                   calibration::TokenizeCalibration(*input.spec, input.spec->source,
+                                                    config.vocab_size, /*fold_ids=*/false));
+  std::vector<int64_t> lengths;
+  int64_t tokens = 0;
+  for (const std::vector<int32_t>& s : ids) {
+    lengths.push_back(static_cast<int64_t>(s.size()));
+    tokens += lengths.back();
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> batches,
+                   calibration::PlanBatches(config, lengths, calibration::kDefaultBatchBytes));
+  const int64_t n = static_cast<int64_t>(batches.size());
+
+  std::vector<store::TaskPlan> tasks;
+  const std::string kind(kKind);
+  CalibrateTask t;
+  t.layers = layout.layers;
+  t.slices = layout.slices;
+  t.kind = CalibrateTask::Kind::kTokens;
+  const store::TaskRef inspect{std::string(InspectStage::kKind), std::string(InspectStage::kKind)};
+  tasks.push_back({t.Name(), ToJson(t), tokens,
+                   absl::StrCat("tokenize ", ids.size(), " samples"), {}, {inspect}});
+  std::vector<store::TaskRef> previous = {{kind, t.Name()}};
+  t.kind = CalibrateTask::Kind::kLayer;
+  for (int64_t l = 0; l < layout.layers; ++l) {
+    std::vector<store::TaskRef> current;
+    for (int64_t s = 0; s < layout.slices; ++s) {
+      t.layer = l;
+      t.slice = s;
+      std::tie(t.first_batch, t.end_batch) = calibration::SliceBatches(n, s, layout.slices);
+      int64_t slice_tokens = 0;
+      for (int64_t b = t.first_batch; b < t.end_batch; ++b) {
+        for (size_t k : batches[b]) slice_tokens += lengths[k];
+      }
+      std::string label = absl::StrCat("layer ", l + 1, " of ", layout.layers);
+      if (layout.slices > 1) absl::StrAppend(&label, ", slice ", s + 1, " of ", layout.slices);
+      tasks.push_back({t.Name(), ToJson(t), slice_tokens, label, {}, previous});
+      current.push_back({kind, t.Name()});
+    }
+    previous = std::move(current);
+  }
+  if (!input.spec->calibration.amax_out.empty()) {
+    t.kind = CalibrateTask::Kind::kAmaxOut;
+    tasks.push_back({t.Name(), ToJson(t), 0, "write calibration.amax_out", {}, previous});
+  }
+  return tasks;
+}
+
+absl::StatusOr<TaskOutput> CalibrateStage::Run(const store::TaskRow& row, compute::Device& device,
+                                               const StageContext& ctx) const {
+  ASSIGN_OR_RETURN(const CalibrateTask task, calibration::ParseCalibrateTask(row.payload_json));
+  switch (task.kind) {
+    case CalibrateTask::Kind::kTokens: return RunTokens(task, row, ctx);
+    case CalibrateTask::Kind::kLayer: return RunLayer(task, device, ctx);
+    case CalibrateTask::Kind::kAmaxOut: return RunAmaxOut(ctx);
+  }
+  return absl::InternalError("unknown calibrate task");
+}
+
+absl::Status CalibrateStage::Record(store::TaskRecord& txn, const store::TaskRow& /*task*/,
+                                    const TaskOutput& output) const {
+  return txn.PutTaskAmax(output.amax);
+}
+
+}  // namespace quantd::pipeline

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -147,7 +148,10 @@ TEST_P(PlanTest, TasksDependOnWhatTheyReadWithShardLabels) {
   auto plan = BuildPlan(Spec(", \"materialize_bf16\": \"" + dir_.string() + "-bf16\""),
                         *source_, inventory_);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(Kinds(*plan), BuiltinStages().kinds());
+  // Every built-in stage but calibrate (the job has no calibration data).
+  std::vector<std::string> kinds = BuiltinStages().kinds();
+  kinds.erase(std::find(kinds.begin(), kinds.end(), "calibrate"));
+  EXPECT_EQ(Kinds(*plan), kinds);
   const store::TaskRef inspect{"inspect", "inspect"};
   const store::StagePlan& dequant = plan->stages[1];
   const store::StagePlan& quantize = plan->stages[2];

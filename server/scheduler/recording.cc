@@ -170,8 +170,9 @@ absl::Status Scheduler::Impl::RenewAndExpireLeases() {
 void Scheduler::Impl::OnStoreError(const absl::Status& error, const std::string& what) {
   const int64_t now = clock_.NowMs();
   if (store_failing_since_ms_ == 0) store_failing_since_ms_ = now;
-  Log(0, "store_error", absl::StrCat(what, ": ", error.message()));
+  const std::string line = absl::StrCat(what, ": ", error.message());
   if (now - store_failing_since_ms_ >= options_.store_retry_limit_ms) {
+    Log(0, "store_error", line);
     const absl::Status unusable = absl::UnavailableError(
         absl::StrCat("the job store failed for ", (now - store_failing_since_ms_) / 1000,
                      " s; last error (", what, "): ", error.message()));
@@ -180,14 +181,18 @@ void Scheduler::Impl::OnStoreError(const absl::Status& error, const std::string&
     if (options_.on_store_unusable) options_.on_store_unusable(unusable);
     return;
   }
-  if (store_retry_armed_) return;
-  store_retry_armed_ = true;
-  At(now + kStoreRetryMs, [this] {
-    on_strand_.Assert();
-    store_retry_armed_ = false;
-    reconsider_ = true;
-    RecordPending();
-  });
+  if (!store_retry_armed_) {
+    store_retry_armed_ = true;
+    At(now + kStoreRetryMs, [this] {
+      on_strand_.Assert();
+      store_retry_armed_ = false;
+      reconsider_ = true;
+      RecordPending();
+    });
+  }
+  // Logged once the retry is armed, so that whoever acts on the line (a test moving a fake clock)
+  // finds the timer set.
+  Log(0, "store_error", line);
 }
 
 void Scheduler::Impl::OnStoreOk() {

@@ -32,8 +32,9 @@ absl::Status Nvfp4FakeQuantRows(float* x, int64_t rows, int64_t cols, int64_t ld
       const uint8_t scale = formats::Nvfp4ActivationBlockScale(amax, input_scale);
       const float d = formats::E4m3ToFloat(scale) * input_scale;
       for (int64_t j = b; j < b + kBlock; ++j) {
-        row[j] = scale == 0 ? 0.0f
-                            : formats::E2m1ToFloat(formats::Nvfp4Encode(row[j], scale, input_scale)) * d;
+        row[j] = scale == 0
+                     ? 0.0f
+                     : formats::E2m1ToFloat(formats::Nvfp4Encode(row[j], scale, input_scale)) * d;
       }
     }
   }

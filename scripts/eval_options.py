@@ -56,7 +56,8 @@ def run(cmd):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=None, help="work directory (default: a temp dir)")
-    ap.add_argument("--source", type=Path, default=None, help="source checkpoint (default: fixture)")
+    ap.add_argument("--source", type=Path, default=None,
+                    help="source checkpoint (default: the tiny fixture)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--calibrate-samples", type=int, default=16)
     ap.add_argument("--evaluate-samples", type=int, default=16)

@@ -70,9 +70,10 @@ int EvaluateMain(const EvaluateArgs& args, std::ostream& out, std::ostream& err)
   absl::StatusOr<evaluation::EvaluationBatches> batches =
       evaluation::EmbedHeldOut(**source, **quantized, *samples, args.batch_bytes);
   if (!batches.ok()) return Fail(err, batches.status(), kFailure);
-  const model::Numerics numerics = spec->calibration.numerics == pipeline::CalibrationNumerics::kMath
-                                       ? model::Numerics::kMath
-                                       : model::Numerics::kOfficial;
+  const model::Numerics numerics =
+      spec->calibration.numerics == pipeline::CalibrationNumerics::kMath
+          ? model::Numerics::kMath
+          : model::Numerics::kOfficial;
   evaluation::QualityReport report;
   report.source = source_dir;
   report.quantized = quantized_dir;

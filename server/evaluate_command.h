@@ -3,7 +3,10 @@
 // (server/evaluation/). The held-out samples come from the spec's calibration data, after the
 // calibration samples (evaluation/held_out_samples.h), evaluate.num_samples of them (default
 // 32). Both models run with calibration.numerics; NVFP4 modules of the output decode their
-// weights, and quantize their inputs as a W4A4 runtime does when they have an input_scale.
+// weights, and quantize their inputs as a W4A4 runtime does when they have an input_scale. In
+// `official` numerics only FP8 / MXFP4 modules simulate DeepSeek's FP8 activation quantization,
+// so a BF16 or W4A16 module differs from its FP8 source there even when its weight is exact, as
+// it does in a reader that runs it in BF16; `math` numerics compare the weights alone.
 //
 // Prints per layer the hidden-state SQNR, free-running and teacher-forced, then the next-token
 // KL (mean, p99), top-1 agreement and both perplexities; --out writes the same as JSON

@@ -45,14 +45,14 @@ absl::StatusOr<LayerQuality> EvaluateLayer(const model::V4Checkpoint& source,
     absl::StatusOr<model::V4Activations> forced =
         model::RunLayer(ctx, quantized.config, *quant, batches.source[i]);
     if (!forced.ok()) return InLayer(forced.status(), quantized, layer);
-    absl::StatusOr<model::V4Activations> free =
+    absl::StatusOr<model::V4Activations> own =
         model::RunLayer(ctx, quantized.config, *quant, batches.quantized[i]);
-    if (!free.ok()) return InLayer(free.status(), quantized, layer);
+    if (!own.ok()) return InLayer(own.status(), quantized, layer);
     const int64_t n = static_cast<int64_t>(out->streams.size());
     q.teacher_forced.Add(out->streams.data(), forced->streams.data(), n);
-    q.free_running.Add(out->streams.data(), free->streams.data(), n);
+    q.free_running.Add(out->streams.data(), own->streams.data(), n);
     batches.source[i] = *std::move(out);
-    batches.quantized[i] = *std::move(free);
+    batches.quantized[i] = *std::move(own);
   }
   q.forward_seconds = SecondsSince(start);
   return q;

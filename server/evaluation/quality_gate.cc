@@ -11,7 +11,8 @@ std::vector<std::string> BrokenBounds(const pipeline::QualityGate& gate,
   const NextTokenQuality& n = report.next_token;
   std::vector<std::string> broken;
   if (gate.max_mean_kl && !(n.mean_kl <= *gate.max_mean_kl)) {
-    broken.push_back(absl::StrFormat("mean_kl %.6g > max_mean_kl %g", n.mean_kl, *gate.max_mean_kl));
+    broken.push_back(
+        absl::StrFormat("mean_kl %.6g > max_mean_kl %g", n.mean_kl, *gate.max_mean_kl));
   }
   if (gate.min_top1_agreement && !(n.top1_agreement >= *gate.min_top1_agreement)) {
     broken.push_back(absl::StrFormat("top1_agreement %.6g < min_top1_agreement %g",
@@ -31,8 +32,9 @@ absl::Status CheckQualityGate(const pipeline::QualityGate& gate, const QualityRe
   if (const int64_t worst = WorstLayer(report); worst >= 0) {
     for (const LayerQuality& l : report.layers) {
       if (l.layer == worst) {
-        absl::StrAppend(&message, absl::StrFormat("; lowest teacher-forced SQNR at layer %d (%.2f dB)",
-                                                  worst, l.teacher_forced.Db()));
+        absl::StrAppend(&message,
+                        absl::StrFormat("; lowest teacher-forced SQNR at layer %d (%.2f dB)", worst,
+                                        l.teacher_forced.Db()));
       }
     }
   }

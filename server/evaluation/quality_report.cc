@@ -15,7 +15,8 @@ nlohmann::json DbJson(const Sqnr& s) {
 
 std::string DbText(const Sqnr& s) {
   const double db = s.Db();
-  return std::isfinite(db) ? absl::StrFormat("%8.2f", db) : absl::StrFormat("%8s", db > 0 ? "inf" : "-inf");
+  if (std::isfinite(db)) return absl::StrFormat("%8.2f", db);
+  return db > 0 ? "inf" : "-inf";
 }
 
 }  // namespace

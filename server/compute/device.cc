@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,8 +34,8 @@ int64_t ResidentBytes() {
 class CpuDevice final : public Device {
  public:
   CpuDevice(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<kernels::Gemm> gemm,
-            int64_t budget)
-      : backend_(std::move(backend)), gemm_(std::move(gemm)), budget_(budget) {}
+            int64_t budget, int threads)
+      : backend_(std::move(backend)), gemm_(std::move(gemm)), budget_(budget), threads_(threads) {}
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   const std::string& name() const override { return name_; }
   int64_t total_memory_bytes() const override { return budget_; }
@@ -44,12 +46,14 @@ class CpuDevice final : public Device {
   bool host_visible() const override { return true; }
   kernels::Backend& backend() override { return *backend_; }
   kernels::Gemm* gemm() override { return gemm_.get(); }
+  int host_threads() const override { return threads_; }
 
  private:
   const std::string name_ = "cpu";
   std::unique_ptr<kernels::Backend> backend_;  // owned; used by the owning worker only
   std::unique_ptr<kernels::Gemm> gemm_;        // OpenBLAS; used by the owning worker only
   const int64_t budget_;                       // bytes; fixed at open
+  const int threads_;                          // host threads, >= 1; fixed at open
 };
 
 }  // namespace
@@ -70,8 +74,11 @@ absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const std::string& name,
   if (!backend.ok()) return backend.status();
   const int64_t budget =
       options.host_memory_bytes > 0 ? options.host_memory_bytes : PhysicalMemoryBytes();
+  const int threads = options.cpu_threads > 0
+                          ? options.cpu_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return std::unique_ptr<Device>(new CpuDevice(
-      std::move(*backend), kernels::MakeOpenBlasGemm(options.cpu_threads), budget));
+      std::move(*backend), kernels::MakeOpenBlasGemm(options.cpu_threads), budget, threads));
 }
 
 bool Fits(const Device& device, const DeviceRequirement& req, int64_t reserved_bytes) {

@@ -46,6 +46,9 @@ class Device {
   virtual kernels::Backend& backend() = 0;
   // Matrix products for the model forward (never nullptr for "cpu" and "cuda:N").
   virtual kernels::Gemm* gemm() = 0;
+  // Threads the host-side loops of work on this device may use (the model forward's non-GEMM
+  // blocks): the CPU's cpu_threads (all cores when 0); 1 where the device does not say.
+  virtual int host_threads() const { return 1; }
 };
 
 struct DeviceOptions {

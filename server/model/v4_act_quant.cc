@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
@@ -20,11 +21,12 @@ absl::Status CheckShape(int64_t rows, int64_t cols, int64_t ld, int64_t block) {
 
 // Quantizes each block of each row with `encode`/`decode` of a format whose largest magnitude
 // is `max_code`.
+// Rows [begin, end) of Simulate.
 template <typename Encode, typename Decode>
-absl::Status Simulate(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block,
-                      float max_code, float min_amax, Encode encode, Decode decode) {
-  if (absl::Status s = CheckShape(rows, cols, ld, block); !s.ok()) return s;
-  for (int64_t r = 0; r < rows; ++r) {
+absl::Status SimulateRows(float* x, int64_t begin, int64_t end, int64_t cols, int64_t ld,
+                          int64_t block, float max_code, float min_amax, Encode encode,
+                          Decode decode) {
+  for (int64_t r = begin; r < end; ++r) {
     float* row = x + r * ld;
     for (int64_t b = 0; b < cols; b += block) {
       float amax = 0.0f;
@@ -47,6 +49,16 @@ absl::Status Simulate(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t 
   return absl::OkStatus();
 }
 
+template <typename Encode, typename Decode>
+absl::Status Simulate(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block,
+                      float max_code, float min_amax, Encode encode, Decode decode,
+                      const HostThreads& threads) {
+  if (absl::Status s = CheckShape(rows, cols, ld, block); !s.ok()) return s;
+  return ParallelRowsOrError(threads, rows, 8 * cols, [&](int64_t begin, int64_t end) {
+    return SimulateRows(x, begin, end, cols, ld, block, max_code, min_amax, encode, decode);
+  });
+}
+
 }  // namespace
 
 float PowerOfTwoScale(float amax, float max_code) {
@@ -54,14 +66,16 @@ float PowerOfTwoScale(float amax, float max_code) {
   return formats::Exp2Int(formats::CeilLog2(amax * inv));
 }
 
-absl::Status SimulateFp8Act(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block) {
+absl::Status SimulateFp8Act(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block,
+                            const HostThreads& threads) {
   return Simulate(x, rows, cols, ld, block, formats::kE4m3Max, kFp8MinAmax, formats::FloatToE4m3,
-                  formats::E4m3ToFloat);
+                  formats::E4m3ToFloat, threads);
 }
 
-absl::Status SimulateFp4Act(float* x, int64_t rows, int64_t cols, int64_t ld) {
+absl::Status SimulateFp4Act(float* x, int64_t rows, int64_t cols, int64_t ld,
+                            const HostThreads& threads) {
   return Simulate(x, rows, cols, ld, kFp4QuantBlock, formats::kE2m1Max, kFp4MinAmax,
-                  formats::FloatToE2m1, formats::E2m1ToFloat);
+                  formats::FloatToE2m1, formats::E2m1ToFloat, threads);
 }
 
 void RoundToBf16(float* x, int64_t n) {

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "absl/status/status.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 
@@ -27,12 +28,15 @@ inline constexpr int64_t kFp4QuantBlock = 32;   // indexer FP4 simulation
 // maximum `max_code` (448 or 6): 2^ceil(log2(amax * (1 / max_code))).
 float PowerOfTwoScale(float amax, float max_code);
 
-// FP8 E4M3 simulation of x [rows, cols] in place, row stride `ld` (>= cols). InvalidArgument
-// when cols is not a multiple of `block` or a value is not finite (naming [row, col]).
-absl::Status SimulateFp8Act(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block);
+// FP8 E4M3 simulation of x [rows, cols] in place, row stride `ld` (>= cols), rows split over up
+// to `threads` threads (v4_parallel.h). InvalidArgument when cols is not a multiple of `block` or
+// a value is not finite (naming the first such [row, col]).
+absl::Status SimulateFp8Act(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t block,
+                            const HostThreads& threads = {});
 
 // FP4 E2M1 simulation of x [rows, cols] in place (block 32), as SimulateFp8Act.
-absl::Status SimulateFp4Act(float* x, int64_t rows, int64_t cols, int64_t ld);
+absl::Status SimulateFp4Act(float* x, int64_t rows, int64_t cols, int64_t ld,
+                            const HostThreads& threads = {});
 
 // Round every value to BF16 (RNE) and back, in place: the official code's BF16 tensors.
 void RoundToBf16(float* x, int64_t n);

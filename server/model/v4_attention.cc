@@ -13,6 +13,7 @@
 #include "server/model/v4_compressor.h"
 #include "server/model/v4_indexer.h"
 #include "server/model/v4_mhc.h"
+#include "server/model/v4_parallel.h"
 #include "server/model/v4_rope.h"
 
 namespace quantd::model {
@@ -52,11 +53,10 @@ absl::Status CheckCompressor(const std::string& prefix, const V4CompressorWeight
   return CheckVector(prefix, "norm.weight", w.norm, width);
 }
 
-// Official per-head normalisation `q *= rsqrt(q.square().mean(-1) + eps)` on BF16 tensors: every
-// elementwise step rounds to BF16 (the mean accumulates in float32). Math: float32 throughout.
-void NormalizeHeads(Numerics numerics, float eps, float* q, int64_t rows, int64_t dim) {
-  const bool official = numerics == Numerics::kOfficial;
-  for (int64_t r = 0; r < rows; ++r) {
+// Rows [begin, end) of NormalizeHeads.
+void NormalizeHeadRows(bool official, float eps, float* q, int64_t begin, int64_t end,
+                       int64_t dim) {
+  for (int64_t r = begin; r < end; ++r) {
     float* v = q + r * dim;
     float sum = 0.0f;
     for (int64_t i = 0; i < dim; ++i)
@@ -74,6 +74,7 @@ void NormalizeHeads(Numerics numerics, float eps, float* q, int64_t rows, int64_
   }
 }
 
+
 void ObserveKv(const ForwardContext& ctx, const std::string& module, const float* kv, int64_t rows,
                int64_t cols) {
   if (ctx.observer == nullptr || rows == 0) return;
@@ -87,9 +88,9 @@ void ObserveKv(const ForwardContext& ctx, const std::string& module, const float
 
 // The official KV simulation: FP8 with a power-of-two scale per 64 nope columns, in place on
 // rows of width `dim` whose last `rope_dim` values stay as they are. Errors name `module`.
-absl::Status SimulateKvFp8(const std::string& module, float* kv, int64_t rows, int64_t dim,
-                           int64_t rope_dim) {
-  absl::Status s = SimulateFp8Act(kv, rows, dim - rope_dim, dim, kKvQuantBlock);
+absl::Status SimulateKvFp8(const ForwardContext& ctx, const std::string& module, float* kv,
+                           int64_t rows, int64_t dim, int64_t rope_dim) {
+  absl::Status s = SimulateFp8Act(kv, rows, dim - rope_dim, dim, kKvQuantBlock, ctx.threads);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(module, ": ", s.message()));
   return s;
 }
@@ -152,6 +153,13 @@ absl::Status GroupedOutputA(const ForwardContext& ctx, const V4Config& config,
 }
 
 }  // namespace
+
+void NormalizeHeads(const ForwardContext& ctx, float eps, float* q, int64_t rows, int64_t dim) {
+  const bool official = ctx.numerics == Numerics::kOfficial;
+  ParallelRows(ctx.threads, rows, 6 * dim, [&](int, int64_t begin, int64_t end) {
+    NormalizeHeadRows(official, eps, q, begin, end, dim);
+  });
+}
 
 absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
                                       const V4AttentionWeights& w) {
@@ -232,18 +240,20 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
   RmsNorm(ctx, qr.data(), tokens, config.q_lora_rank, weights.q_norm, eps, qr.data());
   std::vector<float> q(static_cast<size_t>(tokens * heads * dim));
   RETURN_IF_ERROR(ApplyLinear(ctx, weights.wq_b, qr.data(), tokens, q.data()));
-  NormalizeHeads(ctx.numerics, eps, q.data(), tokens * heads, dim);
-  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim);
+  NormalizeHeads(ctx, eps, q.data(), tokens * heads, dim);
+  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim, ctx.threads);
   ToModelDtype(ctx, q.data(), static_cast<int64_t>(q.size()));
 
   // The window K=V: wkv -> kv_norm -> RoPE -> (official) FP8 simulation of the nope dims.
   std::vector<float> kv(static_cast<size_t>(tokens * dim));
   RETURN_IF_ERROR(ApplyLinear(ctx, weights.wkv, batch.x, tokens, kv.data()));
   RmsNorm(ctx, kv.data(), tokens, dim, weights.kv_norm, eps, kv.data());
-  ApplyRope(rope, positions.data(), /*inverse=*/false, kv.data(), tokens, 1, dim);
+  ApplyRope(rope, positions.data(), /*inverse=*/false, kv.data(), tokens, 1, dim, ctx.threads);
   ToModelDtype(ctx, kv.data(), tokens * dim);
   ObserveKv(ctx, prefix + "kv", kv.data(), tokens, dim);
-  if (official) RETURN_IF_ERROR(SimulateKvFp8(prefix + "kv", kv.data(), tokens, dim, rope_dim));
+  if (official) {
+    RETURN_IF_ERROR(SimulateKvFp8(ctx, prefix + "kv", kv.data(), tokens, dim, rope_dim));
+  }
 
   // Compressed entries, and the indexer's picks among them (CSA).
   std::vector<float> compressed;
@@ -254,7 +264,7 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
                      RunCompressor(ctx, *weights.compressor, ratio, dim, eps, rope, batch));
     ObserveKv(ctx, prefix + "compressor", compressed.data(), batch.sequences * entries, dim);
     if (official) {
-      RETURN_IF_ERROR(SimulateKvFp8(prefix + "compressor", compressed.data(),
+      RETURN_IF_ERROR(SimulateKvFp8(ctx, prefix + "compressor", compressed.data(),
                                     batch.sequences * entries, dim, rope_dim));
     }
   }
@@ -282,7 +292,7 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
     in.ratio = ratio;
     RETURN_IF_ERROR(SparseAttention(ctx, in, o.data() + b * seq_len * heads * dim));
   }
-  ApplyRope(rope, positions.data(), /*inverse=*/true, o.data(), tokens, heads, dim);
+  ApplyRope(rope, positions.data(), /*inverse=*/true, o.data(), tokens, heads, dim, ctx.threads);
   ToModelDtype(ctx, o.data(), static_cast<int64_t>(o.size()));
 
   std::vector<float> u(static_cast<size_t>(tokens * config.o_groups * config.o_lora_rank));

@@ -66,6 +66,13 @@ struct V4AttentionWeights {
 absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
                                       const V4AttentionWeights& weights);
 
+// The unweighted per-head RMS normalisation of q [rows, dim] in place (official
+// `q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + eps)` on a BF16 tensor). Official
+// numerics round every elementwise step to BF16 as torch does on BF16 tensors: each square, the
+// mean (accumulated in float32), mean + eps, the rsqrt, and each product. Math: float32
+// throughout.
+void NormalizeHeads(const ForwardContext& ctx, float eps, float* q, int64_t rows, int64_t dim);
+
 // A batch of prefill sequences: x is [sequences * seq_len, hidden_size], the attn_norm output.
 struct AttentionBatch {
   const float* x = nullptr;

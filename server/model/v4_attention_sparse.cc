@@ -7,6 +7,7 @@
 
 #include "kernels/formats.h"
 #include "server/base/status_macros.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
@@ -94,7 +95,7 @@ absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInp
   std::vector<float> p_window;
   std::vector<float> p_compressed;
   std::vector<float> divisor;
-  RowScratch scratch;
+  std::vector<RowScratch> scratch;  // per worker
   for (int64_t t0 = 0; t0 < in.seq_len; t0 += chunk) {
     const int64_t t1 = std::min(in.seq_len, t0 + chunk);
     const int64_t rows = (t1 - t0) * heads;
@@ -127,34 +128,40 @@ absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInp
     }
 
     // Scores -> weights, row by row: collect the row's visits, clear the row, write P.
+    // Rows of different tokens and heads are independent: split over the threads by token.
     divisor.resize(static_cast<size_t>(rows));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t first = std::max<int64_t>(0, t - in.window + 1);
-      const int64_t visible = in.ratio == 0 ? 0 : std::min(in.entries, (t + 1) / in.ratio);
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t row = (t - t0) * heads + h;
-        float* pw = p_window.data() + row * n_window;
-        float* pc = p_compressed.data() + row * n_compressed;
-        scratch.visits.clear();
-        for (int64_t key = first; key <= t; ++key) {
-          scratch.visits.push_back({key - first, pw[key - k0], pw + (key - k0)});
-        }
-        if (in.picks != nullptr) {
-          const int32_t* picks = in.picks + t * in.picks_per_query;
-          for (int64_t i = 0; i < in.picks_per_query; ++i) {
-            if (picks[i] < 0) continue;
-            scratch.visits.push_back({window_slots + i, pc[picks[i]], pc + picks[i]});
+    const int64_t work_per_token = heads * (n_window + n_compressed) * 8;
+    scratch.resize(static_cast<size_t>(ParallelWorkers(ctx.threads, t1 - t0, work_per_token)));
+    ParallelRows(ctx.threads, t1 - t0, work_per_token, [&](int worker, int64_t begin, int64_t end) {
+      RowScratch& s = scratch[worker];
+      for (int64_t t = t0 + begin; t < t0 + end; ++t) {
+        const int64_t first = std::max<int64_t>(0, t - in.window + 1);
+        const int64_t visible = in.ratio == 0 ? 0 : std::min(in.entries, (t + 1) / in.ratio);
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t row = (t - t0) * heads + h;
+          float* pw = p_window.data() + row * n_window;
+          float* pc = p_compressed.data() + row * n_compressed;
+          s.visits.clear();
+          for (int64_t key = first; key <= t; ++key) {
+            s.visits.push_back({key - first, pw[key - k0], pw + (key - k0)});
           }
-        } else {
-          for (int64_t e = 0; e < visible; ++e) {
-            scratch.visits.push_back({window_slots + e, pc[e], pc + e});
+          if (in.picks != nullptr) {
+            const int32_t* picks = in.picks + t * in.picks_per_query;
+            for (int64_t i = 0; i < in.picks_per_query; ++i) {
+              if (picks[i] < 0) continue;
+              s.visits.push_back({window_slots + i, pc[picks[i]], pc + picks[i]});
+            }
+          } else {
+            for (int64_t e = 0; e < visible; ++e) {
+              s.visits.push_back({window_slots + e, pc[e], pc + e});
+            }
           }
+          std::fill(pw, pw + n_window, 0.0f);
+          std::fill(pc, pc + n_compressed, 0.0f);
+          divisor[row] = SoftmaxWeights(ctx.numerics, in.sink[h], slots, s);
         }
-        std::fill(pw, pw + n_window, 0.0f);
-        std::fill(pc, pc + n_compressed, 0.0f);
-        divisor[row] = SoftmaxWeights(ctx.numerics, in.sink[h], slots, scratch);
       }
-    }
+    });
 
     // o = P_window · kv + P_compressed · compressed, then / divisor.
     float* out = o + t0 * heads * dim;
@@ -178,10 +185,12 @@ absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInp
       RETURN_IF_ERROR(ctx.gemm->Sgemm(pv));
     }
     if (ctx.numerics == Numerics::kOfficial) {
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < dim; ++c)
-          out[r * dim + c] = formats::RoundToBf16(out[r * dim + c] / divisor[r]);
-      }
+      ParallelRows(ctx.threads, rows, 4 * dim, [&](int, int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          for (int64_t c = 0; c < dim; ++c)
+            out[r * dim + c] = formats::RoundToBf16(out[r * dim + c] / divisor[r]);
+        }
+      });
     }
   }
   return absl::OkStatus();

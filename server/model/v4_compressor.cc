@@ -5,6 +5,7 @@
 
 #include "server/base/status_macros.h"
 #include "server/model/v4_mhc.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
@@ -12,16 +13,14 @@ namespace {
 // The largest window: ratio 4 with overlap has 8 slots, ratio 128 has 128.
 constexpr int64_t kMaxSlots = 128;
 
-}  // namespace
-
-void PoolCompressorWindows(const float* kv, const float* score, const float* ape, int64_t seq_len,
-                           int64_t ratio, int64_t width, float* out) {
+// Windows [begin, end) of PoolCompressorWindows.
+void PoolWindows(const float* kv, const float* score, const float* ape, int64_t ratio,
+                 int64_t width, int64_t begin, int64_t end, float* out) {
   const bool overlap = ratio == 4;
-  const int64_t stride = overlap ? 2 * width : width;  // row width of kv, score and ape
-  const int64_t windows = seq_len / ratio;
+  const int64_t stride = overlap ? 2 * width : width;
   float slot_kv[kMaxSlots];
   float slot_score[kMaxSlots];
-  for (int64_t w = 0; w < windows; ++w) {
+  for (int64_t w = begin; w < end; ++w) {
     for (int64_t c = 0; c < width; ++c) {
       int64_t slots = 0;
       if (overlap && w > 0) {  // the previous window's tokens, first half of the channels
@@ -51,6 +50,15 @@ void PoolCompressorWindows(const float* kv, const float* score, const float* ape
   }
 }
 
+}  // namespace
+
+void PoolCompressorWindows(const float* kv, const float* score, const float* ape, int64_t seq_len,
+                           int64_t ratio, int64_t width, float* out, const HostThreads& threads) {
+  ParallelRows(threads, seq_len / ratio, 16 * ratio * width, [&](int, int64_t begin, int64_t end) {
+    PoolWindows(kv, score, ape, ratio, width, begin, end, out);
+  });
+}
+
 absl::StatusOr<std::vector<float>> RunCompressor(const ForwardContext& ctx,
                                                  const V4CompressorWeights& w, int64_t ratio,
                                                  int64_t width, float eps, const RopeTable& rope,
@@ -68,14 +76,15 @@ absl::StatusOr<std::vector<float>> RunCompressor(const ForwardContext& ctx,
   for (int64_t b = 0; b < batch.sequences; ++b) {
     const int64_t first = b * batch.seq_len * projected;
     PoolCompressorWindows(kv.data() + first, score.data() + first, w.ape.data(), batch.seq_len,
-                          ratio, width, out.data() + b * windows * width);
+                          ratio, width, out.data() + b * windows * width, ctx.threads);
   }
   ToModelDtype(ctx, out.data(), entries * width);  // official: kv.to(bf16) before the norm
   RmsNorm(ctx, out.data(), entries, width, w.norm, eps, out.data());
 
   std::vector<int64_t> positions(static_cast<size_t>(entries));
   for (int64_t e = 0; e < entries; ++e) positions[e] = (e % windows) * ratio;
-  ApplyRope(rope, positions.data(), /*inverse=*/false, out.data(), entries, /*heads=*/1, width);
+  ApplyRope(rope, positions.data(), /*inverse=*/false, out.data(), entries, /*heads=*/1, width,
+            ctx.threads);
   ToModelDtype(ctx, out.data(), entries * width);
   return out;
 }

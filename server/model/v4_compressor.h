@@ -23,14 +23,17 @@
 #include "absl/status/statusor.h"
 #include "server/model/v4_attention.h"
 #include "server/model/v4_linear.h"
+#include "server/model/v4_parallel.h"
 #include "server/model/v4_rope.h"
 
 namespace quantd::model {
 
 // The pooling of one sequence: kv and score [seq_len, coff*width] (coff = 2 when ratio == 4),
-// ape [ratio, coff*width] -> out [seq_len / ratio, width], float32.
+// ape [ratio, coff*width] -> out [seq_len / ratio, width], float32. Windows split over up to
+// `threads` threads.
 void PoolCompressorWindows(const float* kv, const float* score, const float* ape, int64_t seq_len,
-                           int64_t ratio, int64_t width, float* out);
+                           int64_t ratio, int64_t width, float* out,
+                           const HostThreads& threads = {});
 
 // Projection, pooling, norm and RoPE for every sequence of `batch`: entries
 // [batch.sequences * (batch.seq_len / ratio), width], sequence-major. `rope` covers positions

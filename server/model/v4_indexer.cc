@@ -9,19 +9,13 @@
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_compressor.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
 
 // Queries per score GEMM: bounds the [queries * n_heads, entries] dot-product block.
 constexpr int64_t kQueryChunk = 64;
-
-// The Hadamard transform and FP4 simulation of the official indexer on rows of width n.
-absl::Status RotateAndSimulateFp4(float* x, int64_t rows, int64_t n) {
-  HadamardRows(x, rows, n);
-  RoundToBf16(x, rows * n);  // fast_hadamard_transform returns BF16
-  return SimulateFp4Act(x, rows, n, n);
-}
 
 }  // namespace
 
@@ -40,6 +34,35 @@ void HadamardRows(float* x, int64_t rows, int64_t n) {
       }
     }
     for (int64_t i = 0; i < n; ++i) v[i] *= scale;
+  }
+}
+
+absl::Status SimulateIndexerFp4(float* x, int64_t rows, int64_t n, const HostThreads& threads) {
+  ParallelRows(threads, rows, 8 * n, [&](int, int64_t begin, int64_t end) {
+    HadamardRows(x + begin * n, end - begin, n);
+    RoundToBf16(x + begin * n, (end - begin) * n);  // fast_hadamard_transform returns BF16
+  });
+  return SimulateFp4Act(x, rows, n, n, threads);
+}
+
+void IndexerScores(Numerics numerics, const float* dots, const float* weights, int64_t queries,
+                   int64_t heads, int64_t dim, int64_t entries, int64_t first_position,
+                   int64_t ratio, float* scores) {
+  const bool official = numerics == Numerics::kOfficial;
+  const float dot_scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  for (int64_t i = 0; i < queries; ++i) {
+    const float* w_t = weights + i * heads;
+    float* out = scores + i * entries;
+    const int64_t visible = std::min(entries, (first_position + i + 1) / ratio);
+    for (int64_t s = 0; s < visible; ++s) {
+      float sum = 0.0f;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float dot = dots[(i * heads + h) * entries + s];
+        sum += official ? formats::RoundToBf16(std::max(formats::RoundToBf16(dot), 0.0f) * w_t[h])
+                        : std::max(dot, 0.0f) * dot_scale * w_t[h];
+      }
+      out[s] = official ? formats::RoundToBf16(sum) : sum;
+    }
   }
 }
 
@@ -82,21 +105,20 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
   RETURN_IF_ERROR(ApplyLinear(ctx, w.wq_b, qr, tokens, q.data()));
   std::vector<int64_t> positions(static_cast<size_t>(tokens));
   for (int64_t r = 0; r < tokens; ++r) positions[r] = r % seq_len;
-  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim);
+  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim, ctx.threads);
   ToModelDtype(ctx, q.data(), static_cast<int64_t>(q.size()));
 
   ASSIGN_OR_RETURN(std::vector<float> keys,
                    RunCompressor(ctx, w.compressor, ratio, dim, config.rms_norm_eps, rope, batch));
   const int64_t entries = seq_len / ratio;
   if (official) {
-    RETURN_IF_ERROR(RotateAndSimulateFp4(q.data(), tokens * heads, dim));
-    RETURN_IF_ERROR(RotateAndSimulateFp4(keys.data(), batch.sequences * entries, dim));
+    RETURN_IF_ERROR(SimulateIndexerFp4(q.data(), tokens * heads, dim, ctx.threads));
+    RETURN_IF_ERROR(SimulateIndexerFp4(keys.data(), batch.sequences * entries, dim, ctx.threads));
   }
 
   std::vector<float> weights(static_cast<size_t>(tokens * heads));
   RETURN_IF_ERROR(ApplyLinear(ctx, w.weights_proj, batch.x, tokens, weights.data()));
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
-  const float dot_scale = 1.0f / std::sqrt(static_cast<float>(dim));
   if (official) {
     const float scale = static_cast<float>(std::pow(static_cast<double>(dim), -0.5) *
                                            std::pow(static_cast<double>(heads), -0.5));
@@ -128,24 +150,14 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
       g.c = dots.data();
       g.ldc = entries;
       RETURN_IF_ERROR(ctx.gemm->Sgemm(g));
-      for (int64_t i = 0; i < queries; ++i) {
-        const int64_t t = t0 + i;
-        const float* w_t = weights.data() + (b * seq_len + t) * heads;
-        float* out = scores.data() + i * entries;
-        const int64_t visible = std::min(entries, (t + 1) / ratio);
-        for (int64_t s = 0; s < visible; ++s) {
-          float sum = 0.0f;
-          for (int64_t h = 0; h < heads; ++h) {
-            const float dot = dots[(i * heads + h) * entries + s];
-            sum += official
-                       ? formats::RoundToBf16(std::max(formats::RoundToBf16(dot), 0.0f) * w_t[h])
-                       : std::max(dot, 0.0f) * dot_scale * w_t[h];
-          }
-          out[s] = official ? formats::RoundToBf16(sum) : sum;
-        }
-      }
-      SelectTopEntries(scores.data(), t0, queries, entries, ratio, picks.k,
-                       picks.entries.data() + (b * seq_len + t0) * picks.k);
+      // Queries are independent: each thread scores and selects its own.
+      ParallelRows(ctx.threads, queries, 4 * heads * entries, [&](int, int64_t i0, int64_t i1) {
+        IndexerScores(ctx.numerics, dots.data() + i0 * heads * entries,
+                      weights.data() + (b * seq_len + t0 + i0) * heads, i1 - i0, heads, dim,
+                      entries, t0 + i0, ratio, scores.data() + i0 * entries);
+        SelectTopEntries(scores.data() + i0 * entries, t0 + i0, i1 - i0, entries, ratio, picks.k,
+                         picks.entries.data() + (b * seq_len + t0 + i0) * picks.k);
+      });
     }
   }
   return picks;

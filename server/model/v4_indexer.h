@@ -32,6 +32,24 @@ namespace quantd::model {
 // place: y[i] = n^-0.5 * sum_j (-1)^popcount(i & j) x[j]. n must be a power of two.
 void HadamardRows(float* x, int64_t rows, int64_t n);
 
+// The official indexer's activation simulation of q or k rows [rows, n] (n a power of two and a
+// multiple of 32), in place: the Hadamard transform (HadamardRows) rounded to BF16, as
+// fast_hadamard_transform returns it, then the FP4 simulation (SimulateFp4Act, block 32). Rows
+// split over up to `threads` threads. Errors from the FP4 simulation (a non-finite value).
+absl::Status SimulateIndexerFp4(float* x, int64_t rows, int64_t n, const HostThreads& threads);
+
+// The index scores of `queries` consecutive queries of one sequence, the first at position
+// `first_position`: scores [queries, entries] from the dot products dots [queries, heads,
+// entries] (qI . kI) and the head weights [queries, heads] as RunIndexer scales them (official:
+// bf16(weights_proj(x) * head_dim^-0.5 * heads^-0.5); math: weights_proj(x) * heads^-0.5). Only
+// the visible entries s < (t + 1) / ratio are written.
+//   official: bf16(sum_h bf16(relu(bf16(dot)) * w[h])), the sum over heads in float32 in head
+//             order (a BF16 tensor's sum on the CPU accumulates in float32 and rounds once)
+//   math:     sum_h relu(dot) * head_dim^-0.5 * w[h], float32
+void IndexerScores(Numerics numerics, const float* dots, const float* weights, int64_t queries,
+                   int64_t heads, int64_t dim, int64_t entries, int64_t first_position,
+                   int64_t ratio, float* scores);
+
 // The picks of `queries` consecutive queries of one sequence, the first at position
 // `first_position`, from their scores [queries, entries] (entries = seq_len / ratio): picks
 // [queries, k] hold, for the query at position t, the visible entries (s < (t + 1) / ratio) with

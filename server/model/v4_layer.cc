@@ -152,6 +152,7 @@ absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numer
   ctx.gemm = device.gemm();
   ctx.numerics = numerics;
   ctx.observer = observer;
+  ctx.threads.count = device.host_threads();
   return ctx;
 }
 

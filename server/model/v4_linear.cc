@@ -6,11 +6,14 @@
 #include "kernels/nvfp4_fake_quant.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 
 void ToModelDtype(const ForwardContext& ctx, float* x, int64_t n) {
-  if (ctx.numerics == Numerics::kOfficial) RoundToBf16(x, n);
+  if (ctx.numerics != Numerics::kOfficial) return;
+  ParallelRows(ctx.threads, n, 1,
+               [x](int, int64_t begin, int64_t end) { RoundToBf16(x + begin, end - begin); });
 }
 
 absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const float* x,
@@ -33,7 +36,9 @@ absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const
   std::vector<float> simulated;
   if (ctx.numerics == Numerics::kOfficial && w.quantized_source) {
     simulated.assign(x, x + rows * in);
-    if (absl::Status s = SimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock); !s.ok()) {
+    if (absl::Status s =
+            SimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock, ctx.threads);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
     }
     xt.data = simulated.data();

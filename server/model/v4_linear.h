@@ -13,6 +13,7 @@
 #include "kernels/gemm.h"
 #include "server/model/v4_numerics.h"
 #include "server/model/v4_observer.h"
+#include "server/model/v4_parallel.h"
 #include "server/model/v4_weights.h"
 
 namespace quantd::model {
@@ -22,6 +23,8 @@ struct ForwardContext {
   kernels::Gemm* gemm = nullptr;  // the device's matrix products
   Numerics numerics = Numerics::kOfficial;
   Observer* observer = nullptr;  // may be nullptr
+  // How the non-GEMM loops split over host threads; results do not depend on it.
+  HostThreads threads;
   // Calibration only (calibrate_all_experts): the observer also sees every routed expert's
   // w1/w3/w2 inputs for the tokens not routed to it (w2: unweighted only); outputs unchanged.
   bool observe_all_experts = false;
@@ -45,8 +48,8 @@ absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const
                          int64_t rows, float* out, LinearOutput output = LinearOutput::kModelDtype,
                          const LinearRows& facts = {});
 
-// x[rows, cols] as the official code's model dtype: BF16-rounded in official numerics, unchanged
-// in math numerics.
+// x[n] as the official code's model dtype: BF16-rounded in official numerics, unchanged in math
+// numerics.
 void ToModelDtype(const ForwardContext& ctx, float* x, int64_t n);
 
 }  // namespace quantd::model

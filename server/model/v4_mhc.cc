@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "server/base/status_macros.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
@@ -26,10 +27,13 @@ absl::Status Mixes(const ForwardContext& ctx, const V4Config& config, const std:
   const kernels::DenseTensor x{streams, kernels::FloatType::kF32, tokens, width};
   const kernels::DenseTensor w{fn.data(), kernels::FloatType::kF32, mix_width, width};
   RETURN_IF_ERROR(ctx.gemm->MatMulNT(x, w, mixes->data(), false));
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float r = RsqrtMeanSquare(streams + t * width, width, config.rms_norm_eps);
-    for (int64_t i = 0; i < mix_width; ++i) (*mixes)[t * mix_width + i] *= r;
-  }
+  float* m = mixes->data();
+  ParallelRows(ctx.threads, tokens, 2 * width, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float r = RsqrtMeanSquare(streams + t * width, width, config.rms_norm_eps);
+      for (int64_t i = 0; i < mix_width; ++i) m[t * mix_width + i] *= r;
+    }
+  });
   return absl::OkStatus();
 }
 
@@ -37,15 +41,17 @@ absl::Status Mixes(const ForwardContext& ctx, const V4Config& config, const std:
 void Collapse(const ForwardContext& ctx, const V4Config& config, const float* pre,
               const float* streams, int64_t tokens, float* y) {
   const int64_t hc = config.hc_mult, d = config.hidden_size;
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* yt = y + t * d;
-    const float* st = streams + t * hc * d;
-    for (int64_t c = 0; c < d; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < hc; ++j) acc += pre[t * hc + j] * st[j * d + c];
-      yt[c] = acc;
+  ParallelRows(ctx.threads, tokens, 2 * hc * d, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* yt = y + t * d;
+      const float* st = streams + t * hc * d;
+      for (int64_t c = 0; c < d; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < hc; ++j) acc += pre[t * hc + j] * st[j * d + c];
+        yt[c] = acc;
+      }
     }
-  }
+  });
   ToModelDtype(ctx, y, tokens * d);
 }
 
@@ -102,11 +108,14 @@ absl::Status HcPre(const ForwardContext& ctx, const V4Config& config,
   mix->pre.resize(static_cast<size_t>(tokens * hc));
   mix->post.resize(static_cast<size_t>(tokens * hc));
   mix->comb.resize(static_cast<size_t>(tokens * hc * hc));
-  for (int64_t t = 0; t < tokens; ++t) {
-    SplitSinkhorn(mixes.data() + t * mix_width, w.scale.data(), w.base.data(), hc,
-                  config.hc_sinkhorn_iters, config.hc_eps, mix->pre.data() + t * hc,
-                  mix->post.data() + t * hc, mix->comb.data() + t * hc * hc);
-  }
+  ParallelRows(ctx.threads, tokens, 4 * hc * hc * config.hc_sinkhorn_iters,
+               [&](int, int64_t begin, int64_t end) {
+                 for (int64_t t = begin; t < end; ++t) {
+                   SplitSinkhorn(mixes.data() + t * mix_width, w.scale.data(), w.base.data(), hc,
+                                 config.hc_sinkhorn_iters, config.hc_eps, mix->pre.data() + t * hc,
+                                 mix->post.data() + t * hc, mix->comb.data() + t * hc * hc);
+                 }
+               });
   Collapse(ctx, config, mix->pre.data(), streams, tokens, y);
   return absl::OkStatus();
 }
@@ -114,20 +123,22 @@ absl::Status HcPre(const ForwardContext& ctx, const V4Config& config,
 void HcPost(const ForwardContext& ctx, const V4Config& config, const HcMix& mix, const float* f,
             const float* streams, int64_t tokens, float* out) {
   const int64_t hc = config.hc_mult, d = config.hidden_size;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* post = mix.post.data() + t * hc;
-    const float* comb = mix.comb.data() + t * hc * hc;
-    const float* ft = f + t * d;
-    const float* st = streams + t * hc * d;
-    float* ot = out + t * hc * d;
-    for (int64_t k = 0; k < hc; ++k) {
-      for (int64_t c = 0; c < d; ++c) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < hc; ++j) acc += comb[j * hc + k] * st[j * d + c];
-        ot[k * d + c] = post[k] * ft[c] + acc;
+  ParallelRows(ctx.threads, tokens, 2 * hc * hc * d, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* post = mix.post.data() + t * hc;
+      const float* comb = mix.comb.data() + t * hc * hc;
+      const float* ft = f + t * d;
+      const float* st = streams + t * hc * d;
+      float* ot = out + t * hc * d;
+      for (int64_t k = 0; k < hc; ++k) {
+        for (int64_t c = 0; c < d; ++c) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < hc; ++j) acc += comb[j * hc + k] * st[j * d + c];
+          ot[k * d + c] = post[k] * ft[c] + acc;
+        }
       }
     }
-  }
+  });
   ToModelDtype(ctx, out, tokens * hc * d);
 }
 
@@ -149,12 +160,14 @@ absl::Status HcHead(const ForwardContext& ctx, const V4Config& config,
 
 void RmsNorm(const ForwardContext& ctx, const float* x, int64_t rows, int64_t n,
              const std::vector<float>& weight, float eps, float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float* orow = out + r * n;
-    const float s = RsqrtMeanSquare(xr, n, eps);
-    for (int64_t c = 0; c < n; ++c) orow[c] = weight[c] * (xr[c] * s);
-  }
+  ParallelRows(ctx.threads, rows, 4 * n, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * n;
+      float* orow = out + r * n;
+      const float s = RsqrtMeanSquare(xr, n, eps);
+      for (int64_t c = 0; c < n; ++c) orow[c] = weight[c] * (xr[c] * s);
+    }
+  });
   ToModelDtype(ctx, out, rows * n);
 }
 

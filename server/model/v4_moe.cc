@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
@@ -30,11 +31,13 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
   const LinearRows facts{tokens, expert, nullptr};
   RETURN_IF_ERROR(ApplyLinear(ctx, e.w1, x, rows, g.data(), LinearOutput::kModelDtype, facts));
   RETURN_IF_ERROR(ApplyLinear(ctx, e.w3, x, rows, u.data(), LinearOutput::kModelDtype, facts));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < inter; ++i) {
-      g[r * inter + i] = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
+  ParallelRows(ctx.threads, rows, 24 * inter, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < inter; ++i) {
+        g[r * inter + i] = ClampedSwiglu(g[r * inter + i], u[r * inter + i], config.swiglu_limit);
+      }
     }
-  }
+  });
   if (weights != nullptr && e.w2.input_scale > 0.0f) {
     // A W4A4 NVFP4 w2 runs as the runtimes' fused MoE kernels run it (calibration_runtime.md
     // §1.4): its input is quantized without the routing weight, which scales w2's output.
@@ -54,8 +57,12 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
     std::copy(g.begin(), g.end(), u.begin());
     ToModelDtype(ctx, u.data(), rows * inter);
   }
-  for (int64_t r = 0; weights != nullptr && r < rows; ++r) {
-    for (int64_t i = 0; i < inter; ++i) g[r * inter + i] = weights[r] * g[r * inter + i];
+  if (weights != nullptr) {
+    ParallelRows(ctx.threads, rows, inter, [&](int, int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t i = 0; i < inter; ++i) g[r * inter + i] = weights[r] * g[r * inter + i];
+      }
+    });
   }
   ToModelDtype(ctx, g.data(), rows * inter);
   return ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kModelDtype,
@@ -206,20 +213,29 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
     const int64_t n = static_cast<int64_t>(rows[e].size());
     if (n == 0) continue;
     xe.resize(static_cast<size_t>(n * d));
-    for (int64_t i = 0; i < n; ++i) std::copy_n(x + rows[e][i] * d, d, xe.data() + i * d);
+    const int64_t* ids = rows[e].data();
+    ParallelRows(ctx.threads, n, d, [&](int, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) std::copy_n(x + ids[i] * d, d, xe.data() + i * d);
+    });
     out.resize(xe.size());
-    RETURN_IF_ERROR(ExpertForward(ctx, config, w.experts[e], xe.data(), n, rows[e].data(),
+    RETURN_IF_ERROR(ExpertForward(ctx, config, w.experts[e], xe.data(), n, ids,
                                   static_cast<int>(e), weights[e].data(), out.data()));
-    for (int64_t i = 0; i < n; ++i) {
-      float* dst = sum.data() + rows[e][i] * d;
-      for (int64_t c = 0; c < d; ++c) dst[c] += out[i * d + c];
-    }
+    // A token is routed to an expert at most once (distinct ids per row): no two rows share a
+    // destination.
+    ParallelRows(ctx.threads, n, 2 * d, [&](int, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float* dst = sum.data() + ids[i] * d;
+        for (int64_t c = 0; c < d; ++c) dst[c] += out[i * d + c];
+      }
+    });
   }
   if (ctx.observer != nullptr && ctx.observe_all_experts) {
     RETURN_IF_ERROR(ObserveUnroutedRows(ctx, config, w, x, tokens, rows));
   }
   RETURN_IF_ERROR(ExpertForward(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, y));
-  for (int64_t i = 0; i < tokens * d; ++i) y[i] = sum[i] + y[i];
+  ParallelRows(ctx.threads, tokens * d, 1, [&](int, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = sum[i] + y[i];
+  });
   ToModelDtype(ctx, y, tokens * d);
   return absl::OkStatus();
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "server/model/v4_parallel.h"
+
 namespace quantd::model {
 namespace {
 
@@ -70,23 +72,25 @@ RopeTable::RopeTable(const std::vector<float>& inv_freq, int64_t num_positions)
 }
 
 void ApplyRope(const RopeTable& table, const int64_t* positions, bool inverse, float* x,
-               int64_t rows, int64_t heads, int64_t head_dim) {
+               int64_t rows, int64_t heads, int64_t head_dim, const HostThreads& threads) {
   const int64_t pairs = table.pairs();
   const int64_t first = head_dim - 2 * pairs;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t p = positions[r];
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * head_dim + first;
-      for (int64_t i = 0; i < pairs; ++i) {
-        const float c = table.cos(p, i);
-        const float s = inverse ? -table.sin(p, i) : table.sin(p, i);
-        const float a = v[2 * i];
-        const float b = v[2 * i + 1];
-        v[2 * i] = a * c - b * s;
-        v[2 * i + 1] = a * s + b * c;
+  ParallelRows(threads, rows, 6 * heads * pairs, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t p = positions[r];
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + (r * heads + h) * head_dim + first;
+        for (int64_t i = 0; i < pairs; ++i) {
+          const float c = table.cos(p, i);
+          const float s = inverse ? -table.sin(p, i) : table.sin(p, i);
+          const float a = v[2 * i];
+          const float b = v[2 * i + 1];
+          v[2 * i] = a * c - b * s;
+          v[2 * i + 1] = a * s + b * c;
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace quantd::model

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "server/model/v4_config.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 
@@ -51,9 +52,9 @@ class RopeTable {
 // Rotates, in place, the last 2 * table.pairs() values of each of the `heads` heads (width
 // `head_dim`, side by side) of every row of x [rows, heads * head_dim]. Row r is at position
 // positions[r] (< table.num_positions()). `inverse` rotates by the negated angle (the conjugate,
-// used on the attention output). Computed in float32.
+// used on the attention output). Computed in float32, rows split over up to `threads` threads.
 void ApplyRope(const RopeTable& table, const int64_t* positions, bool inverse, float* x,
-               int64_t rows, int64_t heads, int64_t head_dim);
+               int64_t rows, int64_t heads, int64_t head_dim, const HostThreads& threads = {});
 
 }  // namespace quantd::model
 

@@ -3,21 +3,29 @@
 // OpenBLAS sgemm measured in the same run.
 //
 //   quantd_v4_forward_bench --dir SCRATCH [--sequences 2] [--seq-len 256] [--threads 0]
-//                           [--numerics official|math] [--table small4|small8|bench]
+//                           [--numerics official|math] [--table small4|small8|bench|threads]
 //
 // Prints, per layer: load seconds, run seconds, tokens/s, the GFLOP/s of the layer's GEMMs over
 // the whole run time and over the time spent inside the GEMMs, and both as a fraction of the
 // sgemm peak (best of 5 square 2048^3 products on the same threads). Then the peak RSS of a full
 // layer-by-layer forward (embed, every layer, head) of a 4-layer and an 8-layer model, each in its
 // own child process: flat in the layer count when only one layer is resident.
+//
+// --table threads prints only the host-thread table instead: one CSA layer (layer 1) of the tiny
+// fixture and of the small4 model, run with the non-GEMM loops on 1 host thread and on --threads
+// (OpenBLAS on --threads in both), alternately, best of 5 runs each: run time split into GEMM and
+// non-GEMM, tokens/s, and the non-GEMM and whole-layer speed-ups.
 #include <stdio.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -118,6 +126,59 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
   return ids;
 }
 
+// Layer `layer` of `dir` on its embedded ids, with the non-GEMM loops on 1 host thread and on
+// `threads`, alternately (so that a change in the machine's load hits both alike), 5 runs each:
+// the fastest {run seconds, GEMM seconds} of each.
+absl::StatusOr<std::pair<std::pair<double, double>, std::pair<double, double>>> TimeLayer(
+    const std::string& dir, int64_t layer, int64_t sequences, int64_t seq_len, int threads,
+    model::Numerics numerics) {
+  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
+  ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
+  CountingGemm gemm(device->gemm());
+  ASSIGN_OR_RETURN(model::ForwardContext ctx,
+                   model::MakeForwardContext(*device, numerics, nullptr));
+  ctx.gemm = &gemm;
+  const model::V4Config& c = ckpt->config;
+  ASSIGN_OR_RETURN(model::V4Activations acts,
+                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len));
+  ASSIGN_OR_RETURN(model::V4LayerWeights w, model::LoadLayer(*ckpt, layer, *device));
+  std::pair<double, double> best[2] = {{1e30, 0.0}, {1e30, 0.0}};
+  for (int i = 0; i < 10; ++i) {
+    ctx.threads.count = i % 2 == 0 ? 1 : threads;
+    gemm.Reset();
+    const auto t = Clock::now();
+    ASSIGN_OR_RETURN(model::V4Activations out, model::RunLayer(ctx, c, w, acts));
+    const double run = Seconds(t);
+    if (run < best[i % 2].first) best[i % 2] = {run, gemm.seconds()};
+  }
+  return std::pair{best[0], best[1]};
+}
+
+// The host-thread table (--table threads) for the models (name, dir).
+absl::Status HostThreadTable(const std::vector<std::pair<std::string, std::string>>& models,
+                             int64_t sequences, int64_t seq_len, int threads,
+                             model::Numerics numerics) {
+  const int n =
+      threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  printf("layer 1 (CSA), %ld x %ld tokens, %s numerics, OpenBLAS on %d threads; best of 5\n",
+         static_cast<long>(sequences), static_cast<long>(seq_len), model::NumericsName(numerics),
+         n);
+  for (const auto& [name, dir] : models) {
+    ASSIGN_OR_RETURN(auto times, TimeLayer(dir, 1, sequences, seq_len, n, numerics));
+    const auto& [one, many] = times;
+    const double tokens = static_cast<double>(sequences * seq_len);
+    for (const auto& [host, r] : {std::pair{1, one}, std::pair{n, many}}) {
+      printf("%-6s host threads %d  run %8.4f s  GEMM %8.4f s  non-GEMM %8.4f s (%4.1f%%)  "
+             "%9.1f tokens/s\n",
+             name.c_str(), host, r.first, r.second, r.first - r.second,
+             100.0 * (r.first - r.second) / r.first, tokens / r.first);
+    }
+    printf("%-6s speed-up with %d host threads: non-GEMM %.2fx, layer %.2fx\n", name.c_str(), n,
+           (one.first - one.second) / (many.first - many.second), one.first / many.first);
+  }
+  return absl::OkStatus();
+}
+
 // The layer-by-layer forward of `dir`; per-layer lines when `report`.
 absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len, int threads,
                      model::Numerics numerics, bool report, double peak) {
@@ -191,12 +252,27 @@ int main(int argc, char** argv) {
   app.add_option("--table", table,
                  "the model of the per-layer table: small4 / small8 (the small preset's shape "
                  "with 4 / 8 layers) or bench (the bench preset)")
-      ->check(CLI::IsMember({"small4", "small8", "bench"}));
+      ->check(CLI::IsMember({"small4", "small8", "bench", "threads"}));
   CLI11_PARSE(app, argc, argv);
   using namespace quantd;
   const model::Numerics mode =
       numerics == "math" ? model::Numerics::kMath : model::Numerics::kOfficial;
   const std::string l4 = dir + "/layers4", l8 = dir + "/layers8", bench = dir + "/bench";
+  if (table == "threads") {
+    const std::string tiny = dir + "/tiny";
+    for (const auto& [path, config] :
+         {std::pair{tiny, fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kTiny)},
+          std::pair{l4, BenchConfig(4)}}) {
+      if (absl::Status s = EnsureFixture(path, config); !s.ok()) {
+        fprintf(stderr, "%s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+    const absl::Status s =
+        HostThreadTable({{"tiny", tiny}, {"small4", l4}}, sequences, seq_len, threads, mode);
+    if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
   std::vector<std::pair<std::string, fixture::FixtureConfig>> fixtures = {{l4, BenchConfig(4)},
                                                                           {l8, BenchConfig(8)}};
   if (table == "bench") {

@@ -1,6 +1,6 @@
 """Calibration against ModelOpt's own max calibration.
 
-The tiny transformers DeepSeek-V4 of test_v4_forward.py (same weights in the official layout, same
+The tiny transformers DeepSeek-V4 of v4_tiny_model.py (same weights in the official layout, same
 token ids) is calibrated twice: by ModelOpt (`mtq.quantize` with NVFP4_DEFAULT_CFG, algorithm
 "max", on the CPU) and by `quantd calibrate` in `math` numerics with `w2_input: unweighted`
 (transformers, like the runtimes, applies the routing weight after `down_proj`). Every input amax
@@ -21,27 +21,13 @@ import json
 import pytest
 import torch
 
-from test_v4_forward import (CONFIG, LINEAR_NAMES, SEED, SEQ_LEN, SEQUENCES, TOLERANCE, randomize,
-                             save_official)
+from test_v4_forward import TOLERANCE
+from v4_tiny_model import LINEAR_NAMES, SEQ_LEN, SEQUENCES, build_tiny_model
 
 transformers = pytest.importorskip("transformers")
 mtq = pytest.importorskip("modelopt.torch.quantization")
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 
 from conftest import REPO  # noqa: E402
-
-
-def build(tmp):
-    torch.manual_seed(SEED)
-    generator = torch.Generator().manual_seed(SEED)
-    config = DeepseekV4Config(**CONFIG)
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"
-    model = DeepseekV4ForCausalLM(config).float().eval()
-    randomize(model, generator)
-    save_official(model, tmp / "ckpt")
-    ids = torch.randint(0, CONFIG["vocab_size"], (SEQUENCES, SEQ_LEN), generator=generator)
-    return model, ids
 
 
 def expert_hooks(model, amax):
@@ -94,7 +80,7 @@ def modelopt_amax(model):
 @pytest.fixture(scope="module")
 def calibrations(qd, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("calibration_modelopt")
-    model, ids = build(tmp)
+    model, ids = build_tiny_model(tmp / "ckpt")
     hooked = {}
     handles = expert_hooks(model, hooked)
     config = mtq.NVFP4_DEFAULT_CFG

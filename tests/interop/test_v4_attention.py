@@ -1,5 +1,5 @@
 """The DeepSeek-V4 attention sub-block alone (server/model/v4_attention.h), layer type by layer
-type, against two other implementations on the tiny config of test_v4_forward.py (sliding, CSA,
+type, against two other implementations on the tiny config of v4_tiny_model.py (sliding, CSA,
 HCA, CSA; S = 301, B = 2):
 
 * `math` numerics against transformers' DeepseekV4Attention in float32;
@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from test_v4_forward import CONFIG, LINEAR_NAMES, OTHER_NAMES, encode_fp8
+from v4_tiny_model import CONFIG, LINEAR_NAMES, OTHER_NAMES, encode_fp8
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 4321

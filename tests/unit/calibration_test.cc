@@ -13,9 +13,8 @@
 #include "server/calibration/calibrate_layer.h"
 #include "server/calibration/export_amax.h"
 #include "server/checkpoint/atomic_file.h"
-#include "server/fixture/fixture.h"
 #include "server/model/v4_layer.h"
-#include "tests/unit/test_dirs.h"
+#include "tests/unit/v4_tiny_checkpoint.h"
 
 namespace quantd::calibration {
 namespace {
@@ -221,19 +220,11 @@ TEST_F(ExportTest, ZeroNonExpertAmaxAndNoCalibratedExpertAreErrors) {
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-class CalibrateLayerTest : public testing_util::TempDirTest {
+class CalibrateLayerTest : public testing_util::V4TinyCheckpointTest {
  protected:
   void SetUp() override {
-    TempDirTest::SetUp();
-    const fixture::FixtureConfig fc =
-        fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kTiny);
-    ASSERT_TRUE(fixture::WriteFixture(fc, 7, dir_ + "/ckpt", {}).ok());
-    auto ckpt = model::OpenV4Checkpoint(dir_ + "/ckpt");
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    ckpt_ = std::move(*ckpt);
-    auto device = compute::OpenDevice("cpu", {.cpu_threads = 1});
-    ASSERT_TRUE(device.ok());
-    device_ = std::move(*device);
+    V4TinyCheckpointTest::SetUp();
+    if (HasFatalFailure()) return;
     // Six samples of two lengths.
     for (int s = 0; s < 6; ++s) {
       std::vector<int32_t> ids;
@@ -281,8 +272,6 @@ class CalibrateLayerTest : public testing_util::TempDirTest {
     }
   }
 
-  std::unique_ptr<model::V4Checkpoint> ckpt_;
-  std::unique_ptr<compute::Device> device_;
   std::vector<std::vector<int32_t>> samples_;
 };
 

@@ -1,13 +1,17 @@
 // DeepSeek-V4 forward blocks against scalar references written from the official code's
 // formulas (inference/kernel.py, model.py): activation FP8/FP4 simulation with hand-derived
-// exact values, Sinkhorn mixing, routing and the clamped SwiGLU.
+// exact values, Sinkhorn mixing, routing and the clamped SwiGLU; and the row split of the host
+// threads (v4_parallel.h).
 #include <cmath>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_mhc.h"
 #include "server/model/v4_moe.h"
+#include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
@@ -191,6 +195,38 @@ TEST(V4MoeTest, SwigluClampsGateAboveAndUpBothWays) {
   EXPECT_NEAR(ClampedSwiglu(-12.0f, 15.0f, 10.0f), silu(-12.0) * 10.0, 1e-9);  // gate: max only
   EXPECT_NEAR(ClampedSwiglu(12.0f, -15.0f, 0.0f), silu(12.0) * -15.0, 1e-4);   // no limit
   EXPECT_NEAR(ClampedSwiglu(0.5f, 2.0f, 10.0f), silu(0.5) * 2.0, 1e-7);
+}
+
+TEST(V4ParallelTest, RangesCoverEveryRowOnceInOrderAndSkipThreadsForSmallWork) {
+  std::vector<int> owner(10, -1);
+  std::vector<std::pair<int64_t, int64_t>> ranges(3);
+  ParallelRows({.count = 3, .min_work = 1}, 10, 1, [&](int worker, int64_t begin, int64_t end) {
+    ranges[worker] = {begin, end};
+    for (int64_t r = begin; r < end; ++r) owner[r] = worker;
+  });
+  EXPECT_EQ(ranges, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 6}, {6, 10}}));
+  EXPECT_EQ(owner, (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 2, 2}));
+  // 10 rows of 100 operations are 1000: two threads at a minimum of 500 each, one below that.
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 500}, 10, 100), 2);
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1001}, 10, 100), 1);
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1}, 3, 100), 3);  // never more than rows
+  EXPECT_EQ(ParallelWorkers({}, 1 << 20, 1 << 20), 1);                 // count 1 by default
+}
+
+TEST(V4ParallelTest, ReportsTheErrorOfTheLowestFailingRange) {
+  const absl::Status s =
+      ParallelRowsOrError({.count = 4, .min_work = 1}, 8, 1, [](int64_t begin, int64_t) {
+        return begin >= 2 ? absl::InvalidArgumentError(absl::StrCat("row ", begin))
+                          : absl::OkStatus();
+      });
+  EXPECT_EQ(s, absl::InvalidArgumentError("row 2"));
+  // The FP8 simulation names the first non-finite value as one thread would.
+  std::vector<float> x(4 * 128, 1.0f);
+  x[2 * 128 + 5] = NAN;
+  x[3 * 128 + 1] = INFINITY;
+  const absl::Status fp8 = SimulateFp8Act(x.data(), 4, 128, 128, kActQuantBlock,
+                                          {.count = 4, .min_work = 1});
+  EXPECT_NE(fp8.message().find("[2, 5]"), std::string::npos) << fp8;
 }
 
 }  // namespace

@@ -11,8 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats.h"
-#include "server/fixture/fixture.h"
-#include "tests/unit/test_dirs.h"
+#include "tests/unit/v4_tiny_checkpoint.h"
 
 namespace quantd::model {
 namespace {
@@ -46,19 +45,11 @@ class RecordingObserver final : public Observer {
   std::set<std::string> kv_;              // KV cache modules seen
 };
 
-class V4LayerTest : public testing_util::TempDirTest {
+class V4LayerTest : public testing_util::V4TinyCheckpointTest {
  protected:
   void SetUp() override {
-    TempDirTest::SetUp();
-    const fixture::FixtureConfig fc =
-        fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kTiny);
-    ASSERT_TRUE(fixture::WriteFixture(fc, 7, dir_ + "/ckpt", {}).ok());
-    auto ckpt = OpenV4Checkpoint(dir_ + "/ckpt");
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    ckpt_ = std::move(*ckpt);
-    auto device = compute::OpenDevice("cpu", {.cpu_threads = 1});
-    ASSERT_TRUE(device.ok());
-    device_ = std::move(*device);
+    V4TinyCheckpointTest::SetUp();
+    if (HasFatalFailure()) return;
     for (int64_t i = 0; i < kSequences * kSeqLen; ++i) {
       ids_.push_back(static_cast<int32_t>((i * 7919 + 13) % ckpt_->config.vocab_size));
     }
@@ -66,8 +57,6 @@ class V4LayerTest : public testing_util::TempDirTest {
 
   static constexpr int64_t kSequences = 2;
   static constexpr int64_t kSeqLen = 140;  // > 128: HCA gets an entry, the window slides
-  std::unique_ptr<V4Checkpoint> ckpt_;
-  std::unique_ptr<compute::Device> device_;
   std::vector<int32_t> ids_;
 };
 
@@ -180,6 +169,43 @@ TEST_F(V4LayerTest, OfficialStaysAbove20DbSqnrOfMathInOneLayer) {
   // each product within ~25-30 dB; one layer must stay above 20 dB and must differ.
   EXPECT_GT(noise, 0.0);
   EXPECT_GT(10.0 * std::log10(signal / noise), 20.0);
+}
+
+// Every layer (hash, CSA, HCA) and the head in both numerics: the host threads split every
+// non-GEMM loop (min_work 1), unevenly (3 threads), and the bytes do not move. The device and
+// its Gemm are the same for both runs, so only the host threads differ.
+TEST_F(V4LayerTest, HostThreadCountDoesNotChangeABit) {
+  const V4Config& c = ckpt_->config;
+  auto head = LoadHead(*ckpt_, *device_);
+  ASSERT_TRUE(head.ok()) << head.status();
+  for (Numerics numerics : {Numerics::kOfficial, Numerics::kMath}) {
+    auto one = MakeForwardContext(*device_, numerics, nullptr);
+    ASSERT_TRUE(one.ok());
+    ASSERT_EQ(one->threads.count, 1);  // the device's cpu_threads
+    ForwardContext three = *one;
+    three.threads = {.count = 3, .min_work = 1};
+    auto a = Embed(*ckpt_, ids_, kSequences, kSeqLen);
+    ASSERT_TRUE(a.ok());
+    V4Activations b = *a;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      auto weights = LoadLayer(*ckpt_, l, *device_);
+      ASSERT_TRUE(weights.ok()) << weights.status();
+      auto next_a = RunLayer(*one, c, *weights, *a);
+      auto next_b = RunLayer(three, c, *weights, b);
+      ASSERT_TRUE(next_a.ok() && next_b.ok());
+      a = std::move(next_a);
+      b = std::move(*next_b);
+      ASSERT_EQ(a->streams.size(), b.streams.size());
+      EXPECT_EQ(memcmp(a->streams.data(), b.streams.data(), b.streams.size() * 4), 0)
+          << NumericsName(numerics) << " layer " << l;
+    }
+    std::vector<float> hidden_a, logits_a, hidden_b, logits_b;
+    ASSERT_TRUE(HeadForward(*one, c, *head, *a, &hidden_a, &logits_a).ok());
+    ASSERT_TRUE(HeadForward(three, c, *head, b, &hidden_b, &logits_b).ok());
+    EXPECT_EQ(hidden_a, hidden_b) << NumericsName(numerics);
+    EXPECT_EQ(memcmp(logits_a.data(), logits_b.data(), logits_a.size() * 4), 0)
+        << NumericsName(numerics);
+  }
 }
 
 TEST_F(V4LayerTest, SpilledActivationsComeBackBitIdentical) {

@@ -184,6 +184,17 @@ QUANTD_HD float Nvfp4Decode(uint8_t code, uint8_t scale_byte, float scale_2) {
   return E2m1ToFloat(code) * E4m3ToFloat(scale_byte) * scale_2;
 }
 
+// E4M3 byte of one 16-block's scale when a W4A4 runtime quantizes an activation with
+// input_scale (global scale 1 / input_scale): s = block_amax / (6 * input_scale), saturated at
+// 448, cast with round-to-nearest-even. Unlike Nvfp4BlockScale there is no lower clamp and no
+// 0 -> 1: a block whose scale rounds to 0 (block_amax < 6 * input_scale * 2^-10) is quantized to
+// zeros, as vLLM's / FlashInfer's activation kernels do (reference/nvfp4_modelopt.md §2.1).
+QUANTD_HD uint8_t Nvfp4ActivationBlockScale(float block_amax, float input_scale) {
+  float s = block_amax / (6.0f * input_scale);
+  s = s > kE4m3Max ? kE4m3Max : s;
+  return FloatToE4m3(s);
+}
+
 // ---- DeepSeek's own power-of-two scales (used to encode fixtures as DeepSeek does) ------------
 
 // ceil(log2(r)) for finite r >= 0, exact (no log2f rounding). r == 0 gives -150, below every

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "server/calibrate_command.h"
+#include "server/evaluate_command.h"
 #include "server/dataset_command.h"
 #include "server/fixture/fixture.h"
 #include "server/fixture/fixture_spec.h"
@@ -136,6 +137,7 @@ int main(int argc, char** argv) {
   quantd::AddTokenizeCommand(app, rc);
   quantd::AddDatasetCommand(app, rc);
   quantd::AddCalibrateCommand(app, rc);
+  quantd::AddEvaluateCommand(app, rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

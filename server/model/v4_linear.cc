@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/nvfp4_fake_quant.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_parallel.h"
@@ -37,6 +38,13 @@ absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const
     simulated.assign(x, x + rows * in);
     if (absl::Status s =
             SimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock, ctx.threads);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
+    }
+    xt.data = simulated.data();
+  } else if (w.input_scale > 0.0f) {  // NVFP4 W4A4: the runtime's activation quantization
+    simulated.assign(x, x + rows * in);
+    if (absl::Status s = kernels::Nvfp4FakeQuantRows(simulated.data(), rows, in, in, w.input_scale);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
     }

@@ -1,7 +1,9 @@
 // One linear layer of the DeepSeek-V4 forward, as the official `linear()` runs it: the input is
 // shown to the observer, then (official numerics, FP8/MXFP4 weight) FP8-simulated per 128
-// columns, multiplied by the decoded weight through the device's Gemm in float32, and the output
-// rounded to BF16 (official numerics) unless the caller keeps it in float32.
+// columns, or (an NVFP4 weight with an input_scale, either numerics) NVFP4 fake-quantized as a
+// W4A4 runtime quantizes it; then multiplied by the decoded weight through the device's Gemm in
+// float32, and the output rounded to BF16 (official numerics) unless the caller keeps it in
+// float32.
 #ifndef QUANTD_SERVER_MODEL_V4_LINEAR_H_
 #define QUANTD_SERVER_MODEL_V4_LINEAR_H_
 

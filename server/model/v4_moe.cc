@@ -38,6 +38,19 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
       }
     }
   });
+  if (weights != nullptr && e.w2.input_scale > 0.0f) {
+    // A W4A4 NVFP4 w2 runs as the runtimes' fused MoE kernels run it (calibration_runtime.md
+    // §1.4): its input is quantized without the routing weight, which scales w2's output.
+    ToModelDtype(ctx, g.data(), rows * inter);
+    const int64_t d = e.w2.out_features();
+    RETURN_IF_ERROR(ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kFloat32,
+                                {tokens, expert, nullptr, g.data()}));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < d; ++c) out[r * d + c] *= weights[r];
+    }
+    ToModelDtype(ctx, out, rows * d);
+    return absl::OkStatus();
+  }
   // The observer also sees the unweighted input of a routed w2 (u holds it, model dtype).
   const bool show_unweighted = weights != nullptr && ctx.observer != nullptr;
   if (show_unweighted) {

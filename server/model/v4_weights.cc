@@ -19,6 +19,76 @@ absl::Status TensorShapeError(const std::string& name, const std::vector<int64_t
                                                  pipeline::ShapeString(want)));
 }
 
+// A one-element F32 scale of an NVFP4 module (ModelOpt: [], compressed-tensors: [1]), checked
+// finite and positive; `reciprocal` for compressed-tensors' global scales (1 / ModelOpt's).
+absl::StatusOr<float> LoadNvfp4Scalar(const V4Checkpoint& ckpt, const std::string& name,
+                                      bool reciprocal) {
+  const checkpoint::TensorView* t = ckpt.dir->Find(name);
+  if (t == nullptr || t->dtype != checkpoint::Dtype::kF32 || t->size != sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, ": expected one F32 value in ", ckpt.dir->dir()));
+  }
+  float v;
+  memcpy(&v, t->data, sizeof(v));
+  if (!formats::IsFinite(v) || !(v > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, ": ", v, " is not finite and positive"));
+  }
+  return reciprocal ? 1.0f / v : v;
+}
+
+// An NVFP4 weight (`m`, as the inventory classified it) decoded to float32 with the backend's
+// Nvfp4Dequant; the input scale, when the module has one, into w->input_scale.
+absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend,
+                             const pipeline::LinearModule& m, LinearWeight* w) {
+  const bool ct = m.format == pipeline::TensorFormat::kNvfp4CompressedTensors;
+  const std::string& weight_name = m.tensors.front();
+  const std::string scale_name = m.name + ".weight_scale";
+  const checkpoint::TensorView* weight = ckpt.dir->Find(weight_name);
+  const checkpoint::TensorView* scales = ckpt.dir->Find(scale_name);
+  const uint64_t elements = static_cast<uint64_t>(m.out_features * m.in_features);
+  if (weight == nullptr || weight->size != elements / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", weight_name, ": expected ", elements / 2, " bytes"));
+  }
+  if (scales == nullptr || scales->size != elements / kernels::kNvfp4BlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", scale_name, ": expected ", elements / kernels::kNvfp4BlockSize, " bytes"));
+  }
+  kernels::Nvfp4Tensor src;
+  src.rows = m.out_features;
+  src.cols = m.in_features;
+  ASSIGN_OR_RETURN(src.scale_2, LoadNvfp4Scalar(ckpt, m.name + (ct ? ".weight_global_scale"
+                                                                    : ".weight_scale_2"),
+                                                ct));
+  const std::string input_name = m.name + (ct ? ".input_global_scale" : ".input_scale");
+  if (ckpt.dir->Find(input_name) != nullptr) {
+    ASSIGN_OR_RETURN(w->input_scale, LoadNvfp4Scalar(ckpt, input_name, ct));
+  }
+  kernels::Buffer data_holder, scales_holder;
+  ASSIGN_OR_RETURN(const void* data,
+                   pipeline::ToBackend(backend, weight->data, weight->size, 1, &data_holder));
+  ASSIGN_OR_RETURN(const void* scale_bytes,
+                   pipeline::ToBackend(backend, scales->data, scales->size, 1, &scales_holder));
+  src.data = static_cast<const uint8_t*>(data);
+  src.scales = static_cast<const uint8_t*>(scale_bytes);
+  pipeline::DenseWeight& dense = w->host.dense;
+  dense.bytes = static_cast<size_t>(elements) * sizeof(float);
+  ASSIGN_OR_RETURN(dense.holder, backend.Allocate(dense.bytes));
+  dense.tensor = {dense.holder.data(), kernels::FloatType::kF32, m.out_features, m.in_features};
+  if (absl::Status s = backend.Nvfp4Dequant(src, {dense.holder.data(), kernels::FloatType::kF32});
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("tensor ", weight_name, ": ", s.message()));
+  }
+  ASSIGN_OR_RETURN(w->host.data,
+                   pipeline::ToHost(backend, dense.holder.data(), dense.bytes, &w->host.staging));
+  w->view = dense.tensor;
+  w->view.data = w->host.data;
+  ReleasePages(ckpt, *weight);
+  ReleasePages(ckpt, *scales);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor) {
@@ -42,6 +112,18 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
 
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                         const std::string& module, int64_t out, int64_t in) {
+  LinearWeight w;
+  w.module = module;
+  if (const pipeline::LinearModule* m = pipeline::FindLinear(ckpt.inventory, module);
+      m != nullptr && (m->format == pipeline::TensorFormat::kNvfp4 ||
+                       m->format == pipeline::TensorFormat::kNvfp4CompressedTensors)) {
+    if (m->out_features != out || m->in_features != in) {
+      return TensorShapeError(m->tensors.front(), {m->out_features, m->in_features}, {out, in},
+                              pipeline::FormatName(m->format));
+    }
+    RETURN_IF_ERROR(LoadNvfp4Linear(ckpt, backend, *m, &w));
+    return w;
+  }
   pipeline::StageContext ctx;
   ctx.source = ckpt.dir.get();
   ctx.inventory = &ckpt.inventory;
@@ -52,8 +134,6 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
     return TensorShapeError(m.tensors.front(), {m.out_features, m.in_features}, {out, in},
                             pipeline::FormatName(m.format));
   }
-  LinearWeight w;
-  w.module = module;
   w.quantized_source = m.format == pipeline::TensorFormat::kFp8BlockE8m0 ||
                        m.format == pipeline::TensorFormat::kFp8BlockF32 ||
                        m.format == pipeline::TensorFormat::kMxfp4;

@@ -32,11 +32,17 @@ struct V4Checkpoint {
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path);
 
 // A linear layer's weight [out, in], dense and readable from host memory: BF16 for FP8-block,
-// MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources. It owns its values: the
-// source pages are released once loaded, so memory holds only the layers the caller keeps.
+// MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources and for NVFP4 (ModelOpt or
+// compressed-tensors, as quantd writes them: e2m1 * weight_scale * weight_scale_2 is exact in
+// float32, not in BF16). It owns its values: the source pages are released once loaded, so
+// memory holds only the layers the caller keeps.
 struct LinearWeight {
   std::string module;             // official name: "layers.3.attn.wq_a"
   bool quantized_source = false;  // FP8 or MXFP4 on disk: `official` FP8-simulates its input
+  // NVFP4 with an input_scale (W4A4; compressed-tensors: 1 / input_global_scale): its input is
+  // NVFP4 fake-quantized with it (kernels/nvfp4_fake_quant.h) in both numerics, as the runtime
+  // quantizes it. 0 for every other weight, W4A16 NVFP4 included (weights only).
+  float input_scale = 0.0f;
   pipeline::HostWeight host;      // the decoded values (or the source bytes read in place)
   std::vector<uint8_t> copy;      // BF16/F32 values copied out of the mapped source, else empty
   kernels::DenseTensor view;      // host view of the values: host.data or copy
@@ -46,7 +52,8 @@ struct LinearWeight {
 };
 
 // Decodes linear `module` with `backend`'s kernels. InvalidArgument
-// when it is missing or its shape is not [out, in].
+// when it is missing or its shape is not [out, in], or (NVFP4) a global or input scale is not
+// finite and positive.
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                         const std::string& module, int64_t out, int64_t in);
 

@@ -1,7 +1,7 @@
 #include "server/pipeline/job_spec.h"
 
+#include <limits>
 #include <nlohmann/json.hpp>
-
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -88,6 +88,20 @@ class FieldReader {
       return Error(field, "must be a non-negative integer");
     }
     *out = v->get<int64_t>();
+    return absl::OkStatus();
+  }
+
+  // A number in [lo, hi] (an absent field leaves *out unset).
+  absl::Status BoundedNumber(const std::string& field, double lo, double hi, bool lo_open,
+                             std::optional<double>* out) {
+    const json* v = Get(field);
+    if (v == nullptr) return absl::OkStatus();
+    const double x = v->is_number() ? v->get<double>() : 0.0;
+    if (!v->is_number() || !(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+      return Error(field, absl::StrCat("must be a number ", lo_open ? "> " : ">= ", lo,
+                                       hi < 1e300 ? absl::StrCat(" and <= ", hi) : ""));
+    }
+    *out = x;
     return absl::OkStatus();
   }
 
@@ -277,6 +291,24 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
       return c.Error("min_seq_len", "must not exceed 'calibration.seq_len'");
     }
   }
+  if (const json* ev = r.Get("evaluate"); ev != nullptr) {
+    if (!ev->is_object()) return r.Error("evaluate", "must be an object");
+    FieldReader e(*ev, "evaluate.", origin);
+    QUANTD_RETURN_IF_ERROR(e.NonNegativeInt("num_samples", &spec.evaluate.num_samples));
+    if (const json* gate = e.Get("gate"); gate != nullptr) {
+      if (!gate->is_object()) return e.Error("gate", "must be an object");
+      FieldReader g(*gate, "evaluate.gate.", origin);
+      QualityGate& q = spec.evaluate.gate;
+      constexpr double kNoLimit = std::numeric_limits<double>::max();
+      QUANTD_RETURN_IF_ERROR(g.BoundedNumber("max_mean_kl", 0.0, kNoLimit, false, &q.max_mean_kl));
+      QUANTD_RETURN_IF_ERROR(
+          g.BoundedNumber("min_top1_agreement", 0.0, 1.0, false, &q.min_top1_agreement));
+      QUANTD_RETURN_IF_ERROR(
+          g.BoundedNumber("max_ppl_ratio", 0.0, kNoLimit, true, &q.max_ppl_ratio));
+      QUANTD_RETURN_IF_ERROR(g.RejectUnknown());
+    }
+    QUANTD_RETURN_IF_ERROR(e.RejectUnknown());
+  }
   QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
   QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
   QUANTD_RETURN_IF_ERROR(r.Bool("overwrite", &spec.overwrite));
@@ -322,6 +354,17 @@ std::string JobSpecToJson(const JobSpec& spec) {
       datasets.push_back({{"path", d.path}, {"samples", d.samples}});
     }
     j["calibration"]["datasets"] = std::move(datasets);
+  }
+  // Written only when set, so that the canonical spec of a job without it stays what earlier
+  // releases stored.
+  const QualityGate& gate = spec.evaluate.gate;
+  if (spec.evaluate.num_samples != 0 || gate.max_mean_kl || gate.min_top1_agreement ||
+      gate.max_ppl_ratio) {
+    json g = json::object();
+    if (gate.max_mean_kl) g["max_mean_kl"] = *gate.max_mean_kl;
+    if (gate.min_top1_agreement) g["min_top1_agreement"] = *gate.min_top1_agreement;
+    if (gate.max_ppl_ratio) g["max_ppl_ratio"] = *gate.max_ppl_ratio;
+    j["evaluate"] = {{"num_samples", spec.evaluate.num_samples}, {"gate", std::move(g)}};
   }
   if (spec.devices.empty()) {
     j["devices"] = "auto";

@@ -22,6 +22,10 @@
 //                    "numerics": "official"|"math",                    default "official"
 //                    "amax_out": PATH},                                 optional
 //      (calibration options: see CalibrationSpec)
+//    "evaluate": {"num_samples": N,                       held-out samples, default 32
+//                 "gate": {"max_mean_kl": X,              each optional: the job fails when
+//                          "min_top1_agreement": X,       the quantized model is outside it
+//                          "max_ppl_ratio": X}},          (see EvaluateSpec)
 //    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
 //    "host_memory_bytes": N,                              default: no budget beyond the plan's
 //    "overwrite": BOOL}                                   default false: see output_marker.h
@@ -94,6 +98,22 @@ struct CalibrationSpec {
   std::string amax_out;
 };
 
+// evaluate.gate: bounds on the quality figures of server/evaluation (quantized model against its
+// source on held-out samples); an absent bound is not checked.
+struct QualityGate {
+  std::optional<double> max_mean_kl;         // mean next-token KL(source || quantized), nats, >= 0
+  std::optional<double> min_top1_agreement;  // fraction of tokens with the same argmax, in [0, 1]
+  std::optional<double> max_ppl_ratio;       // perplexity quantized / source, > 0
+};
+
+struct EvaluateSpec {
+  // Held-out samples: from the calibration data sets, the ones after the calibration samples in
+  // each file's seeded order (evaluation/held_out_samples.h); 0 = kDefaultEvaluateSamples.
+  int64_t num_samples = 0;
+  QualityGate gate;
+};
+inline constexpr int64_t kDefaultEvaluateSamples = 32;
+
 struct JobSpec {
   std::string source;
   std::string output;
@@ -106,6 +126,7 @@ struct JobSpec {
   KvCache kv_cache = KvCache::kNone;
   std::string materialize_bf16;      // "" = no BF16 copy
   CalibrationSpec calibration;
+  EvaluateSpec evaluate;
   std::vector<std::string> devices;  // empty = auto
   int64_t host_memory_bytes = 0;     // 0 = unset
   bool overwrite = false;            // a non-empty output directory may be used (output_marker.h)

@@ -9,6 +9,9 @@
 //   mxfp4-to-nvfp4 IN OUT [--kmax K] MXFP4 weight <m>.weight -> <m>.weight, <m>.weight_scale,
 //                                    <m>.weight_scale_2; prints the requantized block count
 //   copy IN OUT                      every tensor and the metadata, read and written again
+//   nvfp4-act IN OUT                 every 2-D F32 tensor NAME with an F32 [] tensor
+//                                    NAME.input_scale -> NAME, NVFP4 activation fake-quantized
+//                                    (kernels/nvfp4_fake_quant.h)
 //   simd-levels                      the SIMD levels this CPU runs, one per line
 //
 // IN may be a safetensors file or (except for copy) a checkpoint directory. The global --simd
@@ -33,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend.h"
 #include "kernels/backends.h"
+#include "kernels/nvfp4_fake_quant.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/dtype.h"
 #include "server/checkpoint/safetensors_reader.h"
@@ -450,6 +454,28 @@ absl::Status RunCopy(const std::string& in_path, const std::string& out_path) {
   return (*writer)->Finish();
 }
 
+absl::Status RunNvfp4Act(const std::string& in_path, const std::string& out_path) {
+  auto in = Source::Open(in_path);
+  if (!in.ok()) return in.status();
+  std::vector<OutTensor> outputs;
+  for (const TensorView* t : (*in)->tensors()) {
+    const TensorView* scale = (*in)->Find(t->name + ".input_scale");
+    if (t->dtype != Dtype::kF32 || t->shape.size() != 2 || scale == nullptr) continue;
+    if (scale->dtype != Dtype::kF32 || scale->size != sizeof(float)) {
+      return ForTensor(scale->name, absl::InvalidArgumentError("expected F32 []"));
+    }
+    float input_scale;
+    memcpy(&input_scale, scale->data, sizeof(float));
+    OutTensor out{{t->name, Dtype::kF32, t->shape}, {t->data, t->data + t->size}};
+    auto* x = reinterpret_cast<float*>(out.bytes.data());
+    absl::Status s = kernels::Nvfp4FakeQuantRows(x, t->shape[0], t->shape[1], t->shape[1],
+                                                 input_scale);
+    if (!s.ok()) return ForTensor(t->name, s);
+    outputs.push_back(std::move(out));
+  }
+  return WriteOutputs(out_path, outputs);
+}
+
 // ---- main -------------------------------------------------------------------------------------
 
 const std::map<std::string, kernels::SimdLevel>& SimdNames() {
@@ -497,6 +523,10 @@ int Main(int argc, char** argv) {
   copy->add_option("IN", in_path, "input safetensors file")->required();
   copy->add_option("OUT", out_path, "output safetensors file")->required();
 
+  CLI::App* act = app.add_subcommand("nvfp4-act", "NVFP4 activation fake-quantization");
+  act->add_option("IN", in_path, "input safetensors file")->required();
+  act->add_option("OUT", out_path, "output safetensors file")->required();
+
   CLI::App* levels = app.add_subcommand("simd-levels", "print the SIMD levels this CPU runs");
 
   try {
@@ -512,6 +542,8 @@ int Main(int argc, char** argv) {
   absl::Status status;
   if (copy->parsed()) {
     status = RunCopy(in_path, out_path);
+  } else if (act->parsed()) {
+    status = RunNvfp4Act(in_path, out_path);
   } else {
     kernels::CpuOptions options;
     options.simd = SimdNames().at(simd);

@@ -238,5 +238,56 @@ TEST(JobSpecCalibrationTest, BadCalibrationNamesTheField) {
             "spec.json: field 'calibration.seed' must be a non-negative integer");
 }
 
+TEST(JobSpecEvaluateTest, DefaultsAreUnsetAndLeaveTheCanonicalSpecAlone) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out"})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evaluate.num_samples, 0);
+  EXPECT_FALSE(spec->evaluate.gate.max_mean_kl.has_value());
+  EXPECT_FALSE(spec->evaluate.gate.min_top1_agreement.has_value());
+  EXPECT_FALSE(spec->evaluate.gate.max_ppl_ratio.has_value());
+  EXPECT_EQ(JobSpecToJson(*spec).find("evaluate"), std::string::npos);
+}
+
+TEST(JobSpecEvaluateTest, GateParsesAndRoundTrips) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out", "evaluate": {"num_samples": 8,
+      "gate": {"max_mean_kl": 0.05, "min_top1_agreement": 0.9, "max_ppl_ratio": 1.1}}})",
+                           "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->evaluate.num_samples, 8);
+  EXPECT_EQ(spec->evaluate.gate.max_mean_kl, 0.05);
+  EXPECT_EQ(spec->evaluate.gate.min_top1_agreement, 0.9);
+  EXPECT_EQ(spec->evaluate.gate.max_ppl_ratio, 1.1);
+  auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
+  EXPECT_EQ(again->evaluate.gate.max_ppl_ratio, 1.1);
+  // One bound alone.
+  auto one = ParseJobSpec(R"({"source": "a", "output": "b", "evaluate": {"gate": {"max_ppl_ratio": 2}}})",
+                          "spec.json");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(one->evaluate.gate.max_mean_kl.has_value());
+  EXPECT_EQ(one->evaluate.gate.max_ppl_ratio, 2.0);
+}
+
+TEST(JobSpecEvaluateTest, BadEvaluateNamesTheField) {
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": 3})"),
+            "spec.json: field 'evaluate' must be an object");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"num_samples": -1}})"),
+            "spec.json: field 'evaluate.num_samples' must be a non-negative integer");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"samples": 4}})"),
+            "spec.json: field 'evaluate.samples' is not a known field");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"gate": {"max_kl": 1}}})"),
+            "spec.json: field 'evaluate.gate.max_kl' is not a known field");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"gate": {"max_mean_kl": -1}}})"),
+            "spec.json: field 'evaluate.gate.max_mean_kl' must be a number >= 0");
+  EXPECT_EQ(
+      ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"gate": {"min_top1_agreement": 1.5}}})"),
+      "spec.json: field 'evaluate.gate.min_top1_agreement' must be a number >= 0 and <= 1");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"gate": {"max_ppl_ratio": 0}}})"),
+            "spec.json: field 'evaluate.gate.max_ppl_ratio' must be a number > 0");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"gate": {"max_ppl_ratio": "1"}}})"),
+            "spec.json: field 'evaluate.gate.max_ppl_ratio' must be a number > 0");
+}
+
 }  // namespace
 }  // namespace quantd::pipeline

@@ -1,0 +1,61 @@
+#include "server/evaluation/evaluate_layer.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
+#include "server/model/v4_layer.h"
+
+namespace quantd::evaluation {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::Status InLayer(const absl::Status& s, const model::V4Checkpoint& ckpt, int64_t layer) {
+  return absl::Status(s.code(),
+                      absl::StrCat(ckpt.dir->dir(), ": layer ", layer, ": ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<LayerQuality> EvaluateLayer(const model::V4Checkpoint& source,
+                                           const model::V4Checkpoint& quantized, int64_t layer,
+                                           EvaluationBatches& batches, compute::Device& device,
+                                           model::Numerics numerics) {
+  LayerQuality q;
+  q.layer = layer;
+  auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<model::V4LayerWeights> ref = model::LoadLayer(source, layer, device);
+  if (!ref.ok()) return InLayer(ref.status(), source, layer);
+  absl::StatusOr<model::V4LayerWeights> quant = model::LoadLayer(quantized, layer, device);
+  if (!quant.ok()) return InLayer(quant.status(), quantized, layer);
+  q.load_seconds = SecondsSince(start);
+
+  start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(model::ForwardContext ctx,
+                   model::MakeForwardContext(device, numerics, /*observer=*/nullptr));
+  for (size_t i = 0; i < batches.source.size(); ++i) {
+    absl::StatusOr<model::V4Activations> out =
+        model::RunLayer(ctx, source.config, *ref, batches.source[i]);
+    if (!out.ok()) return InLayer(out.status(), source, layer);
+    absl::StatusOr<model::V4Activations> forced =
+        model::RunLayer(ctx, quantized.config, *quant, batches.source[i]);
+    if (!forced.ok()) return InLayer(forced.status(), quantized, layer);
+    absl::StatusOr<model::V4Activations> own =
+        model::RunLayer(ctx, quantized.config, *quant, batches.quantized[i]);
+    if (!own.ok()) return InLayer(own.status(), quantized, layer);
+    const int64_t n = static_cast<int64_t>(out->streams.size());
+    q.teacher_forced.Add(out->streams.data(), forced->streams.data(), n);
+    q.free_running.Add(out->streams.data(), own->streams.data(), n);
+    batches.source[i] = *std::move(out);
+    batches.quantized[i] = *std::move(own);
+  }
+  q.forward_seconds = SecondsSince(start);
+  return q;
+}
+
+}  // namespace quantd::evaluation

@@ -1,0 +1,39 @@
+// One evaluation step: decoder layer `layer` of the source and of the quantized model over the
+// held-out batches. Loads the layer of each model (only those two resident), then for every
+// batch runs
+//   source layer    on the source activations     -> the reference output,
+//   quantized layer on the quantized activations  -> free-running output (errors accumulate),
+//   quantized layer on the source activations     -> teacher-forced output (this layer's error),
+// records the SQNR of both against the reference over every hidden-state value (all hc
+// streams), and replaces the batches with the two models' own outputs.
+#ifndef QUANTD_SERVER_EVALUATION_EVALUATE_LAYER_H_
+#define QUANTD_SERVER_EVALUATION_EVALUATE_LAYER_H_
+
+#include <stdint.h>
+
+#include "absl/status/statusor.h"
+#include "server/compute/device.h"
+#include "server/evaluation/evaluation_batches.h"
+#include "server/evaluation/sqnr.h"
+#include "server/model/v4_numerics.h"
+#include "server/model/v4_weights.h"
+
+namespace quantd::evaluation {
+
+struct LayerQuality {
+  int64_t layer = 0;
+  Sqnr free_running;    // quantized model on its own activations vs the source model
+  Sqnr teacher_forced;  // quantized layer on the source's activations vs the source layer
+  double load_seconds = 0.0;     // both layers' weights read and decoded
+  double forward_seconds = 0.0;  // the three layer runs over every batch
+};
+
+// Errors name the layer and the checkpoint.
+absl::StatusOr<LayerQuality> EvaluateLayer(const model::V4Checkpoint& source,
+                                           const model::V4Checkpoint& quantized, int64_t layer,
+                                           EvaluationBatches& batches, compute::Device& device,
+                                           model::Numerics numerics);
+
+}  // namespace quantd::evaluation
+
+#endif  // QUANTD_SERVER_EVALUATION_EVALUATE_LAYER_H_

@@ -1,0 +1,28 @@
+// Held-out samples for evaluation: drawn from the job's calibration data sets, disjoint from the
+// calibration samples. Each file's lines are visited in the seeded order calibration uses
+// (pipeline/calibration_data.h); calibration takes the first usable `samples` of a file, the
+// evaluation takes the next ones (its `num_samples` shared evenly over the files, the earlier
+// files taking the remainder), with the same seq_len / min_seq_len / add_bos rules. The same
+// spec and files give the same held-out tokens on every machine.
+#ifndef QUANTD_SERVER_EVALUATION_HELD_OUT_SAMPLES_H_
+#define QUANTD_SERVER_EVALUATION_HELD_OUT_SAMPLES_H_
+
+#include <stdint.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model/tokenizer.h"
+#include "server/pipeline/job_spec.h"
+
+namespace quantd::evaluation {
+
+// The token ids of `num_samples` (> 0) held-out samples. InvalidArgument when the spec names no
+// data set or a file has too few usable lines after its calibration samples (naming the file).
+absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
+    const pipeline::CalibrationSpec& calibration, int64_t num_samples,
+    const model::Tokenizer& tokenizer);
+
+}  // namespace quantd::evaluation
+
+#endif  // QUANTD_SERVER_EVALUATION_HELD_OUT_SAMPLES_H_

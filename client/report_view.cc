@@ -22,7 +22,7 @@ std::string FormatLayers(const v1::JobReport& r) {
     std::vector<std::string> first = {
         absl::StrCat(layer.layer()),
         layer.token_counts() ? absl::StrCat(layer.calibrated_tokens()) : "-",
-        layer.token_counts() && layer.routed_experts() > 0
+        layer.routed_experts() > 0
             ? absl::StrCat(layer.uncalibrated_experts(), " of ", layer.routed_experts())
             : "-"};
     for (int i = 0; i < layer.projections_size(); ++i) {

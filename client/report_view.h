@@ -13,7 +13,8 @@
 //                                ffn.experts.w2             0.25    0.5  0.75
 //                                ffn.experts.w2.unweighted    4       5     6
 //
-// (TOKENS and UNCALIBRATED are "-" when the amax came from calibration.amax_file: no counts.)
+// (TOKENS is "-" when the amax came from calibration.amax_file, which counts no tokens;
+// UNCALIBRATED, the routed experts whose amax the export fills in, "-" for a layer without any.)
 //
 //   rule checks: 1 of 2 passed
 //     PASS  verify model-00001-of-00002.safetensors

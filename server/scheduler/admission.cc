@@ -190,7 +190,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
     check->set_message(t.error);
   }
   ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store_->ListAmax(job_id));
-  AddLayerCalibration(amax, &report);
+  AddLayerCalibration(amax, tasks, &report);
   return report;
 }
 

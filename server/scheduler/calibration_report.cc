@@ -6,12 +6,16 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "server/pipeline/plan.h"
+#include "server/pipeline/stages/quantize_stage.h"
 
 namespace quantd::scheduler {
 namespace {
@@ -33,10 +37,14 @@ std::optional<std::pair<int64_t, absl::string_view>> LeadingNumber(absl::string_
   return std::make_pair(n, text.substr(dot + 1));
 }
 
+// expert_tokens of a routed expert the plan quantizes that has no amax row.
+constexpr int64_t kNoRow = -1;
+
 // What the rows of one decoder layer add up to.
 struct LayerRows {
   std::map<std::string, std::vector<double>> amax;  // projection -> its values
-  std::map<int64_t, int64_t> expert_tokens;         // routed expert -> most tokens of its rows
+  // routed expert -> most tokens of its rows, or kNoRow
+  std::map<int64_t, int64_t> expert_tokens;
   int64_t tokens = 0;                               // most tokens of a non-routed module
   bool token_counts = false;                        // some row counts tokens
 };
@@ -47,28 +55,52 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+// A module's decoder layer and the rest of its name ("attn.wq_a"); nullopt outside "layers.N.".
+std::optional<std::pair<int64_t, absl::string_view>> SplitLayer(const std::string& module) {
+  if (!absl::StartsWith(module, kLayerPrefix)) return std::nullopt;
+  return LeadingNumber(absl::string_view(module).substr(kLayerPrefix.size()));
+}
+
+// A routed expert's index and projection ("w1") from the rest of a module's name; nullopt for
+// any other module.
+std::optional<std::pair<int64_t, absl::string_view>> SplitExpert(absl::string_view rest) {
+  if (!absl::StartsWith(rest, kRoutedPrefix)) return std::nullopt;
+  return LeadingNumber(rest.substr(kRoutedPrefix.size()));
+}
+
 }  // namespace
 
-void AddLayerCalibration(const std::vector<store::AmaxRow>& amax, v1::JobReport* report) {
+void AddLayerCalibration(const std::vector<store::AmaxRow>& amax,
+                         const std::vector<store::TaskRow>& tasks, v1::JobReport* report) {
   std::map<int64_t, LayerRows> layers;
   for (const store::AmaxRow& row : amax) {
-    if (row.kind != "input" || !absl::StartsWith(row.module, kLayerPrefix)) continue;
-    const auto layer = LeadingNumber(absl::string_view(row.module).substr(kLayerPrefix.size()));
+    if (row.kind != "input") continue;
+    const auto layer = SplitLayer(row.module);
     if (!layer.has_value()) continue;
     LayerRows& l = layers[layer->first];
     const absl::string_view rest = layer->second;
     l.token_counts = l.token_counts || row.samples > 0;
-    std::optional<std::pair<int64_t, absl::string_view>> expert;
-    if (absl::StartsWith(rest, kRoutedPrefix)) {
-      expert = LeadingNumber(rest.substr(kRoutedPrefix.size()));
-    }
-    if (expert.has_value()) {
+    if (const auto expert = SplitExpert(rest); expert.has_value()) {
       l.amax[absl::StrCat(kRoutedPrefix, expert->second)].push_back(row.value);
-      int64_t& tokens = l.expert_tokens[expert->first];
+      int64_t& tokens = l.expert_tokens.try_emplace(expert->first, 0).first->second;
       tokens = std::max(tokens, row.samples);
     } else {
       l.amax[std::string(rest)].push_back(row.value);
       l.tokens = std::max(l.tokens, row.samples);
+    }
+  }
+  // The routed experts the plan quantizes but no row names: their amax is filled in at export.
+  for (const store::TaskRow& task : tasks) {
+    if (task.stage_kind != pipeline::QuantizeStage::kKind) continue;
+    absl::StatusOr<pipeline::ShardTask> shard = pipeline::ParseShardTask(task.payload_json);
+    if (!shard.ok()) continue;  // the stage itself reports a payload it cannot read
+    for (const std::string& module : shard->modules) {
+      const auto layer = SplitLayer(module);
+      if (!layer.has_value()) continue;
+      const auto expert = SplitExpert(layer->second);
+      auto l = layers.find(layer->first);
+      if (!expert.has_value() || l == layers.end()) continue;
+      l->second.expert_tokens.try_emplace(expert->first, kNoRow);
     }
   }
   for (const auto& [index, l] : layers) {
@@ -85,10 +117,11 @@ void AddLayerCalibration(const std::vector<store::AmaxRow>& amax, v1::JobReport*
     out->set_token_counts(l.token_counts);
     out->set_calibrated_tokens(l.tokens);
     out->set_routed_experts(static_cast<int64_t>(l.expert_tokens.size()));
-    if (l.token_counts) {
-      out->set_uncalibrated_experts(std::count_if(l.expert_tokens.begin(), l.expert_tokens.end(),
-                                                  [](const auto& e) { return e.second == 0; }));
-    }
+    const bool token_counts = l.token_counts;
+    out->set_uncalibrated_experts(
+        std::count_if(l.expert_tokens.begin(), l.expert_tokens.end(), [&](const auto& e) {
+          return e.second == kNoRow || (token_counts && e.second == 0);
+        }));
   }
 }
 

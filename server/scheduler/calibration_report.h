@@ -18,9 +18,12 @@ namespace quantd::scheduler {
 // Appends one LayerReport per decoder layer that has input amax rows, in layer order. Per layer:
 // each projection's min / median / max over the routed experts (one value for any other module);
 // calibrated_tokens, the most tokens any non-routed module of the layer saw; routed_experts, the
-// experts with a row; uncalibrated_experts, those of them whose rows count no token, when the
-// layer's rows count tokens at all (token_counts).
-void AddLayerCalibration(const std::vector<store::AmaxRow>& amax, v1::JobReport* report);
+// experts with a row or quantized by one of the job's quantize `tasks` (their payload lists the
+// modules); uncalibrated_experts, those whose amax the export fills in: quantized without a row
+// (the calibration records only experts some token reached), or with rows that count no token
+// when the layer's rows count tokens at all (token_counts).
+void AddLayerCalibration(const std::vector<store::AmaxRow>& amax,
+                         const std::vector<store::TaskRow>& tasks, v1::JobReport* report);
 
 }  // namespace quantd::scheduler
 

@@ -27,10 +27,19 @@ def main():
                       exclude=["layers.0.*"], weight_format="nvfp4", kv_cache="fp8",
                       materialize_bf16="bf16", devices=["cpu"], host_memory_bytes=1 << 30,
                       calibration=pb.CalibrationSpec(amax_file="amax.json", num_samples=8))
+    calibrated = pb.JobSpec(source="/models/src", output="/models/out",
+                            calibration=pb.CalibrationSpec(
+                                datasets=[pb.CalibrationDataset(path="/cal/a.jsonl", samples=4),
+                                          pb.CalibrationDataset(path="/cal/b.jsonl")],
+                                num_samples=8, seq_len=64, min_seq_len=0, seed=3, add_bos=False,
+                                mode="data", w2_input="weighted", expert_amax="layer_max",
+                                uncalibrated="model_max", numerics="math",
+                                amax_out="/cal/amax.json"))
     seeds = {
         "submit_experts": ("SubmitJob", pb.SubmitJobRequest(request_id="r1", spec=spec)),
         "submit_custom": ("SubmitJob", pb.SubmitJobRequest(spec=full)),
         "submit_empty": ("SubmitJob", pb.SubmitJobRequest()),
+        "submit_calibration": ("SubmitJob", pb.SubmitJobRequest(spec=calibrated)),
         "get_1": ("GetJob", pb.GetJobRequest(id=1)),
         "get_negative": ("GetJob", pb.GetJobRequest(id=-5)),
         "list_running": ("ListJobs", pb.ListJobsRequest(state=pb.RUNNING, page_size=10)),

@@ -123,6 +123,10 @@ std::string Sandboxed(const std::string& sandbox, SubmitJobRequest request) {
     quantd::v1::CalibrationSpec& c = *spec.mutable_calibration();
     if (!c.amax_file().empty()) c.set_amax_file(Confined(sandbox, "in", c.amax_file()));
     if (!c.dataset().empty()) c.set_dataset(Confined(sandbox, "in", c.dataset()));
+    for (quantd::v1::CalibrationDataset& d : *c.mutable_datasets()) {
+      if (!d.path().empty()) d.set_path(Confined(sandbox, "in", d.path()));
+    }
+    if (!c.amax_out().empty()) c.set_amax_out(Confined(sandbox, "out", c.amax_out()));
   }
   return request.SerializeAsString();
 }

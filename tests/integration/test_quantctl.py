@@ -321,7 +321,7 @@ def test_report_shows_each_layers_input_amax(qc, w4a4, source):
     for layer in report["layers"]:
         projections = values[int(layer["layer"])]
         experts = len(projections["w1"])
-        # An amax file counts no tokens: no expert is called uncalibrated.
+        # An amax file counts no tokens; it names every expert, so none is filled in.
         assert layer == {
             "layer": layer["layer"], "tokenCounts": False, "calibratedTokens": "0",
             "routedExperts": str(experts), "uncalibratedExperts": "0",
@@ -335,8 +335,45 @@ def test_report_shows_each_layers_input_amax(qc, w4a4, source):
                                         "MEDIAN", "MAX"]
     first = min(values)
     w1 = values[first]["w1"]
-    assert lines[start + 2].split() == [str(first), "-", "-", "ffn.experts.w1", "%.4g" % min(w1),
-                                        "%.4g" % statistics.median(w1), "%.4g" % max(w1)]
+    assert lines[start + 2].split() == [str(first), "-", "0", "of", str(len(w1)), "ffn.experts.w1",
+                                        "%.4g" % min(w1), "%.4g" % statistics.median(w1),
+                                        "%.4g" % max(w1)]
+
+
+def test_report_of_a_calibrated_job(qc, source, tmp_path):
+    """A W4A4 job that calibrates on the built-in text: every layer counts the same tokens, its
+    routed experts are the fixture's, those no token reached are counted, and w2 shows both
+    inputs."""
+    data = Path(__file__).resolve().parents[1] / "data" / "calibration_sample.jsonl"
+    proc = qc.run_ok("submit", "--source", source["dir"], "--output", tmp_path / "out",
+                     "--calibration-dataset", f"{data}:8", "--seq-len", 256, "--min-seq-len", 16,
+                     "--device", "cpu", "--watch")
+    job_id = int(re.match(r"job (\d+) (PENDING|RUNNING)\n", proc.stdout).group(1))
+    experts = {}  # layer -> routed experts of the fixture
+    for module in json.loads(source["amax"].read_text()):
+        m = re.fullmatch(r"layers\.(\d+)\.ffn\.experts\.(\d+)\.w1", module)
+        if m:
+            experts[int(m.group(1))] = experts.get(int(m.group(1)), 0) + 1
+    layers = qc.json("report", job_id)["layers"]
+    assert [int(layer["layer"]) for layer in layers] == sorted(experts)
+    tokens = {layer["calibratedTokens"] for layer in layers}
+    assert len(tokens) == 1 and int(tokens.pop()) > 0
+    for layer in layers:
+        assert layer["tokenCounts"] is True
+        assert int(layer["routedExperts"]) == experts[int(layer["layer"])]
+        p = {x["projection"]: x for x in layer["projections"]}
+        reached = int(p["ffn.experts.w1"]["modules"])
+        assert int(layer["uncalibratedExperts"]) == experts[int(layer["layer"])] - reached
+        assert p["ffn.experts.w2"]["modules"] == p["ffn.experts.w2.unweighted"]["modules"]
+        assert 0 < p["ffn.experts.w2.unweighted"]["maxAmax"] < 100
+        assert p["attn.wq_a"]["modules"] == "1" and p["attn.wq_a"]["maxAmax"] > 0
+    lines = qc.run_ok("report", job_id).stdout.splitlines()
+    start = lines.index("calibration: input amax per decoder layer (routed experts: min / median "
+                        "/ max)")
+    first = lines[start + 2].split()
+    assert first[:3] == [layers[0]["layer"], layers[0]["calibratedTokens"],
+                         f"{layers[0]['uncalibratedExperts']}"]
+    assert first[3:5] == ["of", layers[0]["routedExperts"]]
 
 
 def test_failed_job_exits_1_then_resume_and_delete(qc, tmp_path):

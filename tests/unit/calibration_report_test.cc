@@ -1,6 +1,7 @@
-// The per-layer calibration figures of a JobReport from a job's amax rows: min / median / max over
-// routed experts, single values for every other module, weighted and unweighted w2, uncalibrated
-// experts and calibrated tokens; rows as the store merges them (max of values, sum of tokens).
+// The per-layer calibration figures of a JobReport from a job's amax rows and quantize tasks: min /
+// median / max over routed experts, single values for every other module, weighted and unweighted
+// w2, uncalibrated experts (no token, or no row for an expert the plan quantizes) and calibrated
+// tokens; rows as the store merges them (max of values, sum of tokens).
 #include "server/scheduler/calibration_report.h"
 
 #include <google/protobuf/text_format.h>
@@ -10,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "server/pipeline/plan.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::scheduler {
@@ -56,7 +59,21 @@ TEST(CalibrationReportTest, SummarisesEachLayer) {
       {"layers.2", "input", 9.0, 96},
   };
   v1::JobReport report;
-  AddLayerCalibration(rows, &report);
+  // The plan quantizes experts 0-5 of layer 2: 4 and 5 have no row (no token reached them).
+  pipeline::ShardTask shard;
+  shard.shard = "model-00001-of-00001.safetensors";
+  for (int e = 0; e < 6; ++e) {
+    shard.modules.push_back(absl::StrCat("layers.2.ffn.experts.", e, ".w1"));
+  }
+  shard.modules.push_back("layers.2.attn.wq_a");
+  shard.modules.push_back("layers.7.ffn.experts.0.w1");  // a layer without rows is not reported
+  store::TaskRow quantize;
+  quantize.stage_kind = "quantize";
+  quantize.payload_json = pipeline::ToJson(shard);
+  store::TaskRow verify = quantize;  // other stages' payloads are not read
+  verify.stage_kind = "verify";
+  verify.payload_json = R"({"shard": "x", "modules": ["layers.2.ffn.experts.9.w1"]})";
+  AddLayerCalibration(rows, {quantize, verify}, &report);
   ExpectReport(report, R"pb(
     layers {
       layer: 2
@@ -76,8 +93,8 @@ TEST(CalibrationReportTest, SummarisesEachLayer) {
                     min_amax: 1.5 median_amax: 1.5 max_amax: 1.5 }
       token_counts: true
       calibrated_tokens: 96
-      routed_experts: 4
-      uncalibrated_experts: 1
+      routed_experts: 6
+      uncalibrated_experts: 3
     }
     layers {
       layer: 10
@@ -90,21 +107,30 @@ TEST(CalibrationReportTest, SummarisesEachLayer) {
 }
 
 TEST(CalibrationReportTest, AmaxFileRowsCountNoTokens) {
-  // calibration.amax_file rows carry no token counts: nothing is called uncalibrated.
+  // calibration.amax_file rows carry no token counts: only a quantized expert the file does not
+  // name (expert 2) is filled in.
+  pipeline::ShardTask shard;
+  shard.shard = "model-00001-of-00001.safetensors";
+  shard.modules = {"layers.0.ffn.experts.0.w1", "layers.0.ffn.experts.1.w1",
+                   "layers.0.ffn.experts.2.w1"};
+  store::TaskRow quantize;
+  quantize.stage_kind = "quantize";
+  quantize.payload_json = pipeline::ToJson(shard);
   v1::JobReport report;
   AddLayerCalibration({{"layers.0.ffn.experts.0.w1", "input", 0.5, 0},
                        {"layers.0.ffn.experts.1.w1", "input", 0.75, 0}},
-                      &report);
+                      {quantize}, &report);
   ExpectReport(report, R"pb(
     layers {
       layer: 0
       projections { projection: "ffn.experts.w1" modules: 2
                     min_amax: 0.5 median_amax: 0.625 max_amax: 0.75 }
-      routed_experts: 2
+      routed_experts: 3
+      uncalibrated_experts: 1
     }
   )pb");
   v1::JobReport empty;
-  AddLayerCalibration({}, &empty);
+  AddLayerCalibration({}, {quantize}, &empty);
   EXPECT_EQ(empty.layers_size(), 0);
 }
 
@@ -129,7 +155,7 @@ TEST_F(CalibrationReportStoreTest, SlicesMergedByTheStoreAddUpTheirTokens) {
   absl::StatusOr<std::vector<AmaxRow>> rows = (*store)->ListAmax(*job);
   ASSERT_TRUE(rows.ok()) << rows.status();
   v1::JobReport report;
-  AddLayerCalibration(*rows, &report);
+  AddLayerCalibration(*rows, {}, &report);
   ExpectReport(report, R"pb(
     layers {
       layer: 0

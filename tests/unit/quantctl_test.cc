@@ -294,7 +294,7 @@ TEST(ReportViewTest, FormatsTheInputAmaxOfEachLayer) {
             "                             ffn.experts.w2.unweighted     4       5      6\n"
             "                             ffn.shared_experts.w1                      1.5\n"
             "12       4096  -             attn.wkv                                 12.06\n"
-            "13          -  -             ffn.experts.w1              0.5   0.625   0.75\n"
+            "13          -  0 of 2        ffn.experts.w1              0.5   0.625   0.75\n"
             "\n"
             "rule checks: none yet (verify has not run)\n");
 }

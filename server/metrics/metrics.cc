@@ -136,10 +136,6 @@ class PrometheusMetrics final : public Metrics {
                           .Name("quantd_job_failures_total")
                           .Help("Jobs that ended FAILED, by reason.")
                           .Register(*registry_)),
-        calibration_samples_(prometheus::BuildCounter()
-                                 .Name("quantd_calibration_samples_total")
-                                 .Help("Calibration samples processed.")
-                                 .Register(*registry_)),
         calibrated_tokens_(prometheus::BuildCounter()
                                .Name("quantd_calibrated_tokens_total")
                                .Help("Token rows calibrate tasks moved through a decoder layer.")
@@ -169,7 +165,6 @@ class PrometheusMetrics final : public Metrics {
                        .Register(*registry_)),
         read_bytes_total_(read_bytes_.Add({})),
         written_bytes_total_(written_bytes_.Add({})),
-        calibration_samples_total_(calibration_samples_.Add({})),
         calibrated_tokens_total_(calibrated_tokens_.Add({})),
         calibration_layer_seconds_(calibration_layer_.Add({}, StageBuckets())),
         queue_depth_value_(queue_depth_.Add({})),
@@ -284,10 +279,6 @@ class PrometheusMetrics final : public Metrics {
     job_failures_.Add({{"reason", reason}}).Increment();
   }
 
-  void AddCalibrationSamples(uint64_t n) override {
-    calibration_samples_total_.Increment(static_cast<double>(n));
-  }
-
   void CalibratedLayerSlice(uint64_t tokens, double seconds) override {
     calibrated_tokens_total_.Increment(static_cast<double>(tokens));
     calibration_layer_seconds_.Observe(seconds);
@@ -338,7 +329,6 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Family<prometheus::Counter>& retries_;
   prometheus::Family<prometheus::Counter>& job_failures_;
-  prometheus::Family<prometheus::Counter>& calibration_samples_;
   prometheus::Family<prometheus::Counter>& calibrated_tokens_;
   prometheus::Family<prometheus::Histogram>& calibration_layer_;
   prometheus::Family<prometheus::Counter>& rpcs_;
@@ -348,7 +338,6 @@ class PrometheusMetrics final : public Metrics {
   // The unlabelled series of the families above.
   prometheus::Counter& read_bytes_total_;
   prometheus::Counter& written_bytes_total_;
-  prometheus::Counter& calibration_samples_total_;
   prometheus::Counter& calibrated_tokens_total_;
   prometheus::Histogram& calibration_layer_seconds_;
   prometheus::Gauge& queue_depth_value_;

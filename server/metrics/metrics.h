@@ -17,11 +17,11 @@
 //   quantd_device_memory_used_bytes{device}                 gauge
 //   quantd_task_retries_total{reason}                       counter: reason = status code name
 //   quantd_job_failures_total{reason}                       counter: reason = the job's reason
-//   quantd_calibration_samples_total                        counter
 //   quantd_calibrated_tokens_total                          counter: token rows calibrate tasks
 //                                                           moved through a decoder layer
 //   quantd_calibration_layer_seconds                        histogram: one calibrate task, a
-//                                                           decoder layer over one slice
+//                                                           decoder layer over one slice of the
+//                                                           samples (not a whole layer)
 //   quantd_rpc_requests_total{method,code}                  counter: method = RPC name, code = gRPC code name
 //   quantd_scheduler_heartbeat_timestamp_seconds            gauge: Unix time of the scheduler's
 //                                                           last SetJobCounts (start until then)
@@ -74,7 +74,6 @@ class Metrics {
   virtual void SetDeviceMemoryUsed(const std::string& device, int64_t bytes) = 0;
   virtual void TaskRetried(const std::string& reason) = 0;
   virtual void JobFailed(const std::string& reason) = 0;
-  virtual void AddCalibrationSamples(uint64_t n) = 0;
   // A calibrate task moved `tokens` token rows through its decoder layer in `seconds`.
   virtual void CalibratedLayerSlice(uint64_t tokens, double seconds) = 0;
   virtual void RpcHandled(const std::string& method, const std::string& code) = 0;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -205,6 +206,14 @@ absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
 
 std::string JobWorkDir(const std::string& db_path, int64_t job_id) {
   return absl::StrCat(db_path, ".work/job-", job_id);
+}
+
+absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id) {
+  const std::string dir = JobWorkDir(db_path, job_id);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", dir, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t now_ms,

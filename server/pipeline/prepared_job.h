@@ -125,6 +125,9 @@ class PreparedJob {
 // A job's own work directory (calibration tokens, spilled activations): "<state>.work/job-<id>"
 // next to the state database `db_path`.
 std::string JobWorkDir(const std::string& db_path, int64_t job_id);
+// Removes JobWorkDir(db_path, job_id) with everything in it (nothing when it does not exist):
+// for a job that can no longer resume (SUCCEEDED, CANCELLED) or was deleted.
+absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id);
 
 // Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).
 inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
+#include "server/pipeline/prepared_job.h"
 #include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/calibration_report.h"
 #include "server/scheduler/job_proto.h"
@@ -148,6 +149,7 @@ absl::Status Scheduler::Impl::DoDelete(int64_t job_id) {
   RETURN_IF_ERROR(store_->DeleteJob(job_id));
   states_.erase(job_id);
   Log(job_id, "state", "deleted");
+  RemoveWorkDir(job_id);
   board_.Remove(job_id);
   return absl::OkStatus();
 }
@@ -379,6 +381,8 @@ absl::Status Scheduler::Impl::SetState(int64_t job_id, JobState state, const std
   if (!reason.empty()) absl::StrAppend(&message, " (", reason, ")");
   if (!error.empty()) absl::StrAppend(&message, ": ", error);
   Log(job_id, "state", message);
+  // A job that can resume (PAUSED, FAILED) keeps its work directory (calibration tokens).
+  if (state == JobState::kSucceeded || state == JobState::kCancelled) RemoveWorkDir(job_id);
   return Publish(job_id);
 }
 
@@ -388,6 +392,13 @@ absl::Status Scheduler::Impl::Reconsider() {
   absl::Status s = StartJobs();
   if (!s.ok()) reconsider_ = true;
   return s;
+}
+
+void Scheduler::Impl::RemoveWorkDir(int64_t job_id) {
+  // The job's state is already committed: a directory that stays is only logged.
+  if (absl::Status s = pipeline::RemoveJobWorkDir(store_->db().path(), job_id); !s.ok()) {
+    Log(job_id, "cleanup", std::string(s.message()));
+  }
 }
 
 absl::Status Scheduler::Impl::Step() {

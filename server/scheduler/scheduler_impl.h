@@ -203,6 +203,8 @@ class Scheduler::Impl {
   // Sets the job's state in the store and the index, logs it and publishes the snapshot.
   absl::Status SetState(int64_t job_id, store::JobState state, const std::string& reason,
                         const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Removes the job's work directory (pipeline::RemoveJobWorkDir); a failure is logged.
+  void RemoveWorkDir(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // One round after any event: start jobs, hand out tasks, finish jobs; a store error goes to
   // OnStoreError.
   void Kick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);

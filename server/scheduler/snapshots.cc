@@ -2,9 +2,15 @@
 // tasks, rates), published to the JobBoard after every change and at most every 100 ms for
 // progress; and the metrics gauges. Everything here runs on the strand; the board is only written.
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/calibration/calibrate_task.h"
+#include "server/pipeline/stages/calibrate_stage.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -13,6 +19,25 @@ namespace {
 
 constexpr size_t kBusyWindow = 60;  // busy-ratio window, in metric refreshes
 constexpr double kMetricsIntervalSeconds = 1.0;
+
+// What a stage's progress counts (StageProgress.unit): the calibrate stage counts token rows.
+const char* ProgressUnit(const std::string& kind) {
+  return kind == pipeline::CalibrateStage::kKind ? "tokens" : "bytes";
+}
+
+// StageProgress.step of a calibrate stage: "layer L of N" (1-based) for the earliest layer of
+// its running tasks `running`; "" when none of them calibrates a layer.
+std::string CalibrateStep(const std::vector<const store::TaskRow*>& running) {
+  std::optional<calibration::CalibrateTask> earliest;
+  for (const store::TaskRow* row : running) {
+    absl::StatusOr<calibration::CalibrateTask> task =
+        calibration::ParseCalibrateTask(row->payload_json);
+    if (!task.ok() || task->kind != calibration::CalibrateTask::Kind::kLayer) continue;
+    if (!earliest.has_value() || task->layer < earliest->layer) earliest = *task;
+  }
+  if (!earliest.has_value()) return "";
+  return absl::StrCat("layer ", earliest->layer + 1, " of ", earliest->layers);
+}
 
 }  // namespace
 
@@ -39,6 +64,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   for (const store::StageProgress& p : stages) {
     v1::StageProgress* out = job.add_stages();
     out->set_kind(p.kind);
+    out->set_unit(ProgressUnit(p.kind));
     out->set_state(StageStateToProto(p.state));
     out->set_tasks_done(p.tasks_done);
     out->set_tasks_total(p.tasks_total);
@@ -49,12 +75,15 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
     if (p.finished_ms.has_value()) *out->mutable_end_time() = TimestampFromMs(*p.finished_ms);
     int64_t done = p.bytes_done;
     if (active != active_.end()) {
+      std::vector<const store::TaskRow*> running;
       for (const auto& [task_id, f] : active->second->in_flight) {
         if (f.work.task.stage_id == p.stage_id && !f.returned) {
           done += f.work.run->bytes.load(std::memory_order_relaxed);
+          running.push_back(&f.work.task);
         }
       }
       done = std::min(done, p.bytes_total);
+      if (p.kind == pipeline::CalibrateStage::kKind) out->set_step(CalibrateStep(running));
       const auto clock = active->second->stage_clock.find(p.stage_id);
       if (p.state != store::StageState::kSucceeded && clock != active->second->stage_clock.end()) {
         const double elapsed = (now - clock->second.first) / 1000.0;

@@ -55,6 +55,13 @@ def stored_amax(state):
     return {m: (v, n) for m, v, n in rows}
 
 
+def job_dirs(state):
+    """The jobs' own directories (job-<id>) in the work directory: only a job that can still
+    resume (PAUSED, FAILED) keeps one."""
+    work = state.parent / (state.name + ".work")
+    return sorted(p.name for p in work.glob("job-*")) if work.exists() else []
+
+
 def leftovers(state):
     """Files left in the job's work directory besides the stored tokens."""
     work = state.parent / (state.name + ".work")
@@ -146,6 +153,7 @@ def test_run_calibrates_and_quantizes_w4a4(qd, reference):
     assert kinds.count("calibrate") == 1 + 3 * 2 + 1  # tokens, 3 layers x 2 slices, amax_out
     assert all(r["state"] == "DONE" and r["attempt"] == 1 for r in rows.values())
     assert leftovers(reference.state) == []
+    assert job_dirs(reference.state) == []  # SUCCEEDED: its tokens file went with it
     # Token counts: every sample reaches each layer's attention once.
     stored = reference.result()["rows"]
     tokens = stored["layers.0.attn.wq_a"][1]
@@ -207,6 +215,7 @@ def test_run_killed_then_resumed_is_byte_identical(qd, source, reference, tmp_pa
     assert "calibrate from layer 0" in proc.stderr
     assert job.result() == reference.result()
     assert leftovers(job.state) == []
+    assert job_dirs(job.state) == []
 
 
 def daemon_spec(pb, source, out):
@@ -247,9 +256,18 @@ def test_daemon_calibrates_and_resumes_after_sigkill(qd, source, stubs, daemon_r
             d.env = {}
             d.start()
         client = Client(stubs, d.channel())
-        final = client.watch(job.id)[-1]
+        seen = client.watch(job.id)
+        final = seen[-1]
         assert final.state == pb.SUCCEEDED, final
         assert [s.kind for s in final.stages][:2] == ["inspect", "calibrate"]
+        # The calibrate stage counts tokens and says which layer (1-based) its tasks calibrate.
+        calibrate = [s for m in seen for s in m.stages if s.kind == "calibrate"]
+        assert {s.unit for s in calibrate} == {"tokens"}
+        assert {s.step for s in calibrate} <= {"", "layer 1 of 3", "layer 2 of 3", "layer 3 of 3"}
+        assert all(s.step == "" for s in calibrate if s.state != pb.StageProgress.RUNNING)
+        assert {s.unit for s in final.stages if s.kind != "calibrate"} == {"bytes"}
+        if not kill_at:
+            assert any(s.step for s in calibrate), calibrate
         d.stop()
     finally:
         d.close()
@@ -257,16 +275,19 @@ def test_daemon_calibrates_and_resumes_after_sigkill(qd, source, stubs, daemon_r
     state = tmp_path / "state" / "quantd.db"
     assert stored_amax(state) == daemon_reference["rows"]
     assert leftovers(state) == []
+    assert job_dirs(state) == []
     qd.run_ok("verify", out)
 
 
-@pytest.mark.parametrize("pause", [False, True])
+@pytest.mark.parametrize("then", ["cancel", "resume", "delete"])
 def test_daemon_cancel_or_pause_mid_calibration_leaves_no_spill_file(qd, source, stubs,
                                                                      daemon_reference, tmp_path,
-                                                                     pause):
-    """Cancelled (or paused, then resumed) while layer 1 calibrates, with every activation
-    spilled (host budget 4 KiB): the job's spill files are gone once it stops; a resumed job
-    calibrates from layer 0 again and gives the uninterrupted bytes."""
+                                                                     then):
+    """Cancelled (or paused, then resumed or deleted) while layer 1 calibrates, with every
+    activation spilled (host budget 4 KiB): the job's spill files are gone once it stops; a
+    paused job keeps its tokens file, a resumed one calibrates from layer 0 again and gives the
+    uninterrupted bytes; a cancelled, finished or deleted job leaves no job directory."""
+    pause = then != "cancel"
     from test_daemon import Client
     pb = stubs[0]
     d = Daemon(qd.binary, tmp_path / "state")
@@ -294,13 +315,20 @@ def test_daemon_cancel_or_pause_mid_calibration_leaves_no_spill_file(qd, source,
         while leftovers(state) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert leftovers(state) == []
+        work = state.parent / (state.name + ".work") / f"job-{job.id}"
+        assert job_dirs(state) == ([work.name] if pause else [])
         if pause:
+            assert (work / "tokens.bin").is_file()
+        if then == "resume":
             client.resume(job.id)
             final = client.watch(job.id)[-1]
             assert final.state == pb.SUCCEEDED, final
             assert tree_hashes(out) == daemon_reference["out"]
             assert stored_amax(state) == daemon_reference["rows"]
             assert leftovers(state) == []
+        if then == "delete":
+            client.delete(job.id)
+        assert job_dirs(state) == []
         d.stop()
     finally:
         d.close()

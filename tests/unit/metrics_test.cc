@@ -88,7 +88,8 @@ TEST(MetricsTest, FixedSeriesExistAtZeroBeforeAnyEvent) {
   EXPECT_TRUE(HasLine(text, "quantd_queue_depth 0"));
   EXPECT_TRUE(HasLine(text, "quantd_read_bytes_total 0"));
   EXPECT_TRUE(HasLine(text, "quantd_written_bytes_total 0"));
-  EXPECT_TRUE(HasLine(text, "quantd_calibration_samples_total 0"));
+  EXPECT_TRUE(HasLine(text, "quantd_calibrated_tokens_total 0"));
+  EXPECT_TRUE(HasLine(text, "quantd_calibration_layer_seconds_count 0"));
   for (const char* state : kJobStates) {
     EXPECT_TRUE(HasLine(text, absl::StrCat("quantd_jobs{state=\"", state, "\"} 0"))) << state;
   }
@@ -210,8 +211,6 @@ TEST(MetricsTest, CountersAddUpExactly) {
   m->AddBytesRead(uint64_t{1} << 40);
   m->AddBytesWritten(4096);
   m->AddBytesWritten(512);
-  m->AddCalibrationSamples(128);
-  m->AddCalibrationSamples(384);
   m->CalibratedLayerSlice(1536, 0.25);
   m->CalibratedLayerSlice(512, 2);
   for (int i = 0; i < 3; ++i) m->TaskAttempt("quantize", "done");
@@ -236,7 +235,6 @@ TEST(MetricsTest, CountersAddUpExactly) {
   EXPECT_TRUE(HasLine(text, "quantd_calibration_layer_seconds_sum 2.25")) << text;
   EXPECT_TRUE(HasLine(text, "quantd_read_bytes_total 1099511627779")) << text;
   EXPECT_TRUE(HasLine(text, "quantd_written_bytes_total 4608"));
-  EXPECT_TRUE(HasLine(text, "quantd_calibration_samples_total 512"));
   EXPECT_TRUE(HasLine(text, "quantd_task_attempts_total{outcome=\"done\",stage=\"quantize\"} 3"));
   EXPECT_TRUE(
       HasLine(text, "quantd_task_attempts_total{outcome=\"retried\",stage=\"quantize\"} 1"));
@@ -380,7 +378,7 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
   m->SetDeviceMemoryUsed("cuda:0", 1 << 20);
   m->TaskRetried("UNAVAILABLE");
   m->JobFailed("corrupt input");
-  m->AddCalibrationSamples(8);
+  m->CalibratedLayerSlice(8, 0.5);
   m->RpcHandled("WatchJob", "CANCELLED");
   m->SetDiskSpace("state", 1 << 30, 1LL << 40);
   const std::string text = m->Exposition();
@@ -390,7 +388,8 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
         "quantd_task_attempts_total", "quantd_read_bytes_total", "quantd_written_bytes_total",
         "quantd_stage_duration_seconds", "quantd_device_busy_seconds_total",
         "quantd_device_busy_ratio", "quantd_device_memory_used_bytes", "quantd_task_retries_total",
-        "quantd_job_failures_total", "quantd_calibration_samples_total",
+        "quantd_job_failures_total", "quantd_calibrated_tokens_total",
+        "quantd_calibration_layer_seconds",
         "quantd_rpc_requests_total", "quantd_process_start_time_seconds",
         "quantd_scheduler_heartbeat_timestamp_seconds", "quantd_disk_free_bytes",
         "quantd_disk_size_bytes"}) {

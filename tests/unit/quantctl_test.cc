@@ -89,6 +89,50 @@ TEST(ProgressViewTest, FormatsHeaderAndStages) {
   EXPECT_EQ(JobLines(job).back(), "last error: quantize layers.0: EAGAIN");
 }
 
+// The calibrate stage counts token rows (unit "tokens") and says which layer it calibrates.
+TEST(ProgressViewTest, CalibrateShowsLayerAndTokens) {
+  v1::StageProgress s;
+  s.set_kind("calibrate");
+  s.set_unit("tokens");
+  s.set_state(v1::StageProgress::RUNNING);
+  s.set_step("layer 2 of 3");
+  s.set_tasks_done(3);
+  s.set_tasks_total(8);
+  s.set_bytes_done(1234);
+  s.set_bytes_total(3000);
+  s.set_bytes_per_second(4100);
+  s.set_eta_seconds(3);
+  // 1234 / 3000 of 20 columns = 8.2: eight '#'.
+  EXPECT_EQ(FormatStageLine(s),
+            "calibrate  [########............]  3/8 tasks  layer 2 of 3  1.2k/3.0k tokens  "
+            "4.1k tokens/s  ETA 3s");
+  // Counts below 1000 without a prefix; the rate takes its own prefix.
+  s.set_bytes_done(12);
+  s.set_bytes_total(950);
+  s.set_bytes_per_second(37.4);
+  EXPECT_EQ(FormatStageLine(s),
+            "calibrate  [....................]  3/8 tasks  layer 2 of 3  12/950 tokens  "
+            "37 tokens/s  ETA 3s");
+  s.set_bytes_done(1'260'000);
+  s.set_bytes_total(2'500'000);
+  s.set_bytes_per_second(2.2e6);
+  EXPECT_EQ(FormatStageLine(s),
+            "calibrate  [##########..........]  3/8 tasks  layer 2 of 3  1.3M/2.5M tokens  "
+            "2.2M tokens/s  ETA 3s");
+  // Finished: no step, no rate.
+  s.set_state(v1::StageProgress::SUCCEEDED);
+  s.set_tasks_done(8);
+  s.set_bytes_done(2'500'000);
+  *s.mutable_start_time() = At(1000);
+  *s.mutable_end_time() = At(1002);
+  EXPECT_EQ(FormatStageLine(s),
+            "calibrate  [####################]  8/8 tasks  2.5M/2.5M tokens  done in 2s");
+  // A daemon that sends no unit counts bytes.
+  s.clear_unit();
+  EXPECT_EQ(FormatStageLine(s),
+            "calibrate  [####################]  8/8 tasks  2.5/2.5 MB  done in 2s");
+}
+
 TEST(ProgressViewTest, TtyRedrawsInPlace) {
   std::ostringstream out;
   ProgressView view(&out, /*tty=*/true, /*width=*/0);

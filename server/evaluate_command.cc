@@ -1,23 +1,15 @@
 #include "server/evaluate_command.h"
 
-#include <chrono>
 #include <iostream>
 #include <memory>
-#include <vector>
+#include <string_view>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/compute/device.h"
-#include "server/evaluation/evaluate_head.h"
-#include "server/evaluation/evaluate_layer.h"
-#include "server/evaluation/evaluation_batches.h"
-#include "server/evaluation/held_out_samples.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/quality_report.h"
-#include "server/model/tokenizer.h"
-#include "server/model/v4_weights.h"
+#include "server/evaluation/run_evaluation.h"
 #include "server/pipeline/job_spec.h"
 
 namespace quantd {
@@ -32,10 +24,6 @@ int Fail(std::ostream& err, const absl::Status& status, int code) {
   return code;
 }
 
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace
 
 int EvaluateMain(const EvaluateArgs& args, std::ostream& out, std::ostream& err) {
@@ -44,69 +32,24 @@ int EvaluateMain(const EvaluateArgs& args, std::ostream& out, std::ostream& err)
   if (!text.ok()) return Fail(err, text.status(), kUsage);
   absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);
-  const std::string source_dir = args.source.empty() ? spec->source : args.source;
-  const std::string quantized_dir = args.quantized.empty() ? spec->output : args.quantized;
-  absl::StatusOr<std::unique_ptr<model::V4Checkpoint>> source =
-      model::OpenV4Checkpoint(source_dir);
-  if (!source.ok()) return Fail(err, source.status(), kFailure);
-  absl::StatusOr<std::unique_ptr<model::V4Checkpoint>> quantized =
-      model::OpenV4Checkpoint(quantized_dir);
-  if (!quantized.ok()) return Fail(err, quantized.status(), kFailure);
-
-  const std::string tokenizer_dir = args.tokenizer_dir.empty() ? source_dir : args.tokenizer_dir;
-  absl::StatusOr<std::unique_ptr<model::Tokenizer>> tokenizer =
-      model::Tokenizer::LoadDir(tokenizer_dir);
-  if (!tokenizer.ok()) return Fail(err, tokenizer.status(), kFailure);
-  const int64_t num_samples = spec->evaluate.num_samples > 0 ? spec->evaluate.num_samples
-                                                             : pipeline::kDefaultEvaluateSamples;
-  absl::StatusOr<std::vector<std::vector<int32_t>>> samples =
-      evaluation::LoadHeldOutSamples(spec->calibration, num_samples, **tokenizer);
-  if (!samples.ok()) return Fail(err, samples.status(), kFailure);
+  evaluation::EvaluationRequest request;
+  request.spec = &*spec;
+  request.source = args.source.empty() ? spec->source : args.source;
+  request.quantized = args.quantized.empty() ? spec->output : args.quantized;
+  request.tokenizer_dir = args.tokenizer_dir.empty() ? request.source : args.tokenizer_dir;
+  request.batch_bytes = args.batch_bytes;
+  request.progress = [&err](std::string_view line) { err << line << "\n"; };
   absl::StatusOr<std::unique_ptr<compute::Device>> device =
       compute::OpenDevice("cpu", {.cpu_threads = args.threads});
   if (!device.ok()) return Fail(err, device.status(), kFailure);
+  absl::StatusOr<evaluation::QualityReport> report =
+      evaluation::RunEvaluation(request, **device);
+  if (!report.ok()) return Fail(err, report.status(), kFailure);
 
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<evaluation::EvaluationBatches> batches =
-      evaluation::EmbedHeldOut(**source, **quantized, *samples, args.batch_bytes);
-  if (!batches.ok()) return Fail(err, batches.status(), kFailure);
-  const model::Numerics numerics =
-      spec->calibration.numerics == pipeline::CalibrationNumerics::kMath
-          ? model::Numerics::kMath
-          : model::Numerics::kOfficial;
-  evaluation::QualityReport report;
-  report.source = source_dir;
-  report.quantized = quantized_dir;
-  report.numerics = pipeline::CalibrationNumericsName(spec->calibration.numerics);
-  report.samples = static_cast<int64_t>(samples->size());
-  report.tokens = batches->tokens();
-  const int64_t layers = (*source)->config.num_hidden_layers;
-  err << absl::StrFormat("evaluating %d layers on %d held-out samples (%d tokens, %d batches), %s "
-                         "numerics\n",
-                         layers, report.samples, report.tokens, batches->source.size(),
-                         report.numerics);
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    absl::StatusOr<evaluation::LayerQuality> q = evaluation::EvaluateLayer(
-        **source, **quantized, layer, *batches, **device, numerics);
-    if (!q.ok()) return Fail(err, q.status(), kFailure);
-    err << absl::StrFormat("layer %d of %d: SQNR %.2f dB free-running, %.2f dB teacher-forced "
-                           "(load %.3f s, forward %.3f s)\n",
-                           layer + 1, layers, q->free_running.Db(), q->teacher_forced.Db(),
-                           q->load_seconds, q->forward_seconds);
-    report.layers.push_back(*q);
-  }
-  absl::StatusOr<evaluation::NextTokenQuality> next =
-      evaluation::EvaluateHead(**source, **quantized, *batches, **device, numerics);
-  if (!next.ok()) return Fail(err, next.status(), kFailure);
-  report.next_token = *next;
-  report.seconds = SecondsSince(start);
-
-  const absl::Status gate = evaluation::CheckQualityGate(spec->evaluate.gate, report);
-  out << evaluation::FormatQualityReport(report);
+  const absl::Status gate = evaluation::CheckQualityGate(spec->evaluate.gate, *report);
+  out << evaluation::FormatQualityReport(*report);
   if (!args.out.empty()) {
-    nlohmann::json json = evaluation::QualityReportToJson(report);
-    json["gate"] = {{"passed", gate.ok()},
-                    {"broken", evaluation::BrokenBounds(spec->evaluate.gate, report)}};
+    const nlohmann::json json = evaluation::EvaluationJson(*report, spec->evaluate.gate);
     if (absl::Status s = checkpoint::WriteFileAtomically(args.out, json.dump(2) + "\n"); !s.ok()) {
       return Fail(err, s, kFailure);
     }

@@ -11,7 +11,8 @@
 // Errors from Run: InvalidArgument / DataLoss for bad input (a corrupt shard, a tensor that breaks a
 // rule: permanent, the message names the file and the tensor), Unavailable / ResourceExhausted for
 // transient conditions (EAGAIN, ENOSPC: retried with back-off), Cancelled when `cancelled` was set
-// (the task is requeued as interrupted).
+// (the task is requeued as interrupted). A permanent error fails the job with reason "task_failed",
+// or with the reason it carries (WithJobReason: e.g. the evaluate stage's QUALITY_GATE).
 #ifndef QUANTD_SERVER_PIPELINE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGE_H_
 
@@ -26,6 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
@@ -59,6 +62,21 @@ struct StageContext {
   // Set when the job is being cancelled or the process is stopping; checked between tensors.
   const std::atomic<bool>* cancelled = nullptr;
 };
+
+// The status payload that names the job's failure reason (its value, e.g. "QUALITY_GATE").
+inline constexpr absl::string_view kJobReasonPayload = "quantd.dev/job_reason";
+
+// `error` carrying the job's failure reason `reason`.
+inline absl::Status WithJobReason(absl::Status error, std::string_view reason) {
+  error.SetPayload(kJobReasonPayload, absl::Cord(absl::string_view(reason.data(), reason.size())));
+  return error;
+}
+
+// The failure reason `error` carries, or "task_failed".
+inline std::string JobReasonOf(const absl::Status& error) {
+  const auto reason = error.GetPayload(kJobReasonPayload);
+  return reason.has_value() ? std::string(*reason) : std::string("task_failed");
+}
 
 struct TaskOutput {
   std::string path;      // the file the task wrote ("" when it wrote none)

@@ -4,6 +4,7 @@
 
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/dequant_stage.h"
+#include "server/pipeline/stages/evaluate_stage.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/inspect_stage.h"
 #include "server/pipeline/stages/quantize_stage.h"
@@ -37,6 +38,7 @@ const StageRegistry& BuiltinStages() {
     stages.push_back(std::make_unique<QuantizeStage>());
     stages.push_back(std::make_unique<ExportStage>());
     stages.push_back(std::make_unique<VerifyStage>());
+    stages.push_back(std::make_unique<EvaluateStage>());
     return new StageRegistry(std::move(stages));
   }();
   return *registry;

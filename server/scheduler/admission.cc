@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
 #include "server/pipeline/prepared_job.h"
+#include "server/pipeline/stage.h"
 #include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/calibration_report.h"
 #include "server/scheduler/job_proto.h"
@@ -349,8 +350,9 @@ absl::Status Scheduler::Impl::MaybeFinish(ActiveJob& job, bool* finished) {
     job.parked.reset();
     *finished = true;
     Release(job);
-    if (options_.metrics != nullptr) options_.metrics->JobFailed("task_failed");
-    return SetState(job.id, JobState::kFailed, "task_failed", std::string(job.failure->message()));
+    const std::string reason = pipeline::JobReasonOf(*job.failure);
+    if (options_.metrics != nullptr) options_.metrics->JobFailed(reason);
+    return SetState(job.id, JobState::kFailed, reason, std::string(job.failure->message()));
   }
   if (job.parked.has_value()) return absl::OkStatus();  // waiting for a device
   ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
 #include "server/pipeline/prepared_job.h"
+#include "server/pipeline/stage.h"
 #include "server/scheduler/scheduler_impl.h"
 
 namespace quantd::scheduler {
@@ -135,7 +136,12 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
   RETURN_IF_ERROR(failed);
   Log(job.id, "task_failed", message);
   if (metrics != nullptr) metrics->TaskAttempt(task.stage_kind, "failed");
-  if (!job.failure.has_value()) job.failure = absl::Status(error.code(), message);
+  if (!job.failure.has_value()) {
+    job.failure = absl::Status(error.code(), message);
+    if (const auto reason = error.GetPayload(pipeline::kJobReasonPayload)) {
+      job.failure->SetPayload(pipeline::kJobReasonPayload, *reason);
+    }
+  }
   RETURN_IF_ERROR(store_->AddEvent(job.id, "task_failed", message, now));
   return Publish(job.id);
 }

@@ -1,0 +1,79 @@
+#include "server/evaluation/run_evaluation.h"
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "server/base/status_macros.h"
+#include "server/evaluation/evaluate_head.h"
+#include "server/evaluation/evaluate_layer.h"
+#include "server/evaluation/evaluation_batches.h"
+#include "server/evaluation/held_out_samples.h"
+#include "server/evaluation/quality_gate.h"
+#include "server/model/tokenizer.h"
+#include "server/model/v4_weights.h"
+
+namespace quantd::evaluation {
+
+absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
+                                            compute::Device& device) {
+  const pipeline::JobSpec& spec = *request.spec;
+  const auto progress = [&request](const std::string& line) {
+    if (request.progress) request.progress(line);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<model::V4Checkpoint> source,
+                   model::OpenV4Checkpoint(request.source));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::V4Checkpoint> quantized,
+                   model::OpenV4Checkpoint(request.quantized));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer,
+                   model::Tokenizer::LoadDir(request.tokenizer_dir));
+  const int64_t num_samples = spec.evaluate.num_samples > 0 ? spec.evaluate.num_samples
+                                                            : pipeline::kDefaultEvaluateSamples;
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
+                   LoadHeldOutSamples(spec.calibration, num_samples, *tokenizer));
+
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(EvaluationBatches batches,
+                   EmbedHeldOut(*source, *quantized, samples, request.batch_bytes));
+  const model::Numerics numerics = spec.calibration.numerics == pipeline::CalibrationNumerics::kMath
+                                       ? model::Numerics::kMath
+                                       : model::Numerics::kOfficial;
+  QualityReport report;
+  report.source = request.source;
+  report.quantized = request.quantized;
+  report.numerics = pipeline::CalibrationNumericsName(spec.calibration.numerics);
+  report.samples = static_cast<int64_t>(samples.size());
+  report.tokens = batches.tokens();
+  const int64_t layers = source->config.num_hidden_layers;
+  progress(absl::StrFormat("evaluating %d layers on %d held-out samples (%d tokens, %d batches), "
+                           "%s numerics",
+                           layers, report.samples, report.tokens, batches.source.size(),
+                           report.numerics));
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    if (request.cancelled != nullptr && request.cancelled->load()) {
+      return absl::CancelledError("evaluation cancelled");
+    }
+    ASSIGN_OR_RETURN(const LayerQuality q,
+                     EvaluateLayer(*source, *quantized, layer, batches, device, numerics));
+    progress(absl::StrFormat("layer %d of %d: SQNR %.2f dB free-running, %.2f dB teacher-forced "
+                             "(load %.3f s, forward %.3f s)",
+                             layer + 1, layers, q.free_running.Db(), q.teacher_forced.Db(),
+                             q.load_seconds, q.forward_seconds));
+    report.layers.push_back(q);
+  }
+  ASSIGN_OR_RETURN(report.next_token, EvaluateHead(*source, *quantized, batches, device, numerics));
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+nlohmann::json EvaluationJson(const QualityReport& report, const pipeline::QualityGate& gate) {
+  nlohmann::json json = QualityReportToJson(report);
+  const std::vector<std::string> broken = BrokenBounds(gate, report);
+  json["gate"] = {{"passed", broken.empty()}, {"broken", broken}};
+  return json;
+}
+
+}  // namespace quantd::evaluation

@@ -358,8 +358,7 @@ std::string JobSpecToJson(const JobSpec& spec) {
   // Written only when set, so that the canonical spec of a job without it stays what earlier
   // releases stored.
   const QualityGate& gate = spec.evaluate.gate;
-  if (spec.evaluate.num_samples != 0 || gate.max_mean_kl || gate.min_top1_agreement ||
-      gate.max_ppl_ratio) {
+  if (spec.evaluate.requested()) {
     json g = json::object();
     if (gate.max_mean_kl) g["max_mean_kl"] = *gate.max_mean_kl;
     if (gate.min_top1_agreement) g["min_top1_agreement"] = *gate.min_top1_agreement;

@@ -111,6 +111,12 @@ struct EvaluateSpec {
   // each file's seeded order (evaluation/held_out_samples.h); 0 = kDefaultEvaluateSamples.
   int64_t num_samples = 0;
   QualityGate gate;
+
+  // Whether the spec asks for an evaluation (a sample count or a gate bound): only then does a
+  // calibrating job run the evaluate stage, which costs about three calibration passes.
+  bool requested() const {
+    return num_samples != 0 || gate.max_mean_kl || gate.min_top1_agreement || gate.max_ppl_ratio;
+  }
 };
 inline constexpr int64_t kDefaultEvaluateSamples = 32;
 

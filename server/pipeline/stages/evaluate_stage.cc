@@ -18,7 +18,7 @@ namespace quantd::pipeline {
 
 absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput& input) const {
   std::vector<store::TaskPlan> tasks;
-  if (!NeedsCalibration(*input.spec)) return tasks;
+  if (!NeedsCalibration(*input.spec) || !input.spec->evaluate.requested()) return tasks;
   std::vector<store::TaskRef> after = {
       {std::string(ExportStage::kKind), std::string(ExportStage::kKind)}};
   for (const OutputShard& shard : input.output_shards) {

@@ -1,8 +1,9 @@
 // evaluate: the job's output against its source on held-out samples of the calibration data
-// (server/evaluation/run_evaluation.h), planned for a job that calibrates (NeedsCalibration): one
-// task "evaluate" after export and every verify task. It writes the figures with the gate's
-// verdict as JSON to "<work dir>/evaluation.json" (the task's output file), and fails the job with
-// reason kQualityGateReason when spec.evaluate.gate is broken; the output stays on disk.
+// (server/evaluation/run_evaluation.h), planned for a job that calibrates (NeedsCalibration) and
+// whose spec asks for it (EvaluateSpec::requested): one task "evaluate" after export and every
+// verify task. It writes the figures with the gate's verdict as JSON to
+// "<work dir>/evaluation.json" (the task's output file), and fails the job with reason
+// kQualityGateReason when spec.evaluate.gate is broken; the output stays on disk.
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_EVALUATE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_EVALUATE_STAGE_H_
 

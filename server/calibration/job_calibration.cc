@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(
 JobCalibration::JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
                                std::unique_ptr<ActivationStore> activations)
     : spec_(spec),
+      work_dir_(work_dir),
       tokens_path_((std::filesystem::path(work_dir) / "tokens.bin").string()),
       activations_(std::move(activations)) {}
 

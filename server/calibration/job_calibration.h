@@ -47,6 +47,8 @@ class JobCalibration {
   // The source as a V4 model, opened on the first call.
   absl::StatusOr<const model::V4Checkpoint*> Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The job's own directory (pipeline::JobWorkDir).
+  const std::string& work_dir() const { return work_dir_; }
   // The job's tokens file ("<work_dir>/tokens.bin").
   const std::string& tokens_path() const { return tokens_path_; }
   // The sample ids of the tokens file, read on the first call after the tokens task finished.
@@ -71,6 +73,7 @@ class JobCalibration {
   void MergeRows(const std::vector<store::AmaxRow>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const pipeline::JobSpec spec_;                      // the job's spec (source, calibration)
+  const std::string work_dir_;                        // the job's own directory
   const std::string tokens_path_;                     // in the work directory
   const std::unique_ptr<ActivationStore> activations_;  // thread-safe itself
 

@@ -48,9 +48,7 @@ absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& /*task*/,
 
   const std::string text = evaluation::EvaluationJson(report, ctx.spec->evaluate.gate).dump(2);
   TaskOutput out;
-  out.path =
-      (std::filesystem::path(ctx.calibration->tokens_path()).parent_path() / "evaluation.json")
-          .string();
+  out.path = (std::filesystem::path(ctx.calibration->work_dir()) / "evaluation.json").string();
   RETURN_IF_ERROR(checkpoint::WriteFileAtomically(out.path, text + "\n"));
   if (absl::Status gate = evaluation::CheckQualityGate(ctx.spec->evaluate.gate, report);
       !gate.ok()) {

@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
                                                                   bool overwrite,
                                                                   const OwnFiles& own) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  const bool created_dir = fs::create_directories(dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrCat(field, ": cannot create directory ", dir, ": ", ec.message()));
@@ -172,8 +172,10 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
     if (!parsed.ok()) return refuse(std::string(parsed.status().message()));
     previous = *std::move(parsed);
     if (previous->job == job) {
-      return std::unique_ptr<OutputMarker>(
-          new OutputMarker(field, dir, fd, std::move(previous->foreign), /*adopted=*/false));
+      return std::unique_ptr<OutputMarker>(new OutputMarker(field, dir, fd,
+                                                            std::move(previous->foreign),
+                                                            /*adopted=*/false,
+                                                            /*wrote_marker=*/false, created_dir));
     }
   }
   absl::StatusOr<std::set<std::string>> entries = ListEntries(dir);
@@ -202,11 +204,21 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
   if (absl::Status s = WriteMarker(fd, path, mine); !s.ok()) {
     return refuse(std::string(s.message()));
   }
-  return std::unique_ptr<OutputMarker>(
-      new OutputMarker(field, dir, fd, std::move(mine.foreign), adopt));
+  return std::unique_ptr<OutputMarker>(new OutputMarker(
+      field, dir, fd, std::move(mine.foreign), adopt, /*wrote_marker=*/true, created_dir));
 }
 
 OutputMarker::~OutputMarker() { close(fd_); }
+
+void OutputMarker::Withdraw() {
+  if (!wrote_marker_ || adopted_) return;
+  // Removed while still locked, so no other process claims it in between. Failures leave the
+  // claim in place, which a rerun of the job takes again.
+  unlink(absl::StrCat(dir_, "/", kFileName).c_str());
+  wrote_marker_ = false;
+  if (created_dir_) rmdir(dir_.c_str());  // fails, harmlessly, unless it is empty
+  created_dir_ = false;
+}
 
 absl::Status OutputMarker::RefuseForeign(const std::vector<std::string>& names) const {
   for (const std::string& name : names) {

@@ -81,20 +81,30 @@ class OutputMarker {
   // also through `<name>.tmp`) that is foreign.
   absl::Status RefuseForeign(const std::vector<std::string>& names) const;
 
+  // For a job that fails before any of its tasks ran: undoes what this claim created, and nothing
+  // else. Removes the marker when this Claim wrote it (not the job's own marker from an earlier
+  // start, nor one in an adopted directory), then the directory when this Claim created it and it
+  // is empty. The lock is held until the OutputMarker is destroyed.
+  void Withdraw();
+
  private:
   OutputMarker(std::string field, std::string dir, int fd, std::set<std::string> foreign,
-               bool adopted)
+               bool adopted, bool wrote_marker, bool created_dir)
       : field_(std::move(field)),
         dir_(std::move(dir)),
         fd_(fd),
         foreign_(std::move(foreign)),
-        adopted_(adopted) {}
+        adopted_(adopted),
+        wrote_marker_(wrote_marker),
+        created_dir_(created_dir) {}
 
   std::string field_;              // spec field naming the directory, for errors
   std::string dir_;                // the claimed directory
   int fd_;                         // the open, flock'ed marker file
   std::set<std::string> foreign_;  // entries present before the claim (overwrite or adoption)
   bool adopted_;                   // claimed by adoption
+  bool wrote_marker_;              // the marker is this Claim's (the job had none there)
+  bool created_dir_;               // Claim created the directory itself
 };
 
 }  // namespace quantd::pipeline

@@ -134,7 +134,13 @@ absl::Status PreparedJob::ClaimOutputDirs() {
 absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
                                  const std::function<void(const std::string&)>& log) {
   const int64_t job_id = stored_.identity.job_id;
-  if (!stored_.planned) RETURN_IF_ERROR(PlanJob(store, now_ms, log));
+  if (!stored_.planned) {
+    if (absl::Status s = PlanJob(store, now_ms, log); !s.ok()) {
+      // The job fails before any task ran: the directories it claimed go back as they were.
+      for (const std::unique_ptr<OutputMarker>& marker : markers_) marker->Withdraw();
+      return s;
+    }
+  }
   for (const std::unique_ptr<OutputMarker>& marker : markers_) {
     if (marker->adopted() && log) {
       log("adopted an output directory without a marker: it holds only outputs this job "

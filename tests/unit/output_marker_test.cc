@@ -31,6 +31,39 @@ TEST_F(OutputMarkerTest, AbsentOrEmptyDirectoryIsClaimedAndResumable) {
   EXPECT_FALSE((*again)->IsForeign("model-00001.safetensors"));
 }
 
+TEST_F(OutputMarkerTest, WithdrawUndoesOnlyWhatTheClaimCreated) {
+  const JobIdentity job{3, 1000, "/state/quantd.db"};
+  // A directory the claim created goes with its marker.
+  const std::string created = dir_ + "/created";
+  auto marker = OutputMarker::Claim("output", created, job, false);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  (*marker)->Withdraw();
+  marker->reset();
+  EXPECT_FALSE(fs::exists(created));
+
+  // An existing directory stays, and so do the files that were there (overwrite).
+  const std::string existing = dir_ + "/existing";
+  fs::create_directories(existing);
+  Touch(existing + "/notes.txt");
+  marker = OutputMarker::Claim("output", existing, job, /*overwrite=*/true);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  (*marker)->Withdraw();
+  marker->reset();
+  EXPECT_FALSE(fs::exists(existing + "/.quantd-job"));
+  EXPECT_TRUE(fs::is_regular_file(existing + "/notes.txt"));
+
+  // The job's own marker from an earlier start is not this claim's: it stays.
+  const std::string resumed = dir_ + "/resumed";
+  marker = OutputMarker::Claim("output", resumed, job, false);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  marker->reset();
+  marker = OutputMarker::Claim("output", resumed, job, false);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  (*marker)->Withdraw();
+  marker->reset();
+  EXPECT_TRUE(fs::is_regular_file(resumed + "/.quantd-job"));
+}
+
 TEST_F(OutputMarkerTest, OneWriterAtATime) {
   auto first = OutputMarker::Claim("output", dir_, {1, 1000, "/s"}, false);
   ASSERT_TRUE(first.ok()) << first.status();

@@ -260,6 +260,7 @@ TEST_F(RunnerTest, Nvfp4RunTakesInputScalesFromTheAmaxFile) {
 }
 
 TEST_F(RunnerTest, Nvfp4WithoutAmaxAndKvFp8FailWithClearMessages) {
+  ASSERT_FALSE(fs::exists(root_ / "out"));
   absl::Status s = RunJob(Options(Spec("out", ""), "a.db"));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
@@ -269,13 +270,18 @@ TEST_F(RunnerTest, Nvfp4WithoutAmaxAndKvFp8FailWithClearMessages) {
   EXPECT_EQ(store->GetJob(1)->state, store::JobState::kFailed);
   EXPECT_EQ(store->GetJob(1)->error, s.message());
   EXPECT_FALSE(store->HasPlan(1));
+  // The job failed before any task ran: the output directory it created and claimed is gone.
+  EXPECT_FALSE(fs::exists(root_ / "out"));
 
+  // An existing empty output directory stays, without the job's marker.
+  fs::create_directories(root_ / "out");
   s = RunJob(
       Options(Spec("out", ", \"weight_format\": \"w4a16_nvfp4\", \"kv_cache\": \"fp8\""), "b.db"));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("kv_cache fp8 needs calibrated KV-cache scales"), std::string::npos)
       << s;
-  EXPECT_FALSE(fs::exists(root_ / "out" / "config.json"));
+  EXPECT_TRUE(fs::is_directory(root_ / "out"));
+  EXPECT_TRUE(fs::is_empty(root_ / "out"));
 }
 
 TEST_F(RunnerTest, AmaxFileIsValidated) {

@@ -36,7 +36,8 @@ std::string Sha256::HexDigest() {
   return out;
 }
 
-absl::StatusOr<std::string> Sha256File(const std::string& path) {
+absl::StatusOr<std::string> Sha256File(const std::string& path,
+                                       const std::function<absl::Status(uint64_t)>& on_chunk) {
   struct stat st;
   absl::StatusOr<int> opened = OpenRegularFile(path, /*follow_symlink=*/false, &st);
   if (!opened.ok()) return opened.status();
@@ -53,6 +54,11 @@ absl::StatusOr<std::string> Sha256File(const std::string& path) {
     }
     if (n == 0) break;
     hash.Update(buf.data(), static_cast<size_t>(n));
+    if (!on_chunk) continue;
+    if (absl::Status s = on_chunk(static_cast<uint64_t>(n)); !s.ok()) {
+      close(fd);
+      return s;
+    }
   }
   close(fd);
   return hash.HexDigest();

@@ -6,8 +6,12 @@
 
 #include <stddef.h>
 
+#include <stdint.h>
+
+#include <functional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace quantd::checkpoint {
@@ -27,8 +31,11 @@ class Sha256 {
   void* ctx_;  // EVP_MD_CTX*, kept opaque so callers need no OpenSSL headers
 };
 
-// SHA-256 of a whole file, read in large chunks; errors name the path.
-absl::StatusOr<std::string> Sha256File(const std::string& path);
+// SHA-256 of a whole file, read in large chunks; errors name the path. `on_chunk`, when given, is
+// called with the size of each chunk once it is hashed; an error from it stops the read and is
+// returned as it is (a cancelled task, ...).
+absl::StatusOr<std::string> Sha256File(
+    const std::string& path, const std::function<absl::Status(uint64_t)>& on_chunk = {});
 
 }  // namespace quantd::checkpoint
 

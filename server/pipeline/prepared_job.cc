@@ -280,7 +280,25 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.calibration = calibration_.get();
   ctx.cancelled = cancelled;
   ctx.add_progress = std::move(add_progress);
+  ctx.recorded_output = [this](std::string_view kind, const std::string& name) {
+    return RecordedOutputOf(kind, name);
+  };
   return stage->Run(task, device, ctx);
+}
+
+std::optional<RecordedOutput> PreparedJob::RecordedOutputOf(std::string_view kind,
+                                                            const std::string& name) const {
+  {
+    absl::MutexLock lock(&completed_mu_);
+    auto it = completed_.find({std::string(kind), name});
+    if (it != completed_.end()) return it->second;
+  }
+  for (const store::TaskRow& t : stored_tasks_) {
+    if (t.stage_kind != kind || t.name != name) continue;
+    if (t.state != store::TaskState::kDone || t.output_path.empty()) return std::nullopt;
+    return RecordedOutput{t.output_path, t.output_bytes.value_or(0), t.output_sha256};
+  }
+  return std::nullopt;
 }
 
 absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::TaskLease& lease,
@@ -296,6 +314,11 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
       [&](store::TaskRecord& txn) { return stage->Record(txn, task, output); }));
   if (calibration_ != nullptr && task.stage_kind == CalibrateStage::kKind) {
     calibration_->OnTaskDone(task, output.amax, output.sha256);
+  }
+  if (!output.path.empty()) {
+    absl::MutexLock lock(&completed_mu_);
+    completed_[{task.stage_kind, task.name}] =
+        RecordedOutput{output.path, static_cast<int64_t>(output.bytes), output.sha256};
   }
   return absl::OkStatus();
 }

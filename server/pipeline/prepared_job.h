@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/calibration/job_calibration.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
@@ -100,6 +101,9 @@ class PreparedJob {
                        const std::function<void(const std::string&)>& log);
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
+  // StageContext::recorded_output: completed_ first, then the DONE rows of stored_tasks_.
+  std::optional<RecordedOutput> RecordedOutputOf(std::string_view kind,
+                                                 const std::string& name) const;
   // Creates calibration_ and applies the resume rule (see above); returns the amax rows that
   // input_amax_ takes (none: quantize tasks export from calibration_).
   absl::StatusOr<std::vector<store::AmaxRow>> StartCalibration(
@@ -120,6 +124,10 @@ class PreparedJob {
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
   // A calibrating job's runtime state (stages/calibrate_stage.h); nullptr otherwise. Thread-safe.
   std::unique_ptr<calibration::JobCalibration> calibration_;
+  // The files of the tasks CompleteTask marked DONE in this process, by (stage kind, task name).
+  mutable absl::Mutex completed_mu_;
+  mutable std::map<std::pair<std::string, std::string>, RecordedOutput> completed_
+      ABSL_GUARDED_BY(completed_mu_);
 };
 
 // A job's own work directory (calibration tokens, spilled activations): "<state>.work/job-<id>"

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,13 @@ class JobCalibration;  // calibration/job_calibration.h
 
 namespace quantd::pipeline {
 
+// The file a DONE task of the job recorded when it was marked done (store::TaskRow output_*).
+struct RecordedOutput {
+  std::string path;
+  int64_t bytes = 0;
+  std::string sha256;  // hex
+};
+
 // What one task reads while it runs: the job (shared read-only by every worker) and the task's
 // own hooks.
 struct StageContext {
@@ -61,6 +69,10 @@ struct StageContext {
   std::function<void(uint64_t)> add_progress;
   // Set when the job is being cancelled or the process is stopping; checked between tensors.
   const std::atomic<bool>* cancelled = nullptr;
+  // The file the DONE task (stage kind, task name) of this job recorded, nullopt when that task
+  // is not done or wrote no file; thread-safe. Verify checks the bytes it reads back against it.
+  std::function<std::optional<RecordedOutput>(std::string_view kind, const std::string& name)>
+      recorded_output;
 };
 
 // The status payload that names the job's failure reason (its value, e.g. "QUALITY_GATE").

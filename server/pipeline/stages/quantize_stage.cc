@@ -16,9 +16,13 @@
 #include "server/checkpoint/safetensors_writer.h"
 #include "server/pipeline/stages/input_scales.h"
 #include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/stages/verify_rules.h"
 
 namespace quantd::pipeline {
 namespace {
+
+// Output elements decoded and compared per chunk by AddStats: 16 MiB of float32 on each side.
+constexpr int64_t kStatsChunkElements = int64_t{1} << 22;
 
 // Which tensor of an NVFP4 module an output tensor is: Nvfp4ModuleTensors' order, in both
 // export formats (values, block scales, global scale, input scale).
@@ -64,6 +68,9 @@ class QuantizeRun {
   absl::Status QuantizeDecoded(const std::vector<const SourceWeight*>& members);
   // Output buffers for `w`, registered in pending_.
   absl::StatusOr<kernels::Nvfp4Out> NewOutput(const SourceWeight& w);
+  // Appends to stats_ the error of `w`'s quantized values (pending_) against `ref`, the values it
+  // was quantized from (or, for a lossless cast, its source decoded as DecodeWeight decodes it).
+  absl::Status AddStats(const SourceWeight& w, const DenseWeight& ref);
 
   const StageContext& ctx_;                                        // spec, source, amax, hooks
   const ShardTask& task_;                                          // the shard to write
@@ -73,6 +80,8 @@ class QuantizeRun {
   InputScales input_scales_;                                       // empty for W4A16
   std::vector<OutputEntry> entries_;                               // header order
   std::map<std::string, QuantizedModule> pending_;                 // quantized, not yet written
+  std::vector<store::TensorStatsRow> stats_;                       // one per quantized module
+  std::vector<float> stats_rows_;  // AddStats: output rows decoded to float32, one chunk
   std::vector<uint8_t> staging_;  // host copy of backend output (backends on device memory)
 };
 
@@ -162,6 +171,50 @@ absl::StatusOr<kernels::Nvfp4Out> QuantizeRun::NewOutput(const SourceWeight& w) 
   return kernels::Nvfp4Out{slot.values.as<uint8_t>(), slot.scales.as<uint8_t>(), &slot.scale_2};
 }
 
+absl::Status QuantizeRun::AddStats(const SourceWeight& w, const DenseWeight& ref) {
+  const QuantizedModule& q = pending_.at(w.module->name);
+  // weight_scale_2 as readers get it back from the file: compressed-tensors stores its reciprocal.
+  const bool modelopt = ctx_.spec->export_format == ExportFormat::kModelOpt;
+  const float scale_2 = modelopt ? q.scale_2 : 1.0f / (1.0f / q.scale_2);
+  std::vector<uint8_t> ref_staging;
+  absl::StatusOr<const void*> ref_host = ToHost(backend_, ref.tensor.data, ref.bytes, &ref_staging);
+  if (!ref_host.ok()) return WeightError(w, ref_host.status());
+  const bool bf16 = ref.tensor.type == kernels::FloatType::kBF16;
+  const int64_t rows = ref.tensor.rows;
+  const int64_t cols = ref.tensor.cols;
+  const int64_t chunk_rows = std::max<int64_t>(1, kStatsChunkElements / cols);
+  const size_t chunk = static_cast<size_t>(std::min(rows, chunk_rows) * cols);
+  if (stats_rows_.size() < chunk) stats_rows_.resize(chunk);
+  kernels::Buffer device_rows;  // the decoded rows on a backend that computes on device memory
+  if (!ComputesOnHost(backend_)) {
+    absl::StatusOr<kernels::Buffer> buffer = backend_.Allocate(chunk * sizeof(float));
+    if (!buffer.ok()) return WeightError(w, buffer.status());
+    device_rows = std::move(*buffer);
+  }
+  float* got = stats_rows_.data();
+  ErrorStats stats;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t r1 = std::min(rows, r0 + chunk_rows);
+    const int64_t n = (r1 - r0) * cols;
+    const kernels::Nvfp4Tensor out{q.values.as<uint8_t>() + r0 * cols / 2,
+                                   q.scales.as<uint8_t>() + r0 * cols / kernels::kNvfp4BlockSize,
+                                   scale_2, r1 - r0, cols};
+    void* dst = device_rows.data() != nullptr ? device_rows.data() : got;
+    absl::Status s = backend_.Nvfp4Dequant(out, {dst, kernels::FloatType::kF32});
+    if (s.ok() && dst != got) {
+      s = backend_.CopyToHost(got, dst, static_cast<size_t>(n) * sizeof(float));
+    }
+    if (!s.ok()) return WeightError(w, s);
+    if (bf16) {
+      stats.AddBf16(static_cast<const uint16_t*>(*ref_host) + r0 * cols, got, n);
+    } else {
+      stats.Add(static_cast<const float*>(*ref_host) + r0 * cols, got, n);
+    }
+  }
+  stats_.push_back(stats.Row(w.weight->name));
+  return absl::OkStatus();
+}
+
 absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& members) {
   std::vector<BackendMxfp4> sources;
   int kmax = -127;
@@ -179,6 +232,9 @@ absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& m
     // The count of requantized 16-blocks has no field in TaskOutput yet.
     absl::StatusOr<int64_t> requantized = backend_.Mxfp4ToNvfp4(sources[i].tensor, kmax, *out);
     if (!requantized.ok()) return WeightError(*members[i], requantized.status());
+    absl::StatusOr<DenseWeight> decoded = DecodeWeight(backend_, *members[i]);
+    if (!decoded.ok()) return decoded.status();
+    if (absl::Status s = AddStats(*members[i], *decoded); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -200,6 +256,7 @@ absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>
     if (absl::Status s = backend_.Nvfp4Quantize(dense[i].tensor, amax, *out); !s.ok()) {
       return WeightError(*members[i], s);
     }
+    if (absl::Status s = AddStats(*members[i], dense[i]); !s.ok()) return s;
     dense[i] = DenseWeight();  // release the decoded values early
   }
   return absl::OkStatus();
@@ -282,7 +339,10 @@ absl::StatusOr<TaskOutput> QuantizeRun::Run() {
     if (absl::Status s = CheckCancelled(ctx_, task_.shard); !s.ok()) return s;
     if (absl::Status s = WriteEntry(**writer, e); !s.ok()) return s;
   }
-  return FinishShard(ctx_, **writer, path);
+  absl::StatusOr<TaskOutput> output = FinishShard(ctx_, **writer, path);
+  if (!output.ok()) return output.status();
+  output->stats = std::move(stats_);
+  return output;
 }
 
 }  // namespace
@@ -307,6 +367,11 @@ absl::StatusOr<TaskOutput> QuantizeStage::Run(const store::TaskRow& task, comput
                                               const StageContext& ctx) const {
   ASSIGN_OR_RETURN(ShardTask payload, ParseShardTask(task.payload_json));
   return RunQuantizeTask(ctx, payload);
+}
+
+absl::Status QuantizeStage::Record(store::TaskRecord& txn, const store::TaskRow&,
+                                   const TaskOutput& output) const {
+  return txn.PutTensorStats(output.stats);
 }
 
 absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task) {

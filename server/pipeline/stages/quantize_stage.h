@@ -1,7 +1,11 @@
 // Writes one output shard into spec.output: the task's copy_tensors unchanged and its modules as
 // NVFP4 (spec.export_format's tensor names, plan.h Nvfp4ModuleTensors), fusion groups sharing one
 // weight_scale_2 and one input_scale. MXFP4 experts use the lossless cast unless
-// spec.expert_cast is requantize.
+// spec.expert_cast is requantize. While a module's source and quantized values are in memory it
+// measures the error of the output against the source (verify_rules.h ErrorStats): the source as
+// the quantizer saw it (shard_io.h DecodeWeight), the output decoded as readers decode the file
+// (Nvfp4Dequant with weight_scale_2, or 1 / weight_global_scale). The verify stage proves that
+// the file holds exactly these bytes (its recorded SHA-256).
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 
@@ -25,9 +29,13 @@ class QuantizeStage final : public Stage {
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;
+  // The per-module error statistics (TaskOutput::stats), with the task.
+  absl::Status Record(store::TaskRecord& txn, const store::TaskRow& task,
+                      const TaskOutput& output) const override;
 };
 
-// The body of a quantize task.
+// The body of a quantize task: the shard's file and one statistics row per quantized module
+// (named after its source weight tensor).
 absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task);
 
 }  // namespace quantd::pipeline

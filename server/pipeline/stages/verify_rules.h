@@ -100,6 +100,8 @@ bool ModelOptExcludeMatches(absl::string_view entry, absl::string_view module);
 class ErrorStats {
  public:
   void Add(const float* ref, const float* got, int64_t n);
+  // The same with BF16 reference values (widened to float32 exactly).
+  void AddBf16(const uint16_t* ref, const float* got, int64_t n);
   store::TensorStatsRow Row(const std::string& tensor) const;
 
  private:

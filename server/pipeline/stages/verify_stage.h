@@ -1,6 +1,7 @@
-// Re-reads one output shard (after export), checks the export rules that concern its tensors
-// (verify_rules.h) and measures each NVFP4 module's error against the source (TaskOutput.stats).
-// Any violation fails the task (InvalidArgument listing every violation).
+// Re-reads one output shard, checks the export rules that concern its tensors (verify_rules.h),
+// then reads every byte of the file back and checks it against the size and SHA-256 its quantize
+// task recorded (StageContext::recorded_output). Any violation fails the task (InvalidArgument
+// listing every violation); bytes that differ from the recorded ones fail it with DataLoss.
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_VERIFY_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_VERIFY_STAGE_H_
 
@@ -18,16 +19,14 @@ class VerifyStage final : public Stage {
   static constexpr std::string_view kKind = "verify";
 
   std::string_view kind() const override { return kKind; }
-  // One task per output shard (payload ShardTask), after the quantize task of its shard and export.
+  // One task per output shard (payload ShardTask), after the quantize task of its shard only, so
+  // that it overlaps with the quantize tasks of later shards.
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;
-  // The per-tensor statistics, in the completion's transaction.
-  absl::Status Record(store::TaskRecord& txn, const store::TaskRow& task,
-                      const TaskOutput& output) const override;
 };
 
-// The body of a verify task.
+// The body of a verify task; it writes and records nothing.
 absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTask& task);
 
 }  // namespace quantd::pipeline

@@ -26,6 +26,8 @@
 #   QUANTD_BENCH_ARGS=...  extra `quantd run` options (e.g. "--workers 4 --device cuda:0")
 #   QUANTD_BENCH_REPEAT=N  runs per measurement, the fastest counts (default 2)
 #   QUANTD_BENCH_RECIPES="experts full"  the recipes measured (default both)
+#   QUANTD_BENCH_EXPERT_CAST=requantize  the spec's expert_cast (default requantize: the MXFP4
+#                          experts decoded and quantized, the costlier path; lossless casts them)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -36,6 +38,7 @@ die() { echo "run_pipeline_bench: $*" >&2; exit 2; }
 read -r -a RUN_ARGS <<< "${QUANTD_BENCH_ARGS:-}"
 REPEAT=${QUANTD_BENCH_REPEAT:-2}
 read -r -a RECIPES <<< "${QUANTD_BENCH_RECIPES:-experts full}"
+EXPERT_CAST=${QUANTD_BENCH_EXPERT_CAST:-requantize}
 
 if [ -n "${QUANTD_BENCH_DIR:-}" ]; then
   WORK=$QUANTD_BENCH_DIR
@@ -92,8 +95,8 @@ EOF
 }
 
 write_spec() {  # source output recipe file
-  printf '{"source": "%s", "output": "%s", "recipe": "%s", "weight_format": "w4a16_nvfp4"}\n' \
-    "$1" "$2" "$3" > "$4"
+  printf '{"source": "%s", "output": "%s", "recipe": "%s", "weight_format": "w4a16_nvfp4", %s}\n' \
+    "$1" "$2" "$3" "\"expert_cast\": \"$EXPERT_CAST\"" > "$4"
 }
 
 # Peak RssAnon (KiB) of process $1 until it exits, sampled every 50 ms: RSS without the pages of
@@ -219,7 +222,8 @@ echo "stage seconds (fastest run):"
 printf '  %s\n' "${STAGE_LINES[@]}"
 printf 'source bytes: bench %d (%d shards), small %d (%d shards); largest tensor %d bytes\n' \
   "$BENCH_BYTES" "$BENCH_SHARDS" "$SMALL_BYTES" "$SMALL_SHARDS" "$LARGEST"
-printf 'RSS limit (1 GiB + 2 x largest tensor) %.2f GiB; quantd run %s; best of %d; %d CPUs; ' \
+printf 'RSS limit (1 GiB + 2 x largest tensor) %.2f GiB; quantd run %s; expert_cast %s; best of %d; ' \
   "$(awk -v k="$RSS_LIMIT_KIB" 'BEGIN { print k / 1048576 }')" "${QUANTD_BENCH_ARGS:-(defaults)}" \
-  "$REPEAT" "$(nproc)"
+  "$EXPERT_CAST" "$REPEAT"
+printf '%d CPUs; ' "$(nproc)"
 printf 'load %s; %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$(df --output=fstype "$WORK" | tail -1)"

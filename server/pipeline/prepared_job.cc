@@ -68,11 +68,16 @@ absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const ch
   return names;
 }
 
-// Whether `t` is a calibrate (layer, slice) task, whose output is a layer checkpoint.
-bool IsCalibrateLayerTask(const store::TaskRow& t) {
+// Whether `t` is a calibrate task of kind `kind`.
+bool IsCalibrateTask(const store::TaskRow& t, calibration::CalibrateTask::Kind kind) {
   if (t.stage_kind != CalibrateStage::kKind) return false;
   absl::StatusOr<calibration::CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
-  return task.ok() && task->kind == calibration::CalibrateTask::Kind::kLayer;
+  return task.ok() && task->kind == kind;
+}
+
+// Whether `t` is a calibrate (layer, slice) task, whose output is a layer checkpoint.
+bool IsCalibrateLayerTask(const store::TaskRow& t) {
+  return IsCalibrateTask(t, calibration::CalibrateTask::Kind::kLayer);
 }
 
 }  // namespace
@@ -106,7 +111,21 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
 absl::Status PreparedJob::LoadCalibration() {
   ASSIGN_OR_RETURN(calibration_, calibration::JobCalibration::Create(spec_, stored_.work_dir,
                                                                      spec_.host_memory_bytes));
-  if (stored_.planned) calibration_resume_ = calibration_->Resume(stored_.tasks);
+  if (!stored_.planned) return absl::OkStatus();
+  // A tokens file gone or changed is rebuilt, and every layer task that depends on it with it
+  // (Attach): nothing resumes.
+  std::set<int64_t> changed;
+  for (const auto& [id, reason] : changed_outputs_) changed.insert(id);
+  std::vector<store::TaskRow> tasks = stored_.tasks;
+  for (const store::TaskRow& t : stored_.tasks) {
+    if (changed.count(t.id) == 0 || !IsCalibrateTask(t, calibration::CalibrateTask::Kind::kTokens)) {
+      continue;
+    }
+    for (store::TaskRow& layer : tasks) {
+      if (IsCalibrateLayerTask(layer)) layer.state = store::TaskState::kPending;
+    }
+  }
+  calibration_resume_ = calibration_->Resume(tasks);
   return absl::OkStatus();
 }
 
@@ -190,7 +209,7 @@ absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
   }
   const std::string from =
       resume.layer < 0
-          ? std::string("calibration resumes from layer 0: no layer's outputs are checkpointed")
+          ? std::string("calibration resumes from layer 0: no usable layer checkpoint")
           : absl::StrCat("calibration resumes from layer ", resume.layer + 1,
                          ": the checkpointed outputs of layer ", resume.layer, " are verified");
   if (!resume.requeue.empty()) {

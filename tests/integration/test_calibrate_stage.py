@@ -262,9 +262,26 @@ def test_run_killed_without_checkpoint_resumes_from_layer_0(qd, source, referenc
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert checkpointed_layers(job.state) == set()
     proc = job.run_ok()
-    assert "requeued 2 done task(s): calibration resumes from layer 0: no layer's outputs are " \
-           "checkpointed" in proc.stderr
+    assert "requeued 2 done task(s): calibration resumes from layer 0: no usable layer " \
+           "checkpoint" in proc.stderr
     assert layer_attempts(job.state) == {0: [2, 2], 1: [1, 1], 2: [1, 1]}
+    assert job.result() == reference.result()
+    assert leftovers(job.state) == []
+
+
+def test_run_with_its_tokens_file_gone_recalibrates_from_layer_0(qd, source, reference, tmp_path):
+    """The layers depend on the tokens: without the file the tokens task runs again, and every
+    layer after it, whatever was checkpointed."""
+    job = Job(qd, source, tmp_path / "job", workers=1, host_memory_bytes=4096)
+    proc = job.run(kill_at="calibrate:3:done")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert checkpointed_layers(job.state) == {0}
+    tokens = job.state.parent / "state.db.work" / "job-1" / "tokens.bin"
+    tokens.unlink()
+    proc = job.run_ok()
+    assert f"calibrate tokens: output {tokens} is gone" in proc.stderr
+    assert "calibration resumes from layer 0: no usable layer checkpoint" in proc.stderr
+    assert layer_attempts(job.state)[0] == [2, 2]
     assert job.result() == reference.result()
     assert leftovers(job.state) == []
 

@@ -88,9 +88,10 @@ absl::StatusOr<std::vector<BatchActivations>> ReadCheckpoint(const LayerTask& ta
     const nlohmann::json& e = j["batches"][i];
     const std::string field = absl::StrCat("batches[", i, "]");
     // The name is fixed by its place, so a manifest can only point into its own directory.
-    if (!e.is_object() || !e.contains("file") || e["file"] != BatchFileName(task.layer, task.slice, i) ||
-        !e.contains("bytes") || !is_count(e["bytes"]) || !e.contains("tokens") ||
-        !is_count(e["tokens"]) || !e.contains("sha256") || !e["sha256"].is_string() ||
+    if (!e.is_object() || !e.contains("file") ||
+        e["file"] != BatchFileName(task.layer, task.slice, i) || !e.contains("bytes") ||
+        !is_count(e["bytes"]) || !e.contains("tokens") || !is_count(e["tokens"]) ||
+        !e.contains("sha256") || !e["sha256"].is_string() ||
         e["sha256"].get<std::string>().size() != 64) {
       return bad(field);
     }
@@ -100,9 +101,10 @@ absl::StatusOr<std::vector<BatchActivations>> ReadCheckpoint(const LayerTask& ta
     b.tokens = e["tokens"].get<int64_t>();
     const uintmax_t batch_size = std::filesystem::file_size(b.spill_path, ec);
     if (ec) return absl::DataLossError(absl::StrCat(b.spill_path, " is gone"));
-    if (batch_size != e["bytes"].get<uint64_t>()) {
+    const uint64_t listed = e["bytes"].get<uint64_t>();
+    if (batch_size != listed) {
       return absl::DataLossError(absl::StrCat(b.spill_path, " has ", batch_size,
-                                              " bytes, the manifest says ", e["bytes"].dump()));
+                                              " bytes, its manifest lists ", listed));
     }
     ASSIGN_OR_RETURN(const std::string sha256, checkpoint::Sha256File(b.spill_path));
     if (sha256 != b.spill_sha256) {

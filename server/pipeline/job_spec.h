@@ -21,7 +21,7 @@
 //                    "uncalibrated": "layer_max"|"model_max",          default "layer_max"
 //                    "numerics": "official"|"math",                    default "official"
 //                    "amax_out": PATH,                                  optional
-//                    "checkpoint_seconds": N},                          default 300, 0 = every layer
+//                    "checkpoint_seconds": N},                          default 300; 0: each layer
 //      (calibration options: see CalibrationSpec)
 //    "evaluate": {"num_samples": N,                       held-out samples, default 32
 //                 "gate": {"max_mean_kl": X,              each optional: the job fails when

@@ -118,7 +118,8 @@ absl::Status PreparedJob::LoadCalibration() {
   for (const auto& [id, reason] : changed_outputs_) changed.insert(id);
   std::vector<store::TaskRow> tasks = stored_.tasks;
   for (const store::TaskRow& t : stored_.tasks) {
-    if (changed.count(t.id) == 0 || !IsCalibrateTask(t, calibration::CalibrateTask::Kind::kTokens)) {
+    if (changed.count(t.id) == 0 ||
+        !IsCalibrateTask(t, calibration::CalibrateTask::Kind::kTokens)) {
       continue;
     }
     for (store::TaskRow& layer : tasks) {

@@ -165,7 +165,7 @@ class LayerCheckpointTest : public TempDirTest {};
 TEST_F(LayerCheckpointTest, PolicyFollowsTheClockFromTheLastBoundary) {
   int64_t now = 1000;
   auto checkpoints =
-      LayerCheckpoints::Create(dir_ + "/layers", /*checkpoint_seconds=*/300, [&now] { return now; });
+      LayerCheckpoints::Create(dir_ + "/layers", /*checkpoint_seconds=*/300, [&] { return now; });
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
   LayerCheckpoints& c = **checkpoints;
   // Layer 0 ends 299.999 s after the start: not yet. A slice spilled whole is kept anyway (its
@@ -217,7 +217,8 @@ TEST_F(LayerCheckpointTest, PersistWritesHostBatchesAndLinksSpilledOnes) {
   // The manifest lists both batches with their sizes, token counts and SHA-256.
   const std::string manifest = *checkpoint::ReadFile(file->path, 1 << 20);
   EXPECT_EQ(manifest,
-            absl::StrCat(R"({"layer":3,"slice":1,"batches":[{"file":"layer3.slice1.batch0.safetensors","bytes":)",
+            absl::StrCat(R"({"layer":3,"slice":1,"batches":[)",
+                         R"({"file":"layer3.slice1.batch0.safetensors","bytes":)",
                          std::filesystem::file_size(b0), R"(,"tokens":2,"sha256":")",
                          *checkpoint::Sha256File(b0),
                          R"("},{"file":"layer3.slice1.batch1.safetensors","bytes":)",
@@ -249,7 +250,8 @@ TEST_F(LayerCheckpointTest, ResumeUsesTheLastVerifiedBoundaryAndNeverACorruptOne
   for (int64_t layer : {0, 1, 2}) {
     for (int64_t slice : {0, 1}) {
       auto it = files.find({layer, slice});
-      tasks.push_back(Task(10 * layer + slice, layer, slice, it == files.end() ? nullptr : &it->second));
+      const CheckpointFile* file = it == files.end() ? nullptr : &it->second;
+      tasks.push_back(Task(10 * layer + slice, layer, slice, file));
     }
   }
   // A flipped byte in layer 1's batch: layer 1 is not trusted, layer 0 is the resume point, and

@@ -17,6 +17,7 @@
 #include "server/calibration/calibrate_layer.h"
 #include "server/calibration/calibration_tokens.h"
 #include "server/calibration/export_amax.h"
+#include "server/calibration/layer_checkpoint.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/compute/device.h"
 #include "server/model/v4_weights.h"
@@ -108,6 +109,13 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
   absl::StatusOr<std::unique_ptr<calibration::ActivationStore>> store =
       calibration::ActivationStore::Create(args.spill_dir, /*host_budget_bytes=*/0);
   if (!store.ok()) return Fail(err, store.status(), kFailure);
+  std::unique_ptr<calibration::LayerCheckpoints> checkpoints;
+  if (!args.checkpoint_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<calibration::LayerCheckpoints>> created =
+        calibration::LayerCheckpoints::Create(args.checkpoint_dir, /*checkpoint_seconds=*/0);
+    if (!created.ok()) return Fail(err, created.status(), kFailure);
+    checkpoints = *std::move(created);
+  }
   err << absl::StrFormat("calibrating %d layers on %d samples (%d tokens, %d batches) in %d slices, %s numerics\n",
                          config.num_hidden_layers, n, tokens, b, args.slices,
                          pipeline::CalibrationNumericsName(cs.numerics));
@@ -124,6 +132,8 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
   const int64_t layers = config.num_hidden_layers;
   for (int64_t layer = 0; layer < layers; ++layer) {
     calibration::SliceTiming timing;
+    double persist_seconds = 0;
+    int64_t persist_bytes = 0;
     options.discard_output = layer + 1 == layers;
     for (int64_t s = 0; s < args.slices; ++s) {
       options.slice = absl::StrCat("layer ", layer, " slice ", s, " of ", args.slices);
@@ -135,6 +145,14 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
       if (!r.ok()) return Fail(err, r.status(), kFailure);
       if (absl::Status m = table.Merge(r->amax); !m.ok()) return Fail(err, m, kFailure);
       if (!options.discard_output) (*store)->Put(layer, s, std::move(r->output));
+      if (checkpoints != nullptr && !options.discard_output) {
+        const auto persist_start = std::chrono::steady_clock::now();
+        absl::StatusOr<calibration::CheckpointFile> file =
+            checkpoints->Persist(layer, s, *(*store)->Get(layer, s));
+        if (!file.ok()) return Fail(err, file.status(), kFailure);
+        persist_seconds += SecondsSince(persist_start);
+        persist_bytes += file->batch_bytes + static_cast<int64_t>(file->bytes);
+      }
       timing.load += r->timing.load;
       timing.forward += r->timing.forward;
       timing.record += r->timing.record;
@@ -149,7 +167,13 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
         "spill %.3f s; RSS %d KiB, peak %d KiB)\n",
         layer + 1, layers, rate, elapsed / (layer + 1) * (layers - layer - 1), timing.load,
         timing.forward, timing.record, timing.spill, RssKib(), PeakRssKib());
+    if (checkpoints != nullptr && !options.discard_output) {
+      checkpoints->OnBoundaryCommitted(layer);
+      err << absl::StrFormat("layer %d of %d checkpoint: %d bytes in %.3f s\n", layer + 1, layers,
+                             persist_bytes, persist_seconds);
+    }
   }
+  if (checkpoints != nullptr) checkpoints->RemoveAllBut(-1);
   const double seconds = SecondsSince(start);
   store->reset();
 
@@ -186,6 +210,8 @@ void AddCalibrateCommand(CLI::App& app, int& rc) {
   cmd->add_option("--tokenizer", args->tokenizer_dir,
                   "directory with tokenizer.json (default: the spec's source)");
   cmd->add_option("--spill-dir", args->spill_dir, "keep activations between layers in files here");
+  cmd->add_option("--checkpoint-dir", args->checkpoint_dir,
+                  "also checkpoint every layer's outputs here, as a restartable job does (timed)");
   cmd->add_option("--slices", args->slices, "data-parallel slices of the samples")
       ->capture_default_str();
   cmd->add_option("--batch-bytes", args->batch_bytes, "working memory per batch")

@@ -38,6 +38,9 @@ struct CalibrateArgs {
   std::string table_out;        // --table-out: the raw amax table (calibration/amax_table.h)
   std::string tokenizer_dir;    // --tokenizer; "" = the spec's source
   std::string spill_dir;        // --spill-dir; "" = activations in host memory
+  // --checkpoint-dir; "" = none: every layer's outputs are also checkpointed there as a calibrating
+  // job's are (calibration/layer_checkpoint.h), timed, to measure what a boundary costs.
+  std::string checkpoint_dir;
   int64_t slices = 1;           // --slices
   int64_t batch_bytes = calibration::kDefaultBatchBytes;  // --batch-bytes: per RunLayer call
   int threads = 0;              // --threads; 0 = all cores

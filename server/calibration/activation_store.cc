@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<ActivationStore>> ActivationStore::Create(
 ActivationStore::~ActivationStore() {
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [key, batches] : outputs_) Drop(*batches);
+    for (const auto& [key, output] : outputs_) Drop(output);
     outputs_.clear();
   }
   if (!spill_dir_.empty()) RemoveSpillDir(spill_dir_);
@@ -78,34 +78,41 @@ void ActivationStore::UnreserveHost(int64_t bytes) {
 }
 
 void ActivationStore::Put(int64_t layer, int64_t slice, Batches batches) {
-  auto stored = std::make_shared<const Batches>(std::move(batches));
+  Store(layer, slice, {std::make_shared<const Batches>(std::move(batches)), true});
+}
+
+void ActivationStore::PutCheckpointed(int64_t layer, int64_t slice, Batches batches) {
+  Store(layer, slice, {std::make_shared<const Batches>(std::move(batches)), false});
+}
+
+void ActivationStore::Store(int64_t layer, int64_t slice, Output output) {
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<const Batches>& slot = outputs_[{layer, slice}];
-  if (slot != nullptr) Drop(*slot);
-  slot = std::move(stored);
+  Output& slot = outputs_[{layer, slice}];
+  if (slot.batches != nullptr) Drop(slot);
+  slot = std::move(output);
 }
 
 std::shared_ptr<const ActivationStore::Batches> ActivationStore::Get(int64_t layer,
                                                                      int64_t slice) const {
   absl::MutexLock lock(&mu_);
   auto it = outputs_.find({layer, slice});
-  return it == outputs_.end() ? nullptr : it->second;
+  return it == outputs_.end() ? nullptr : it->second.batches;
 }
 
 void ActivationStore::ReleaseLayer(int64_t layer) {
   absl::MutexLock lock(&mu_);
   for (auto it = outputs_.lower_bound({layer, INT64_MIN});
        it != outputs_.end() && it->first.first == layer;) {
-    Drop(*it->second);
+    Drop(it->second);
     it = outputs_.erase(it);
   }
 }
 
-void ActivationStore::Drop(const Batches& batches) {
-  for (const BatchActivations& b : batches) {
+void ActivationStore::Drop(const Output& output) {
+  for (const BatchActivations& b : *output.batches) {
     if (b.spill_path.empty()) {
       reserved_ -= HostBytes(b.host);
-    } else {
+    } else if (output.owns_files) {
       ::remove(b.spill_path.c_str());
     }
   }

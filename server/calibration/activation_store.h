@@ -4,9 +4,12 @@
 // calibrate_layer.h) into the store's own spill directory beyond it. Thread-safe: slices of a layer
 // run on several workers at once while the scheduler releases the layer before.
 //
-// Activations live only as long as the process: the store removes every spill file it wrote when
+// Spill files live only as long as the process: the store removes every spill file it wrote when
 // a layer is released and when it is destroyed (the job ended, was paused, or the process stops),
-// and a new store removes what an earlier one left in the job's work directory (a crash).
+// and a new store removes what an earlier one left in the job's work directory (a crash). What
+// outlives the process is a layer checkpoint (layer_checkpoint.h): a restart puts the resume
+// layer's checkpoint files into the new store (PutCheckpointed), which reads them but leaves their
+// removal to the checkpoints.
 #ifndef QUANTD_SERVER_CALIBRATION_ACTIVATION_STORE_H_
 #define QUANTD_SERVER_CALIBRATION_ACTIVATION_STORE_H_
 
@@ -47,6 +50,9 @@ class ActivationStore {
   // Stores (layer, slice)'s output, whose host batches were reserved. Replaces (and releases) what
   // an earlier run of the same task stored.
   void Put(int64_t layer, int64_t slice, Batches batches);
+  // Stores (layer, slice)'s output read from a layer checkpoint: spilled batches whose files the
+  // store reads (verified against their SHA-256, as spill files are) but never removes.
+  void PutCheckpointed(int64_t layer, int64_t slice, Batches batches);
   // The output of (layer, slice), or nullptr when it is not here (never produced, released, or
   // lost with an earlier process).
   std::shared_ptr<const Batches> Get(int64_t layer, int64_t slice) const;
@@ -63,8 +69,14 @@ class ActivationStore {
  private:
   ActivationStore(std::string spill_dir, int64_t host_budget_bytes)
       : spill_dir_(std::move(spill_dir)), budget_(host_budget_bytes) {}
-  // Frees one stored output: host bytes unreserved, spill files removed.
-  void Drop(const Batches& batches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Output {
+    std::shared_ptr<const Batches> batches;  // shared with the tasks reading them
+    bool owns_files = true;                  // false: the files belong to a layer checkpoint
+  };
+  // Stores `output` under (layer, slice), dropping what was there.
+  void Store(int64_t layer, int64_t slice, Output output) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees one stored output: host bytes unreserved, its own spill files removed.
+  void Drop(const Output& output) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string spill_dir_;  // this store's own directory
   const int64_t budget_;         // host bytes the outputs may take
@@ -72,9 +84,8 @@ class ActivationStore {
   mutable absl::Mutex mu_;  // guards the members below
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // host bytes reserved or stored
   int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;      // largest reserved_ seen
-  // (layer, slice) -> its output batches, shared with the tasks reading them.
-  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const Batches>> outputs_
-      ABSL_GUARDED_BY(mu_);
+  // (layer, slice) -> its output.
+  std::map<std::pair<int64_t, int64_t>, Output> outputs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace quantd::calibration

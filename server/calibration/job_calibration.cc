@@ -18,21 +18,31 @@ int64_t DefaultActivationBudget() {
 }
 
 absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(
-    const pipeline::JobSpec& spec, const std::string& work_dir, int64_t host_budget_bytes) {
+    const pipeline::JobSpec& spec, const std::string& work_dir, int64_t host_budget_bytes,
+    MonotonicMs now_ms) {
+  if (work_dir.empty()) {
+    return absl::InvalidArgumentError("a calibrating job needs its work directory");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ActivationStore> activations,
                    ActivationStore::Create(work_dir, host_budget_bytes > 0
                                                          ? host_budget_bytes
                                                          : DefaultActivationBudget()));
+  ASSIGN_OR_RETURN(std::unique_ptr<LayerCheckpoints> checkpoints,
+                   LayerCheckpoints::Create(
+                       (std::filesystem::path(work_dir) / "calibrate-layers").string(),
+                       spec.calibration.checkpoint_seconds, std::move(now_ms)));
   return std::unique_ptr<JobCalibration>(
-      new JobCalibration(spec, work_dir, std::move(activations)));
+      new JobCalibration(spec, work_dir, std::move(activations), std::move(checkpoints)));
 }
 
 JobCalibration::JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
-                               std::unique_ptr<ActivationStore> activations)
+                               std::unique_ptr<ActivationStore> activations,
+                               std::unique_ptr<LayerCheckpoints> checkpoints)
     : spec_(spec),
       work_dir_(work_dir),
       tokens_path_((std::filesystem::path(work_dir) / "tokens.bin").string()),
-      activations_(std::move(activations)) {}
+      activations_(std::move(activations)),
+      checkpoints_(std::move(checkpoints)) {}
 
 absl::StatusOr<const model::V4Checkpoint*> JobCalibration::Checkpoint() {
   absl::MutexLock lock(&mu_);
@@ -64,6 +74,19 @@ void JobCalibration::MergeRows(const std::vector<store::AmaxRow>& rows) {
   }
 }
 
+ResumePoint JobCalibration::Resume(const std::vector<store::TaskRow>& tasks) {
+  std::vector<LayerTask> layer_tasks;
+  int64_t slices = 1;
+  for (const store::TaskRow& t : tasks) {
+    if (t.stage_kind != "calibrate") continue;
+    absl::StatusOr<CalibrateTask> task = ParseCalibrateTask(t.payload_json);
+    if (!task.ok() || task->kind != CalibrateTask::Kind::kLayer) continue;
+    slices = task->slices;
+    layer_tasks.push_back({task->layer, task->slice, t});
+  }
+  return ResumeLayers(layer_tasks, slices, *checkpoints_, *activations_);
+}
+
 void JobCalibration::Restore(const std::vector<store::AmaxRow>& rows,
                              const std::vector<store::TaskRow>& tasks) {
   absl::MutexLock lock(&mu_);
@@ -79,6 +102,7 @@ void JobCalibration::Restore(const std::vector<store::AmaxRow>& rows,
 
 void JobCalibration::OnTaskDone(const store::TaskRow& row,
                                 const std::vector<store::AmaxRow>& amax,
+                                const std::string& output_path,
                                 const std::string& output_sha256) {
   absl::StatusOr<CalibrateTask> task = ParseCalibrateTask(row.payload_json);
   if (!task.ok()) return;
@@ -94,8 +118,15 @@ void JobCalibration::OnTaskDone(const store::TaskRow& row,
       MergeRows(amax);
       std::set<int64_t>& done = done_[task->layer];
       done.insert(task->slice);
-      if (task->layer > 0 && static_cast<int64_t>(done.size()) == task->slices) {
-        activations_->ReleaseLayer(task->layer - 1);
+      std::set<int64_t>& checkpointed = checkpointed_[task->layer];
+      if (!output_path.empty()) checkpointed.insert(task->slice);
+      if (static_cast<int64_t>(done.size()) < task->slices) break;
+      // Layer L is done: nobody reads L-1's activations any more.
+      if (task->layer > 0) activations_->ReleaseLayer(task->layer - 1);
+      if (task->layer + 1 == task->layers) {
+        checkpoints_->RemoveAllBut(-1);  // calibrated: no restart needs a layer's outputs
+      } else if (static_cast<int64_t>(checkpointed.size()) == task->slices) {
+        checkpoints_->OnBoundaryCommitted(task->layer);
       }
       break;
     }

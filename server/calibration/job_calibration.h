@@ -4,11 +4,17 @@
 //   - the calibration tokens, read once from the job's tokens file and checked against the
 //     SHA-256 the tokens task recorded;
 //   - the activations between layers (ActivationStore, host budget then spill files);
+//   - the layer checkpoints (layer_checkpoint.h, "<work_dir>/calibrate-layers"): the outputs of
+//     a layer kept on disk at a boundary, so that a restart resumes after it (Resume);
 //   - the amax measured so far: the rows of every finished calibrate task (as JobStore::ListAmax
 //     merges them), from which a quantize task exports the input amax of its finished layers.
 //
-// The scheduler reports each finished calibrate task (OnTaskDone, after its completion is
-// committed); once every slice of layer L is done, layer L-1's activations are released.
+// It is created by the source phase of a (re)start (PreparedJob::Load, off the store's thread: it
+// creates the work and spill directories, and Resume hashes checkpoints), then restored from the
+// store by the store phase (Restore). The scheduler reports each finished calibrate task
+// (OnTaskDone, after its completion is committed); once every slice of layer L is done, layer
+// L-1's activations are released; once every slice of L is committed with a checkpoint, the
+// earlier layers' checkpoints are removed; once the last layer is done, every checkpoint is.
 #ifndef QUANTD_SERVER_CALIBRATION_JOB_CALIBRATION_H_
 #define QUANTD_SERVER_CALIBRATION_JOB_CALIBRATION_H_
 
@@ -26,6 +32,7 @@
 #include "server/calibration/activation_store.h"
 #include "server/calibration/amax_table.h"
 #include "server/calibration/calibration_tokens.h"
+#include "server/calibration/layer_checkpoint.h"
 #include "server/model/v4_weights.h"
 #include "server/pipeline/job_spec.h"
 #include "server/store/job_store.h"
@@ -38,11 +45,12 @@ int64_t DefaultActivationBudget();
 
 class JobCalibration {
  public:
-  // `work_dir`: the job's own directory for the tokens file and spill files (created).
-  // `host_budget_bytes`: the spec's host_memory_bytes, 0 = DefaultActivationBudget().
-  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(const pipeline::JobSpec& spec,
-                                                                const std::string& work_dir,
-                                                                int64_t host_budget_bytes);
+  // `work_dir`: the job's own directory for the tokens file, spill files and checkpoints
+  // (created). `host_budget_bytes`: the spec's host_memory_bytes, 0 = DefaultActivationBudget().
+  // `now_ms`: the checkpoints' clock.
+  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(
+      const pipeline::JobSpec& spec, const std::string& work_dir, int64_t host_budget_bytes,
+      MonotonicMs now_ms = SteadyNowMs);
 
   // The source as a V4 model, opened on the first call.
   absl::StatusOr<const model::V4Checkpoint*> Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
@@ -55,27 +63,37 @@ class JobCalibration {
   absl::StatusOr<std::shared_ptr<const SampleIds>> Tokens(int64_t vocab) ABSL_LOCKS_EXCLUDED(mu_);
 
   ActivationStore& activations() { return *activations_; }
+  LayerCheckpoints& checkpoints() { return *checkpoints_; }
 
+  // At a restart, before Restore (files only): where calibration resumes among the stored
+  // calibrate tasks (ResumeLayers over the layer tasks): the resume layer's checkpointed outputs
+  // are put into activations(), the other checkpoints removed. The caller requeues
+  // ResumePoint::requeue.
+  ResumePoint Resume(const std::vector<store::TaskRow>& tasks);
   // At (re)start: the amax rows already stored for the job (JobStore::ListAmax), and the done
   // calibrate tasks (their payloads and outputs).
   void Restore(const std::vector<store::AmaxRow>& rows,
                const std::vector<store::TaskRow>& tasks) ABSL_LOCKS_EXCLUDED(mu_);
-  // A calibrate task's completion was committed with `amax` (its rows) and its output's SHA-256.
+  // A calibrate task's completion was committed with `amax` (its rows) and its output (a layer
+  // task's checkpoint manifest, or "").
   void OnTaskDone(const store::TaskRow& task, const std::vector<store::AmaxRow>& amax,
-                  const std::string& output_sha256) ABSL_LOCKS_EXCLUDED(mu_);
+                  const std::string& output_path, const std::string& output_sha256)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The table of the rows so far (FromAmaxRows of the merged rows).
   AmaxTable Table() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
-                 std::unique_ptr<ActivationStore> activations);
+                 std::unique_ptr<ActivationStore> activations,
+                 std::unique_ptr<LayerCheckpoints> checkpoints);
   void MergeRows(const std::vector<store::AmaxRow>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const pipeline::JobSpec spec_;                      // the job's spec (source, calibration)
   const std::string work_dir_;                        // the job's own directory
   const std::string tokens_path_;                     // in the work directory
   const std::unique_ptr<ActivationStore> activations_;  // thread-safe itself
+  const std::unique_ptr<LayerCheckpoints> checkpoints_;  // thread-safe itself
 
   mutable absl::Mutex mu_;  // guards the members below
   std::unique_ptr<model::V4Checkpoint> ckpt_ ABSL_GUARDED_BY(mu_);  // opened on first use
@@ -85,6 +103,8 @@ class JobCalibration {
   std::map<std::string, store::AmaxRow> amax_ ABSL_GUARDED_BY(mu_);
   // Layer -> its slices done in this process (or before it, from Restore).
   std::map<int64_t, std::set<int64_t>> done_ ABSL_GUARDED_BY(mu_);
+  // Layer -> its slices committed in this process with a checkpoint.
+  std::map<int64_t, std::set<int64_t>> checkpointed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace quantd::calibration

@@ -284,6 +284,11 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
     QUANTD_RETURN_IF_ERROR(c.Enumerated("uncalibrated", kUncalibratedNames, 2, &cs.uncalibrated));
     QUANTD_RETURN_IF_ERROR(c.Enumerated("numerics", kCalibrationNumericsNames, 2, &cs.numerics));
     QUANTD_RETURN_IF_ERROR(c.String("amax_out", false, &cs.amax_out));
+    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("checkpoint_seconds", &cs.checkpoint_seconds));
+    if (cs.checkpoint_seconds > kMaxCheckpointSeconds) {
+      return c.Error("checkpoint_seconds",
+                     absl::StrCat("must be at most ", kMaxCheckpointSeconds, " (a year)"));
+    }
     QUANTD_RETURN_IF_ERROR(c.RejectUnknown());
     // 0 meant "the default" in release 0.1.0, whose state files store it so.
     if (spec.calibration.seq_len == 0) spec.calibration.seq_len = CalibrationSpec{}.seq_len;
@@ -354,6 +359,11 @@ std::string JobSpecToJson(const JobSpec& spec) {
       datasets.push_back({{"path", d.path}, {"samples", d.samples}});
     }
     j["calibration"]["datasets"] = std::move(datasets);
+  }
+  // Written only when set, so that the canonical spec of a job without it stays what earlier
+  // releases stored (`quantd run` identifies its job by it).
+  if (spec.calibration.checkpoint_seconds != kDefaultCheckpointSeconds) {
+    j["calibration"]["checkpoint_seconds"] = spec.calibration.checkpoint_seconds;
   }
   // Written only when set, so that the canonical spec of a job without it stays what earlier
   // releases stored.

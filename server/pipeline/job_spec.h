@@ -20,7 +20,8 @@
 //                    "expert_amax": "per_expert"|"layer_max",          default "per_expert"
 //                    "uncalibrated": "layer_max"|"model_max",          default "layer_max"
 //                    "numerics": "official"|"math",                    default "official"
-//                    "amax_out": PATH},                                 optional
+//                    "amax_out": PATH,                                  optional
+//                    "checkpoint_seconds": N},                          default 300; 0: each layer
 //      (calibration options: see CalibrationSpec)
 //    "evaluate": {"num_samples": N,                       held-out samples, default 32
 //                 "gate": {"max_mean_kl": X,              each optional: the job fails when
@@ -75,6 +76,9 @@ struct CalibrationDataset {
   int64_t samples = 0;  // samples taken from it; 0 = its even share of num_samples
 };
 
+inline constexpr int64_t kDefaultCheckpointSeconds = 300;
+inline constexpr int64_t kMaxCheckpointSeconds = 365 * 24 * 3600;
+
 struct CalibrationSpec {
   std::string amax_file;           // JSON {module: input_amax} from an earlier calibration
   std::string dataset;             // shorthand for datasets = [{dataset, num_samples}]
@@ -96,6 +100,10 @@ struct CalibrationSpec {
   // Where to write the measured table in the amax_file format (module -> amax for every linear
   // observed, plus "<module>.unweighted" / "<module>.weighted" for routed w2); "" = nowhere.
   std::string amax_out;
+  // A calibrating job keeps a layer's output activations on disk (calibration/layer_checkpoint.h)
+  // when this many seconds passed since the last such layer (0: every layer), so that a restart
+  // resumes after it instead of from layer 0; a layer spilled whole is kept whatever the clock.
+  int64_t checkpoint_seconds = kDefaultCheckpointSeconds;
 };
 
 // evaluate.gate: bounds on the quality figures of server/evaluation (quantized model against its

@@ -68,6 +68,18 @@ absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const ch
   return names;
 }
 
+// Whether `t` is a calibrate task of kind `kind`.
+bool IsCalibrateTask(const store::TaskRow& t, calibration::CalibrateTask::Kind kind) {
+  if (t.stage_kind != CalibrateStage::kKind) return false;
+  absl::StatusOr<calibration::CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
+  return task.ok() && task->kind == kind;
+}
+
+// Whether `t` is a calibrate (layer, slice) task, whose output is a layer checkpoint.
+bool IsCalibrateLayerTask(const store::TaskRow& t) {
+  return IsCalibrateTask(t, calibration::CalibrateTask::Kind::kLayer);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
@@ -92,7 +104,30 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_));
   }
   RETURN_IF_ERROR(job->ClaimOutputDirs());
+  if (NeedsCalibration(spec)) RETURN_IF_ERROR(job->LoadCalibration());
   return job;
+}
+
+absl::Status PreparedJob::LoadCalibration() {
+  ASSIGN_OR_RETURN(calibration_, calibration::JobCalibration::Create(spec_, stored_.work_dir,
+                                                                     spec_.host_memory_bytes));
+  if (!stored_.planned) return absl::OkStatus();
+  // A tokens file gone or changed is rebuilt, and every layer task that depends on it with it
+  // (Attach): nothing resumes.
+  std::set<int64_t> changed;
+  for (const auto& [id, reason] : changed_outputs_) changed.insert(id);
+  std::vector<store::TaskRow> tasks = stored_.tasks;
+  for (const store::TaskRow& t : stored_.tasks) {
+    if (changed.count(t.id) == 0 ||
+        !IsCalibrateTask(t, calibration::CalibrateTask::Kind::kTokens)) {
+      continue;
+    }
+    for (store::TaskRow& layer : tasks) {
+      if (IsCalibrateLayerTask(layer)) layer.state = store::TaskState::kPending;
+    }
+  }
+  calibration_resume_ = calibration_->Resume(tasks);
+  return absl::OkStatus();
 }
 
 absl::Status PreparedJob::ClaimOutputDirs() {
@@ -175,51 +210,28 @@ absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
 absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
     store::JobStore& store, int64_t job_id, int64_t now_ms,
     const std::function<void(const std::string&)>& log) {
-  ASSIGN_OR_RETURN(calibration_,
-                   calibration::JobCalibration::Create(
-                       spec_, JobWorkDir(store.db().path(), job_id), spec_.host_memory_bytes));
-  std::vector<int64_t> done_layers;
-  bool unfinished = false;
-  for (const store::TaskRow& t : stored_tasks_) {
-    if (t.stage_kind != CalibrateStage::kKind) continue;
-    absl::StatusOr<calibration::CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
-    if (!task.ok() || task->kind != calibration::CalibrateTask::Kind::kLayer) continue;
-    if (t.state == store::TaskState::kDone) {
-      done_layers.push_back(t.id);
-    } else {
-      unfinished = true;
-    }
+  const calibration::ResumePoint& resume = calibration_resume_;
+  for (const std::string& line : resume.rejected) {
+    if (log) log(line);
   }
-  if (unfinished && !done_layers.empty()) {
-    ASSIGN_OR_RETURN(
-        int requeued,
-        store.RequeueDoneTasks(job_id, done_layers,
-                               "calibration restarts from layer 0: the activations between "
-                               "layers were held by the process that stopped",
-                               now_ms));
-    if (log) log(absl::StrCat("requeued ", requeued, " task(s) to calibrate from layer 0"));
+  const std::string from =
+      resume.layer < 0
+          ? std::string("calibration resumes from layer 0: no usable layer checkpoint")
+          : absl::StrCat("calibration resumes from layer ", resume.layer + 1,
+                         ": the checkpointed outputs of layer ", resume.layer, " are verified");
+  if (!resume.requeue.empty()) {
+    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, resume.requeue, from, now_ms));
+    if (log) log(absl::StrCat("requeued ", requeued, " done task(s): ", from));
     ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
+  } else if (stored_.planned && !resume.finished && log) {
+    log(from);
   }
-  // Unfinished, every layer task runs again and brings its rows; finished, the stored rows are
-  // the whole table.
-  std::vector<store::AmaxRow> rows;
-  if (!unfinished) {
-    ASSIGN_OR_RETURN(rows, store.ListAmax(job_id));
-  }
+  // The rows of the tasks that stay DONE are the table so far. Those of the requeued tasks stay
+  // in the store until their rerun replaces them; a rerun measures the same values again (the
+  // same tokens, batches and inputs), so merging them now changes no amax.
+  ASSIGN_OR_RETURN(std::vector<store::AmaxRow> rows, store.ListAmax(job_id));
   calibration_->Restore(rows, stored_tasks_);
   return std::vector<store::AmaxRow>();
-}
-
-std::string JobWorkDir(const std::string& db_path, int64_t job_id) {
-  return absl::StrCat(db_path, ".work/job-", job_id);
-}
-
-absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id) {
-  const std::string dir = JobWorkDir(db_path, job_id);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", dir, ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t now_ms,
@@ -313,7 +325,7 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
       lease, output.path, static_cast<int64_t>(output.bytes), output.sha256, now_ms,
       [&](store::TaskRecord& txn) { return stage->Record(txn, task, output); }));
   if (calibration_ != nullptr && task.stage_kind == CalibrateStage::kKind) {
-    calibration_->OnTaskDone(task, output.amax, output.sha256);
+    calibration_->OnTaskDone(task, output.amax, output.path, output.sha256);
   }
   if (!output.path.empty()) {
     absl::MutexLock lock(&completed_mu_);
@@ -384,7 +396,9 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
     const std::vector<store::TaskRow>& tasks) {
   std::vector<std::pair<int64_t, std::string>> changed;
   for (const store::TaskRow& t : tasks) {
-    if (t.state != store::TaskState::kDone || t.output_path.empty()) continue;
+    if (t.state != store::TaskState::kDone || t.output_path.empty() || IsCalibrateLayerTask(t)) {
+      continue;
+    }
     const std::string what = absl::StrCat(t.stage_kind, " ", t.name, ": output ", t.output_path);
     std::error_code ec;
     const std::filesystem::file_status st = std::filesystem::status(t.output_path, ec);

@@ -8,16 +8,25 @@
 //     first start reads calibration.amax_file and checks free disk space; on later starts
 //     refuses to continue when the plan differs from the stored one (the source changed) and
 //     hashes the output of every DONE task against its recorded size and SHA-256; claims the
-//     output directories (OutputMarker).
+//     output directories (OutputMarker); creates a calibrating job's JobCalibration (its work
+//     and spill directories) and finds where its calibration resumes (below).
 //   Attach (the store phase, on the store's thread): stores the plan (first start), requeues the
 //     DONE tasks whose output Load found gone or changed (with the done tasks that depend on
 //     them, so they are rebuilt) and reads the amax table.
-// A Load whose job stopped meanwhile is simply destroyed: it wrote nothing but its markers.
+// A Load whose job stopped meanwhile is simply destroyed: it wrote nothing but its markers and
+// the job's work directory (a later Load cleans what it finds there).
 //
 // A calibrating job (stages/calibrate_stage.h) also owns its calibration::JobCalibration. Its
-// activations between layers live only in this process, so a later start whose calibration is
-// unfinished requeues every done layer task: calibration resumes from layer 0 on the stored
-// tokens, and each rerun replaces its amax rows, so the result equals an uninterrupted run.
+// activations between layers live in this process, except at a layer boundary, where a layer's
+// outputs are also checkpointed on disk (calibration/layer_checkpoint.h). A later start whose
+// calibration is unfinished resumes after the last layer L whose every slice is DONE with a
+// checkpoint that exists and matches its recorded size and SHA-256 (Load verifies and loads it;
+// the calibrate layer tasks' outputs are checked there, not with the other outputs): Attach
+// requeues the done layer tasks after L, and with them the done tasks depending on them (quantize
+// shards of those layers, amax_out), and logs the layer it resumes from. Without such a layer it
+// resumes from layer 0 on the stored tokens. Tasks up to L keep their committed amax rows; a
+// rerun task replaces its own, measuring what its first run measured (the same tokens, batches and
+// inputs), so the result equals an uninterrupted run.
 //
 // Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
 // completed with that stage's Record in the same transaction (CompleteTask).
@@ -39,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/calibration/job_calibration.h"
+#include "server/calibration/layer_checkpoint.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
@@ -104,8 +114,10 @@ class PreparedJob {
   // StageContext::recorded_output: completed_ first, then the DONE rows of stored_tasks_.
   std::optional<RecordedOutput> RecordedOutputOf(std::string_view kind,
                                                  const std::string& name) const;
-  // Creates calibration_ and applies the resume rule (see above); returns the amax rows that
-  // input_amax_ takes (none: quantize tasks export from calibration_).
+  // Creates calibration_ and finds where it resumes (Load; see above).
+  absl::Status LoadCalibration();
+  // Applies the resume point (requeues, log) and restores calibration_ from the store (Attach);
+  // returns the amax rows that input_amax_ takes (none: quantize tasks export from calibration_).
   absl::StatusOr<std::vector<store::AmaxRow>> StartCalibration(
       store::JobStore& store, int64_t job_id, int64_t now_ms,
       const std::function<void(const std::string&)>& log);
@@ -128,14 +140,9 @@ class PreparedJob {
   mutable absl::Mutex completed_mu_;
   mutable std::map<std::pair<std::string, std::string>, RecordedOutput> completed_
       ABSL_GUARDED_BY(completed_mu_);
+  // Where its calibration resumes, found by Load on a later start; applied by Attach.
+  calibration::ResumePoint calibration_resume_;
 };
-
-// A job's own work directory (calibration tokens, spilled activations): "<state>.work/job-<id>"
-// next to the state database `db_path`.
-std::string JobWorkDir(const std::string& db_path, int64_t job_id);
-// Removes JobWorkDir(db_path, job_id) with everything in it (nothing when it does not exist):
-// for a job that can no longer resume (SUCCEEDED, CANCELLED) or was deleted.
-absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id);
 
 // Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).
 inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;
@@ -148,7 +155,9 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path
 
 // The DONE tasks among `tasks` whose output file is missing, or whose size or SHA-256 differs
 // from the recorded ones, with the reason for each (one line). Tasks whose output is a directory
-// (export) or nothing are not checked here: they are redone when a task they depend on is.
+// (export) or nothing are not checked here: they are redone when a task they depend on is; nor
+// are calibrate layer tasks, whose output is a layer checkpoint that is removed on purpose once a
+// later layer is checkpointed (the calibration's resume checks them).
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
     const std::vector<store::TaskRow>& tasks);
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
 
 namespace quantd::pipeline {
@@ -19,7 +20,20 @@ absl::StatusOr<StoredJob> ReadStoredJob(store::JobStore& store, int64_t job_id) 
   if (stored.planned) {
     ASSIGN_OR_RETURN(stored.tasks, store.ListTasks(job_id));
   }
+  stored.work_dir = JobWorkDir(store.db().path(), job_id);
   return stored;
+}
+
+std::string JobWorkDir(const std::string& db_path, int64_t job_id) {
+  return absl::StrCat(db_path, ".work/job-", job_id);
+}
+
+absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id) {
+  const std::string dir = JobWorkDir(db_path, job_id);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", dir, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 }  // namespace quantd::pipeline

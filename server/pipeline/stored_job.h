@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,10 +19,18 @@ struct StoredJob {
   JobIdentity identity;              // the job, as its output markers name it
   bool planned = false;              // its plan is stored: this is not its first start
   std::vector<store::TaskRow> tasks;  // the stored plan's tasks (empty until planned)
+  std::string work_dir;               // JobWorkDir of the job
 };
 
 // Reads job `job_id` from `store` (on the store's thread).
 absl::StatusOr<StoredJob> ReadStoredJob(store::JobStore& store, int64_t job_id);
+
+// A job's own work directory (calibration tokens, spilled activations, layer checkpoints):
+// "<state>.work/job-<id>" next to the state database `db_path`.
+std::string JobWorkDir(const std::string& db_path, int64_t job_id);
+// Removes JobWorkDir(db_path, job_id) with everything in it (nothing when it does not exist):
+// for a job that can no longer resume (SUCCEEDED, CANCELLED) or was deleted.
+absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id);
 
 }  // namespace quantd::pipeline
 

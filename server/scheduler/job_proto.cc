@@ -60,6 +60,7 @@ std::string JobSpecProtoToJson(const v1::JobSpec& spec) {
     PutString(cal, "uncalibrated", c.uncalibrated());
     PutString(cal, "numerics", c.numerics());
     PutString(cal, "amax_out", c.amax_out());
+    if (c.has_checkpoint_seconds()) cal["checkpoint_seconds"] = c.checkpoint_seconds();
     j["calibration"] = std::move(cal);
   }
   if (spec.devices_size() == 1 && spec.devices(0) == "auto") {
@@ -108,6 +109,7 @@ v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
   c->set_uncalibrated(pipeline::UncalibratedFillName(spec.calibration.uncalibrated));
   c->set_numerics(pipeline::CalibrationNumericsName(spec.calibration.numerics));
   c->set_amax_out(spec.calibration.amax_out);
+  c->set_checkpoint_seconds(spec.calibration.checkpoint_seconds);
   for (const std::string& d : spec.devices) out.add_devices(d);
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_overwrite(spec.overwrite);

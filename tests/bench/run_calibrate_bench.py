@@ -12,7 +12,10 @@ and on copies with 2x and 4x its decoder layers (deepen_fixture.py), printed as 
   per layer    mean seconds per layer: load (read + decode the layer's weights), forward, record
                (the amax observer), spill (write + read back activations; 0 in memory)
 
-One more run of the deepest fixture spills every activation (--spill-dir) to show the spill cost.
+One more run of the deepest fixture spills every activation (--spill-dir) to show the spill cost,
+and one more of the base fixture checkpoints every layer's outputs (--checkpoint-dir, what a
+calibrating job with calibration.checkpoint_seconds 0 writes at each boundary:
+calibration/layer_checkpoint.h): its bytes and seconds per boundary.
 
   QUANTD_BIN=path              the quantd binary (default: $QUANTD_BUILD_DIR/server/quantd)
   QUANTD_BENCH_PRESET=small    the base fixture preset (tiny, small, bench)
@@ -36,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAYER_LINE = re.compile(r"layer (\d+) of (\d+): .*\(load ([\d.]+) s, forward ([\d.]+) s, "
                         r"record ([\d.]+) s, spill ([\d.]+) s;")
 DONE_LINE = re.compile(r"calibrated (\d+) layers on (\d+) tokens in ([\d.]+) s")
+CHECKPOINT_LINE = re.compile(r"layer \d+ of \d+ checkpoint: (\d+) bytes in ([\d.]+) s")
 
 
 def quantd():
@@ -54,11 +58,13 @@ def status_kib(pid, key):
     return None
 
 
-def calibrate(qd, spec, amax_out, threads, spill_dir=None):
+def calibrate(qd, spec, amax_out, threads, spill_dir=None, checkpoint_dir=None):
     """Runs `quantd calibrate`; returns wall, peak RSS, peak anon (KiB) and the parsed lines."""
     args = [qd, "calibrate", str(spec), "--amax-out", str(amax_out), "--threads", str(threads)]
     if spill_dir is not None:
         args += ["--spill-dir", str(spill_dir)]
+    if checkpoint_dir is not None:
+        args += ["--checkpoint-dir", str(checkpoint_dir)]
     start = time.monotonic()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     anon = hwm = 0
@@ -72,8 +78,13 @@ def calibrate(qd, spec, amax_out, threads, spill_dir=None):
         sys.exit(f"run_calibrate_bench: {' '.join(args)} failed:\n{err}")
     layers = [tuple(float(x) for x in m.groups()[2:]) for m in LAYER_LINE.finditer(err)]
     done = DONE_LINE.search(out)
-    return {"wall": wall, "hwm": hwm, "anon": anon, "layers": layers,
+    checkpoints = [(int(m.group(1)), float(m.group(2))) for m in CHECKPOINT_LINE.finditer(err)]
+    return {"wall": wall, "hwm": hwm, "anon": anon, "layers": layers, "checkpoints": checkpoints,
             "tokens": int(done.group(2)), "loop": float(done.group(3))}
+
+
+def mean_forward(r):
+    return sum(x[1] for x in r["layers"]) / len(r["layers"])
 
 
 def main():
@@ -105,6 +116,9 @@ def main():
                                               "samples": samples}],
                                 "seq_len": seq_len}}))
             runs = [("memory", calibrate(qd, spec, work / "amax.json", threads))]
+            if factor == 1:
+                runs.append(("ckpt", calibrate(qd, spec, work / "amax.json", threads,
+                                               checkpoint_dir=work / "checkpoints")))
             if factor == 4:
                 spill = work / "spill"
                 spill.mkdir(exist_ok=True)
@@ -124,6 +138,15 @@ def main():
                   f"{r['tokens'] * n / r['loop']:>11.0f} {r['tokens'] / r['loop']:>11.1f} "
                   f"{r['hwm'] / 1024:>12.1f} {r['anon'] / 1024:>13.1f} "
                   f"{mean[0]:>6.3f} {mean[1]:>7.3f} {mean[2]:>6.3f} {mean[3]:>6.3f}")
+        for factor, mode, r in rows:
+            if r["checkpoints"]:
+                n = len(r["checkpoints"])
+                size = sum(b for b, _ in r["checkpoints"]) / n
+                seconds = sum(t for _, t in r["checkpoints"]) / n
+                print(f"checkpoint per boundary ({n} boundaries of {len(r['layers'])} layers): "
+                      f"{size / 2**20:.1f} MiB in {seconds:.3f} s ({size / 2**20 / seconds:.0f} "
+                      f"MiB/s; write + fsync + SHA-256), {seconds / mean_forward(r):.2f}x the "
+                      f"layer's forward")
         anon = [r["anon"] for _, mode, r in rows if mode == "memory"]
         print(f"peak anon RSS x4 / x1 layers: {anon[-1] / anon[0]:.2f} (flat: one layer + "
               f"activations, whatever the depth)")

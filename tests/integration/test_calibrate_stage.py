@@ -8,9 +8,12 @@ tasks recorded in SQLite (table task_amax, merged as JobStore::ListAmax merges t
 """
 
 import json
+import re
 import signal
 import sqlite3
 import struct
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -67,6 +70,33 @@ def leftovers(state):
     work = state.parent / (state.name + ".work")
     return sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.name != "tokens.bin"
                   and not (p.is_dir() and p.name.startswith("job-")))
+
+
+CHECKPOINT = re.compile(r"job-\d+/calibrate-layers/layer(\d+)\.slice\d+\.(json|batch\d+\.safetensors)")
+
+
+def checkpointed_layers(state):
+    """The layers whose checkpoint files (calibration/layer_checkpoint.h) are in the work
+    directory; asserts that nothing else but spill directories and files is there."""
+    layers = set()
+    for p in leftovers(state):
+        m = CHECKPOINT.fullmatch(p)
+        if m:
+            layers.add(int(m.group(1)))
+        else:
+            assert re.fullmatch(r"job-\d+/(calibrate-layers|spill-[\d-]+(/.*)?)", p), p
+    return layers
+
+
+def layer_attempts(state):
+    """layer -> sorted attempts of its calibrate tasks, all DONE."""
+    attempts = {}
+    for (kind, _), r in task_rows(state).items():
+        m = re.fullmatch(r"layer(\d+)\.slice\d+", r["name"])
+        if kind == "calibrate" and m:
+            assert r["state"] == "DONE", r
+            attempts.setdefault(int(m.group(1)), []).append(r["attempt"])
+    return {layer: sorted(a) for layer, a in attempts.items()}
 
 
 class Job:
@@ -205,30 +235,130 @@ KILLS = ["calibrate:3:done", "calibrate:4:mid"]
 
 
 @pytest.mark.parametrize("kill_at", KILLS)
-def test_run_killed_then_resumed_is_byte_identical(qd, source, reference, tmp_path, kill_at):
+def test_run_killed_with_spilled_layers_resumes_after_them(qd, source, reference, tmp_path,
+                                                           kill_at):
+    """Under the default checkpoint_seconds (300), a layer whose outputs are all spilled (host
+    budget 4 KiB) is checkpointed anyway, by hard links: the restart resumes from layer 1."""
     job = Job(qd, source, tmp_path / "job", workers=1, host_memory_bytes=4096)
     proc = job.run(kill_at=kill_at)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    # The killed process spilled layer 0's outputs (budget 4 KiB): they are still there.
+    # The killed process spilled layer 0's outputs and checkpointed them: both still there.
     assert any(p.startswith("job-1/spill-") for p in leftovers(job.state))
+    assert checkpointed_layers(job.state) == {0}
     proc = job.run_ok()
-    assert "calibrate from layer 0" in proc.stderr
+    assert "calibration resumes from layer 1: the checkpointed outputs of layer 0 are " \
+           "verified" in proc.stderr
+    assert layer_attempts(job.state)[0] == [1, 1]
     assert job.result() == reference.result()
     assert leftovers(job.state) == []
     assert job_dirs(job.state) == []
 
 
-def daemon_spec(pb, source, out):
-    return pb.JobSpec(source=str(source["dir"]), output=str(out), recipe="experts",
-                      weight_format="nvfp4",
-                      calibration=pb.CalibrationSpec(dataset=str(DATA), num_samples=8,
-                                                     seq_len=256))
+def test_run_killed_without_checkpoint_resumes_from_layer_0(qd, source, reference, tmp_path):
+    """Under the default checkpoint_seconds, layers kept in memory are not checkpointed in a run
+    shorter than 300 s: the restart calibrates from layer 0 again."""
+    job = Job(qd, source, tmp_path / "job", workers=1)
+    proc = job.run(kill_at="calibrate:3:done")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert checkpointed_layers(job.state) == set()
+    proc = job.run_ok()
+    assert "requeued 2 done task(s): calibration resumes from layer 0: no usable layer " \
+           "checkpoint" in proc.stderr
+    assert layer_attempts(job.state) == {0: [2, 2], 1: [1, 1], 2: [1, 1]}
+    assert job.result() == reference.result()
+    assert leftovers(job.state) == []
+
+
+def test_run_with_its_tokens_file_gone_recalibrates_from_layer_0(qd, source, reference, tmp_path):
+    """The layers depend on the tokens: without the file the tokens task runs again, and every
+    layer after it, whatever was checkpointed."""
+    job = Job(qd, source, tmp_path / "job", workers=1, host_memory_bytes=4096)
+    proc = job.run(kill_at="calibrate:3:done")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert checkpointed_layers(job.state) == {0}
+    tokens = job.state.parent / "state.db.work" / "job-1" / "tokens.bin"
+    tokens.unlink()
+    proc = job.run_ok()
+    assert f"calibrate tokens: output {tokens} is gone" in proc.stderr
+    assert "calibration resumes from layer 0: no usable layer checkpoint" in proc.stderr
+    assert layer_attempts(job.state)[0] == [2, 2]
+    assert job.result() == reference.result()
+    assert leftovers(job.state) == []
 
 
 @pytest.fixture(scope="module")
-def daemon_reference(qd, source, tmp_path_factory):
+def deep_source(qd, source, tmp_path_factory):
+    """The tiny fixture with twice its decoder layers (6: tests/bench/deepen_fixture.py), so that
+    a restart resumes in the middle of the model."""
+    out = tmp_path_factory.mktemp("deep") / "tiny-v4-x2"
+    subprocess.run([sys.executable, str(REPO / "tests" / "bench" / "deepen_fixture.py"),
+                    str(source["dir"]), str(out), "2"], check=True)
+    return {"dir": out}
+
+
+@pytest.fixture(scope="module")
+def deep_reference(qd, deep_source, tmp_path_factory):
+    """An uninterrupted `quantd run` of the 6-layer fixture (1 worker, 2 slices)."""
+    job = Job(qd, deep_source, tmp_path_factory.mktemp("calstage-deep") / "reference", workers=1)
+    job.run_ok()
+    assert sorted(layer_attempts(job.state)) == [0, 1, 2, 3, 4, 5]
+    return job
+
+
+# On the 6-layer fixture with checkpoint_seconds 0 (every layer but the last is checkpointed):
+# after layer 3 was recorded (a boundary: calibrate task 9 is layer 3's second slice), and half
+# way through layer 4's first slice (task 10); both resume from layer 4.
+DEEP_KILLS = ["calibrate:9:done", "calibrate:10:mid"]
+
+
+@pytest.mark.parametrize("kill_at", DEEP_KILLS)
+def test_run_killed_resumes_from_the_last_checkpointed_layer(qd, deep_source, deep_reference,
+                                                              tmp_path, kill_at):
+    job = Job(qd, deep_source, tmp_path / "job", workers=1, checkpoint_seconds=0)
+    proc = job.run(kill_at=kill_at)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    # Every earlier boundary was removed once the next one was committed.
+    assert checkpointed_layers(job.state) == {3}
+    proc = job.run_ok()
+    assert "calibration resumes from layer 4: the checkpointed outputs of layer 3 are " \
+           "verified" in proc.stderr
+    attempts = layer_attempts(job.state)
+    # Layers 0-3 were not run again; layer 4's first slice was, when it was interrupted.
+    assert {layer: attempts[layer] for layer in range(4)} == {l: [1, 1] for l in range(4)}
+    assert attempts[4] == ([1, 2] if kill_at.endswith(":mid") else [1, 1])
+    assert job.result() == deep_reference.result()
+    assert leftovers(job.state) == []
+    assert job_dirs(job.state) == []
+
+
+def test_run_never_trusts_a_corrupt_checkpoint(qd, deep_source, deep_reference, tmp_path):
+    job = Job(qd, deep_source, tmp_path / "job", workers=1, checkpoint_seconds=0)
+    proc = job.run(kill_at="calibrate:9:done")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    batch = next((job.state.parent / "state.db.work" / "job-1" / "calibrate-layers").glob(
+        "layer3.slice1.batch0.safetensors"))
+    data = bytearray(batch.read_bytes())
+    data[-1] ^= 1
+    batch.write_bytes(bytes(data))
+    proc = job.run_ok()
+    assert f"layer 3 slice 1: checkpoint not used: {batch} does not have the SHA-256 its " \
+           "manifest records" in proc.stderr
+    assert "calibration resumes from layer 0" in proc.stderr
+    attempts = layer_attempts(job.state)
+    assert {layer: attempts[layer] for layer in range(4)} == {l: [2, 2] for l in range(4)}
+    assert job.result() == deep_reference.result()
+    assert leftovers(job.state) == []
+
+
+def daemon_spec(pb, source, out, **calibration):
+    return pb.JobSpec(source=str(source["dir"]), output=str(out), recipe="experts",
+                      weight_format="nvfp4",
+                      calibration=pb.CalibrationSpec(dataset=str(DATA), num_samples=8,
+                                                     seq_len=256, **calibration))
+
+
+def run_daemon_reference(qd, source, root):
     """`quantd run` of the spec the daemon tests submit (dataset shorthand, 2 slices)."""
-    root = tmp_path_factory.mktemp("calstage-daemon")
     spec = write_spec(root / "spec.json", source["dir"], root / "out", recipe="experts",
                       weight_format="nvfp4",
                       calibration={"dataset": str(DATA), "num_samples": 8, "seq_len": 256})
@@ -237,25 +367,29 @@ def daemon_reference(qd, source, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def daemon_reference(qd, source, tmp_path_factory):
+    return run_daemon_reference(qd, source, tmp_path_factory.mktemp("calstage-daemon"))
+
+
+@pytest.fixture(scope="module")
+def deep_daemon_reference(qd, deep_source, tmp_path_factory):
+    return run_daemon_reference(qd, deep_source, tmp_path_factory.mktemp("calstage-daemon-deep"))
+
+
+@pytest.fixture(scope="module")
 def stubs(tmp_path_factory):
     return grpc_stubs(tmp_path_factory.mktemp("stubs"))
 
 
-@pytest.mark.parametrize("kill_at", [None] + KILLS)
-def test_daemon_calibrates_and_resumes_after_sigkill(qd, source, stubs, daemon_reference,
-                                                     tmp_path, kill_at):
+def test_daemon_calibrates(qd, source, stubs, daemon_reference, tmp_path):
     from test_daemon import Client  # the QuantService calls with deadlines
     pb = stubs[0]
-    d = Daemon(qd.binary, tmp_path / "state", env={"QUANTD_TEST_KILL_AT": kill_at or ""})
+    d = Daemon(qd.binary, tmp_path / "state")
     try:
         d.start()
         out = tmp_path / "out"
-        job = Client(stubs, d.channel()).submit(daemon_spec(pb, source, out), "calibrate")
-        if kill_at:
-            assert d.wait(120) == -signal.SIGKILL, d.log()
-            d.env = {}
-            d.start()
         client = Client(stubs, d.channel())
+        job = client.submit(daemon_spec(pb, source, out), "calibrate")
         seen = client.watch(job.id)
         final = seen[-1]
         assert final.state == pb.SUCCEEDED, final
@@ -266,8 +400,7 @@ def test_daemon_calibrates_and_resumes_after_sigkill(qd, source, stubs, daemon_r
         assert {s.step for s in calibrate} <= {"", "layer 1 of 3", "layer 2 of 3", "layer 3 of 3"}
         assert all(s.step == "" for s in calibrate if s.state != pb.StageProgress.RUNNING)
         assert {s.unit for s in final.stages if s.kind != "calibrate"} == {"bytes"}
-        if not kill_at:
-            assert any(s.step for s in calibrate), calibrate
+        assert any(s.step for s in calibrate), calibrate
         d.stop()
     finally:
         d.close()
@@ -279,14 +412,49 @@ def test_daemon_calibrates_and_resumes_after_sigkill(qd, source, stubs, daemon_r
     qd.run_ok("verify", out)
 
 
+@pytest.mark.parametrize("kill_at", DEEP_KILLS)
+def test_daemon_killed_resumes_from_the_last_checkpointed_layer(qd, deep_source, stubs,
+                                                                 deep_daemon_reference, tmp_path,
+                                                                 kill_at):
+    """The daemon (one CPU worker: tasks in plan order), checkpoint_seconds 0 through the gRPC
+    spec, killed after layer 3 or inside layer 4 of 6: it resumes from layer 4."""
+    from test_daemon import Client
+    pb = stubs[0]
+    d = Daemon(qd.binary, tmp_path / "state", env={"QUANTD_TEST_KILL_AT": kill_at})
+    state = tmp_path / "state" / "quantd.db"
+    try:
+        d.start()
+        out = tmp_path / "out"
+        job = Client(stubs, d.channel()).submit(
+            daemon_spec(pb, deep_source, out, checkpoint_seconds=0), "calibrate")
+        assert d.wait(120) == -signal.SIGKILL, d.log()
+        assert checkpointed_layers(state) == {3}
+        d.env = {}
+        d.start()
+        final = Client(stubs, d.channel()).watch(job.id)[-1]
+        assert final.state == pb.SUCCEEDED, final
+        assert "calibration resumes from layer 4: the checkpointed outputs of layer 3 are " \
+               "verified" in d.log()
+        d.stop()
+    finally:
+        d.close()
+    attempts = layer_attempts(state)
+    assert {layer: attempts[layer] for layer in range(4)} == {l: [1, 1] for l in range(4)}
+    assert tree_hashes(out) == deep_daemon_reference["out"]
+    assert stored_amax(state) == deep_daemon_reference["rows"]
+    assert leftovers(state) == []
+    assert job_dirs(state) == []
+
+
 @pytest.mark.parametrize("then", ["cancel", "resume", "delete"])
 def test_daemon_cancel_or_pause_mid_calibration_leaves_no_spill_file(qd, source, stubs,
                                                                      daemon_reference, tmp_path,
                                                                      then):
     """Cancelled (or paused, then resumed or deleted) while layer 1 calibrates, with every
     activation spilled (host budget 4 KiB): the job's spill files are gone once it stops; a
-    paused job keeps its tokens file, a resumed one calibrates from layer 0 again and gives the
-    uninterrupted bytes; a cancelled, finished or deleted job leaves no job directory."""
+    paused job keeps its tokens file and the checkpoint of its last spilled layer, a resumed one
+    calibrates from the layer after it and gives the uninterrupted bytes; a cancelled, finished
+    or deleted job leaves no job directory."""
     pause = then != "cancel"
     from test_daemon import Client
     pb = stubs[0]
@@ -312,17 +480,24 @@ def test_daemon_cancel_or_pause_mid_calibration_leaves_no_spill_file(qd, source,
         assert answers, seen[-1]
         assert seen[-1].state == (pb.PAUSED if pause else pb.CANCELLED), seen[-1]
         deadline = time.monotonic() + 10
-        while leftovers(state) and time.monotonic() < deadline:
+        while any("spill-" in p for p in leftovers(state)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert leftovers(state) == []
+        # Layer 0 at least was checkpointed (its outputs were spilled); layer 1 too if it ended
+        # before the pause took effect, and then layer 0's checkpoint was removed.
+        kept = checkpointed_layers(state)
+        assert not any("spill-" in p for p in leftovers(state)), leftovers(state)
         work = state.parent / (state.name + ".work") / f"job-{job.id}"
         assert job_dirs(state) == ([work.name] if pause else [])
         if pause:
             assert (work / "tokens.bin").is_file()
+            assert len(kept) == 1 and kept <= {0, 1}, kept
         if then == "resume":
             client.resume(job.id)
             final = client.watch(job.id)[-1]
             assert final.state == pb.SUCCEEDED, final
+            layer = min(kept)
+            assert f"calibration resumes from layer {layer + 1}: the checkpointed outputs of " \
+                   f"layer {layer} are verified" in d.log()
             assert tree_hashes(out) == daemon_reference["out"]
             assert stored_amax(state) == daemon_reference["rows"]
             assert leftovers(state) == []

@@ -1,18 +1,26 @@
 // The pieces of the calibrate stage that hold state between tasks: the activation store (budget,
-// spilling, release, cleanup), the amax rows the tasks record, the task payloads, the tokens file,
+// spilling, release, cleanup), the layer checkpoints (when a layer is kept, where a restart
+// resumes, what is removed), the amax rows the tasks record, the task payloads, the tokens file,
 // and which calibrate tasks a quantize task waits for.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/calibration/activation_store.h"
 #include "server/calibration/amax_rows.h"
 #include "server/calibration/calibrate_layer.h"
 #include "server/calibration/calibrate_task.h"
 #include "server/calibration/calibration_tokens.h"
+#include "server/calibration/job_calibration.h"
+#include "server/calibration/layer_checkpoint.h"
+#include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
+#include "server/model/v4_activations.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "tests/unit/test_dirs.h"
 
@@ -99,6 +107,277 @@ TEST_F(ActivationStoreTest, WithoutDirectoryNothingSpills) {
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->spill_dir(), "");
   EXPECT_TRUE((*store)->ReserveHost(int64_t{1} << 40));
+}
+
+// A batch of `tokens` tokens (one sequence) whose streams are `value`, hc 2 x hidden 3.
+model::V4Activations Acts(int64_t tokens, float value) {
+  model::V4Activations a;
+  a.sequences = 1;
+  a.seq_len = tokens;
+  a.hc_mult = 2;
+  a.hidden_size = 3;
+  a.token_ids.assign(static_cast<size_t>(tokens), 5);
+  a.streams.assign(static_cast<size_t>(tokens * 6), value);
+  return a;
+}
+
+BatchActivations InHost(int64_t tokens, float value) {
+  BatchActivations b;
+  b.host = Acts(tokens, value);
+  b.tokens = tokens;
+  return b;
+}
+
+// The batch spilled as CalibrateLayerSlice spills it.
+BatchActivations Spilled(const std::string& path, int64_t tokens, float value) {
+  BatchActivations b;
+  EXPECT_TRUE(model::SpillActivations(Acts(tokens, value), path).ok());
+  b.spill_path = path;
+  b.spill_sha256 = *checkpoint::Sha256File(path);
+  b.tokens = tokens;
+  return b;
+}
+
+// The stored row of a layer task: DONE with `file` as its output when given, else PENDING.
+LayerTask Task(int64_t id, int64_t layer, int64_t slice, const CheckpointFile* file) {
+  LayerTask t{layer, slice, {}};
+  t.row.id = id;
+  t.row.state = file != nullptr ? store::TaskState::kDone : store::TaskState::kPending;
+  if (file != nullptr) {
+    t.row.output_path = file->path;
+    t.row.output_bytes = static_cast<int64_t>(file->bytes);
+    t.row.output_sha256 = file->sha256;
+  }
+  return t;
+}
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class LayerCheckpointTest : public TempDirTest {};
+
+TEST_F(LayerCheckpointTest, PolicyFollowsTheClockFromTheLastBoundary) {
+  int64_t now = 1000;
+  auto checkpoints =
+      LayerCheckpoints::Create(dir_ + "/layers", /*checkpoint_seconds=*/300, [&] { return now; });
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  LayerCheckpoints& c = **checkpoints;
+  // Layer 0 ends 299.999 s after the start: not yet. A slice spilled whole is kept anyway (its
+  // files are only linked), the others of the layer keep the layer's decision.
+  now += 299'999;
+  EXPECT_FALSE(c.ShouldPersist(0, /*all_spilled=*/false));
+  EXPECT_TRUE(c.ShouldPersist(0, /*all_spilled=*/true));
+  now += 1;
+  EXPECT_FALSE(c.ShouldPersist(0, false));  // decided once per layer
+  // Layer 1 ends 300 s after the start: kept, by every slice, however late it asks.
+  EXPECT_TRUE(c.ShouldPersist(1, false));
+  now += 50'000;
+  EXPECT_TRUE(c.ShouldPersist(1, false));
+  // Its commit restarts the clock: layer 2, 299 s later, is not kept; layer 3, 300 s later, is.
+  c.OnBoundaryCommitted(1);
+  now += 299'000;
+  EXPECT_FALSE(c.ShouldPersist(2, false));
+  now += 1'000;
+  EXPECT_TRUE(c.ShouldPersist(3, false));
+
+  // checkpoint_seconds 0: every layer, whatever the clock.
+  auto every = LayerCheckpoints::Create(dir_ + "/every", 0, [] { return int64_t{7}; });
+  ASSERT_TRUE(every.ok());
+  for (int64_t layer = 0; layer < 4; ++layer) EXPECT_TRUE((*every)->ShouldPersist(layer, false));
+}
+
+TEST_F(LayerCheckpointTest, PersistWritesHostBatchesAndLinksSpilledOnes) {
+  auto store = ActivationStore::Create(dir_ + "/work", 0);
+  ASSERT_TRUE(store.ok());
+  auto checkpoints = LayerCheckpoints::Create(dir_ + "/layers", 0);
+  ASSERT_TRUE(checkpoints.ok());
+  std::vector<BatchActivations> batches;
+  batches.push_back(InHost(2, 1.5f));
+  batches.push_back(Spilled((*store)->spill_dir() + "/layer3.slice1.batch1.safetensors", 1, 2.5f));
+  int heartbeats = 0;
+  auto file = (*checkpoints)->Persist(3, 1, batches, [&heartbeats] { ++heartbeats; });
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(heartbeats, 2);
+  EXPECT_EQ(file->path, dir_ + "/layers/layer3.slice1.json");
+  const std::string b0 = dir_ + "/layers/layer3.slice1.batch0.safetensors";
+  const std::string b1 = dir_ + "/layers/layer3.slice1.batch1.safetensors";
+  EXPECT_EQ(file->bytes, std::filesystem::file_size(file->path));
+  EXPECT_EQ(file->sha256, *checkpoint::Sha256File(file->path));
+  EXPECT_EQ(file->batch_bytes,
+            static_cast<int64_t>(std::filesystem::file_size(b0) + std::filesystem::file_size(b1)));
+  // The spilled batch is the same file (a hard link), not a copy.
+  EXPECT_TRUE(std::filesystem::equivalent(b1, batches[1].spill_path));
+  EXPECT_EQ(std::filesystem::hard_link_count(b1), 2u);
+  // The manifest lists both batches with their sizes, token counts and SHA-256.
+  const std::string manifest = *checkpoint::ReadFile(file->path, 1 << 20);
+  EXPECT_EQ(manifest,
+            absl::StrCat(R"({"layer":3,"slice":1,"batches":[)",
+                         R"({"file":"layer3.slice1.batch0.safetensors","bytes":)",
+                         std::filesystem::file_size(b0), R"(,"tokens":2,"sha256":")",
+                         *checkpoint::Sha256File(b0),
+                         R"("},{"file":"layer3.slice1.batch1.safetensors","bytes":)",
+                         std::filesystem::file_size(b1), R"(,"tokens":1,"sha256":")",
+                         batches[1].spill_sha256, R"("}]})"));
+  // The written host batch reads back bit-identically.
+  auto back = model::ReadActivations(b0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->streams, batches[0].host.streams);
+  EXPECT_EQ(back->token_ids, batches[0].host.token_ids);
+}
+
+TEST_F(LayerCheckpointTest, ResumeUsesTheLastVerifiedBoundaryAndNeverACorruptOne) {
+  auto checkpoints = LayerCheckpoints::Create(dir_ + "/layers", 0);
+  ASSERT_TRUE(checkpoints.ok());
+  LayerCheckpoints& c = **checkpoints;
+  // Layers 0 and 1 of 3 checkpointed (2 slices each: one batch, and none), layer 2 not run.
+  std::map<std::pair<int64_t, int64_t>, CheckpointFile> files;
+  for (int64_t layer : {0, 1}) {
+    for (int64_t slice : {0, 1}) {
+      std::vector<BatchActivations> batches;
+      if (slice == 0) batches.push_back(InHost(2, static_cast<float>(layer) + 0.25f));
+      auto file = c.Persist(layer, slice, batches);
+      ASSERT_TRUE(file.ok()) << file.status();
+      files[{layer, slice}] = *file;
+    }
+  }
+  std::vector<LayerTask> tasks;
+  for (int64_t layer : {0, 1, 2}) {
+    for (int64_t slice : {0, 1}) {
+      auto it = files.find({layer, slice});
+      const CheckpointFile* file = it == files.end() ? nullptr : &it->second;
+      tasks.push_back(Task(10 * layer + slice, layer, slice, file));
+    }
+  }
+  // A flipped byte in layer 1's batch: layer 1 is not trusted, layer 0 is the resume point, and
+  // layer 1's done tasks are requeued; only layer 0's files stay.
+  const std::string batch1 = dir_ + "/layers/layer1.slice0.batch0.safetensors";
+  {
+    std::fstream f(batch1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  auto store = ActivationStore::Create(dir_ + "/work", 0);
+  ASSERT_TRUE(store.ok());
+  ResumePoint point = ResumeLayers(tasks, 2, c, **store);
+  EXPECT_FALSE(point.finished);
+  EXPECT_EQ(point.layer, 0);
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{10, 11}));
+  EXPECT_EQ(point.rejected, (std::vector<std::string>{
+                                "layer 1 slice 0: checkpoint not used: " + batch1 +
+                                " does not have the SHA-256 its manifest records"}));
+  EXPECT_EQ(Names(dir_ + "/layers"),
+            (std::vector<std::string>{"layer0.slice0.batch0.safetensors", "layer0.slice0.json",
+                                      "layer0.slice1.json"}));
+  // Layer 0's outputs are in the store, as the checkpoint's files, and read back as written.
+  auto slice0 = (*store)->Get(0, 0);
+  ASSERT_NE(slice0, nullptr);
+  ASSERT_EQ(slice0->size(), 1u);
+  EXPECT_EQ((*slice0)[0].spill_path, dir_ + "/layers/layer0.slice0.batch0.safetensors");
+  EXPECT_EQ((*slice0)[0].tokens, 2);
+  EXPECT_EQ(model::ReadActivations((*slice0)[0].spill_path)->streams, Acts(2, 0.25f).streams);
+  ASSERT_NE((*store)->Get(0, 1), nullptr);
+  EXPECT_TRUE((*store)->Get(0, 1)->empty());
+  EXPECT_EQ((*store)->Get(1, 0), nullptr);
+  // The store reads the checkpoint's files but never removes them.
+  (*store)->ReleaseLayer(0);
+  store->reset();
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/layers/layer0.slice0.batch0.safetensors"));
+
+  // The next restart (layer 1 requeued): layer 0's files as they are, then one grown by a byte.
+  tasks[2].row.state = tasks[3].row.state = store::TaskState::kPending;
+  store = ActivationStore::Create(dir_ + "/work", 0);
+  point = ResumeLayers(tasks, 2, c, **store);
+  EXPECT_EQ(point.layer, 0);
+  EXPECT_TRUE(point.rejected.empty());
+  EXPECT_TRUE(point.requeue.empty());
+  std::ofstream(files[{0, 1}].path, std::ios::app) << " ";
+  point = ResumeLayers(tasks, 2, c, **store);
+  EXPECT_EQ(point.layer, -1);
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(point.rejected, (std::vector<std::string>{
+                                "layer 0 slice 1: checkpoint not used: " + files[{0, 1}].path +
+                                " has " + std::to_string(files[{0, 1}].bytes + 1) +
+                                " bytes, recorded " + std::to_string(files[{0, 1}].bytes)}));
+  EXPECT_TRUE(Names(dir_ + "/layers").empty());
+  // With every layer task done, nothing resumes and nothing is requeued.
+  for (LayerTask& t : tasks) t.row.state = store::TaskState::kDone;
+  point = ResumeLayers(tasks, 2, c, **store);
+  EXPECT_TRUE(point.finished);
+  EXPECT_TRUE(point.requeue.empty());
+}
+
+TEST_F(LayerCheckpointTest, ResumeSkipsLayersNotCheckpointedAndRejectsAGoneOrEditedManifest) {
+  auto checkpoints = LayerCheckpoints::Create(dir_ + "/layers", 0);
+  ASSERT_TRUE(checkpoints.ok());
+  LayerCheckpoints& c = **checkpoints;
+  // One slice per layer. Layer 0 checkpointed; layer 1 done without one (the clock said no);
+  // layer 2 checkpointed, then its manifest edited in place (same size); layer 3 not run.
+  const CheckpointFile f0 = *c.Persist(0, 0, {});
+  const CheckpointFile f2 = *c.Persist(2, 0, {});
+  const CheckpointFile none;
+  std::vector<LayerTask> tasks = {Task(1, 0, 0, &f0), Task(2, 1, 0, &none), Task(3, 2, 0, &f2),
+                                  Task(4, 3, 0, nullptr)};
+  ASSERT_EQ(*checkpoint::ReadFile(f2.path, 1 << 20), R"({"layer":2,"slice":0,"batches":[]})");
+  ASSERT_TRUE(
+      checkpoint::WriteFileAtomically(f2.path, R"({"layer":2,"slice":1,"batches":[]})").ok());
+  auto store = ActivationStore::Create(dir_ + "/work", 0);
+  ASSERT_TRUE(store.ok());
+  ResumePoint point = ResumeLayers(tasks, 1, c, **store);
+  EXPECT_EQ(point.layer, 0);
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(point.rejected, (std::vector<std::string>{
+                                "layer 2 slice 0: checkpoint not used: " + f2.path +
+                                " does not have the recorded SHA-256"}));
+  EXPECT_EQ(Names(dir_ + "/layers"), (std::vector<std::string>{"layer0.slice0.json"}));
+  // The manifest gone: not trusted either; nothing is left to resume from.
+  std::filesystem::remove(f0.path);
+  point = ResumeLayers(tasks, 1, c, **store);
+  EXPECT_EQ(point.layer, -1);
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(point.rejected, (std::vector<std::string>{
+                                "layer 2 slice 0: checkpoint not used: " + f2.path + " is gone",
+                                "layer 0 slice 0: checkpoint not used: " + f0.path + " is gone"}));
+}
+
+TEST_F(LayerCheckpointTest, JobKeepsAtMostTwoBoundariesAndNoneOnceCalibrated) {
+  pipeline::JobSpec spec;
+  spec.calibration.checkpoint_seconds = 0;
+  auto job = JobCalibration::Create(spec, dir_, 0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::string layers = dir_ + "/calibrate-layers";
+  EXPECT_EQ((*job)->checkpoints().dir(), layers);
+  // Layer L slice S of 3 layers x 2 slices finishes: checkpointed (but the last layer), committed.
+  const auto finish = [&](int64_t layer, int64_t slice) {
+    CalibrateTask t;
+    t.kind = CalibrateTask::Kind::kLayer;
+    t.layer = layer;
+    t.layers = 3;
+    t.slice = slice;
+    t.slices = 2;
+    store::TaskRow row;
+    row.stage_kind = "calibrate";
+    row.payload_json = ToJson(t);
+    CheckpointFile file;
+    if (layer < 2) file = *(*job)->checkpoints().Persist(layer, slice, {});
+    (*job)->OnTaskDone(row, {}, file.path, file.sha256);
+  };
+  finish(0, 0);
+  finish(0, 1);
+  finish(1, 0);
+  // Layer 1 is being written: both boundaries are on disk.
+  EXPECT_EQ(Names(layers), (std::vector<std::string>{"layer0.slice0.json", "layer0.slice1.json",
+                                                    "layer1.slice0.json"}));
+  finish(1, 1);
+  EXPECT_EQ(Names(layers), (std::vector<std::string>{"layer1.slice0.json", "layer1.slice1.json"}));
+  finish(2, 0);
+  finish(2, 1);
+  EXPECT_TRUE(Names(layers).empty());
 }
 
 TEST(AmaxRowsTest, RoundTripKeepsBothW2Inputs) {

@@ -26,7 +26,7 @@ constexpr char kFullSpec[] = R"({
                   "num_samples": 600, "seq_len": 1024, "min_seq_len": 0, "seed": 7,
                   "add_bos": false, "calibrate_all_experts": true, "mode": "constant",
                   "w2_input": "weighted", "expert_amax": "layer_max", "uncalibrated": "model_max",
-                  "numerics": "math", "amax_out": "/cal/out.json"},
+                  "numerics": "math", "amax_out": "/cal/out.json", "checkpoint_seconds": 0},
   "devices": ["cpu"], "host_memory_bytes": 4096, "overwrite": true})";
 
 TEST(JobProtoTest, EveryKeySurvivesJsonToProtoToJson) {
@@ -57,6 +57,8 @@ TEST(JobProtoTest, EveryKeySurvivesJsonToProtoToJson) {
   EXPECT_EQ(c.uncalibrated(), "model_max");
   EXPECT_EQ(c.numerics(), "math");
   EXPECT_EQ(c.amax_out(), "/cal/out.json");
+  ASSERT_TRUE(c.has_checkpoint_seconds());
+  EXPECT_EQ(c.checkpoint_seconds(), 0);
 
   absl::StatusOr<pipeline::JobSpec> back = JobSpecFromProto(proto);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -77,6 +79,8 @@ TEST(JobProtoTest, DefaultsSurviveTheRoundTrip) {
   EXPECT_EQ(proto.calibration().expert_amax(), "per_expert");
   EXPECT_EQ(proto.calibration().uncalibrated(), "layer_max");
   EXPECT_EQ(proto.calibration().numerics(), "official");
+  EXPECT_TRUE(proto.calibration().has_checkpoint_seconds());
+  EXPECT_EQ(proto.calibration().checkpoint_seconds(), 300);
   absl::StatusOr<pipeline::JobSpec> back = JobSpecFromProto(proto);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(pipeline::JobSpecToJson(*back), pipeline::JobSpecToJson(*parsed));

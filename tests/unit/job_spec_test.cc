@@ -177,6 +177,31 @@ TEST(JobSpecCalibrationTest, ExportOptionsDefaultParseAndRoundTrip) {
             "spec.json: field 'calibration.mode' must be one of \"data\", \"constant\"");
 }
 
+TEST(JobSpecCalibrationTest, CheckpointSecondsDefaultValidationAndCanonicalJson) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out"})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->calibration.checkpoint_seconds, 300);
+  // The default is not written, so the canonical spec of earlier jobs is unchanged.
+  EXPECT_EQ(JobSpecToJson(*spec).find("checkpoint_seconds"), std::string::npos);
+
+  spec = ParseJobSpec(R"({"source": "/in", "output": "/out", "calibration": {
+      "checkpoint_seconds": 0}})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->calibration.checkpoint_seconds, 0);
+  auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->calibration.checkpoint_seconds, 0);
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
+
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"checkpoint_seconds": -1}})"),
+            "spec.json: field 'calibration.checkpoint_seconds' must be a non-negative integer");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {"checkpoint_seconds": 1.5}})"),
+            "spec.json: field 'calibration.checkpoint_seconds' must be a non-negative integer");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "calibration": {)"
+                    R"("checkpoint_seconds": 31536001}})"),
+            "spec.json: field 'calibration.checkpoint_seconds' must be at most 31536000 (a year)");
+}
+
 }  // namespace
 }  // namespace quantd::pipeline
 

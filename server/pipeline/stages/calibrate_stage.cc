@@ -20,6 +20,7 @@
 #include "server/calibration/calibration_tokens.h"
 #include "server/calibration/export_amax.h"
 #include "server/calibration/job_calibration.h"
+#include "server/calibration/layer_checkpoint.h"
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/inspect_stage.h"
@@ -158,8 +159,30 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
     store.UnreserveHost(reserved);
     return result.status();
   }
-  if (!options.discard_output) store.Put(task.layer, task.slice, std::move(result->output));
   TaskOutput out;
+  if (!options.discard_output) {
+    // A layer boundary's outputs go to disk as well (calibration/layer_checkpoint.h); the task's
+    // output is then the checkpoint's manifest, committed with its completion.
+    bool all_spilled = true;
+    for (const calibration::BatchActivations& b : result->output) {
+      all_spilled &= !b.spill_path.empty();
+    }
+    if (job->checkpoints().ShouldPersist(task.layer, all_spilled)) {
+      absl::StatusOr<calibration::CheckpointFile> file = job->checkpoints().Persist(
+          task.layer, task.slice, result->output, [&ctx] {
+            if (ctx.add_progress) ctx.add_progress(0);
+          });
+      if (!file.ok()) {
+        calibration::ReleaseBatches(result->output);
+        store.UnreserveHost(reserved);
+        return file.status();
+      }
+      out.path = file->path;
+      out.bytes = file->bytes;
+      out.sha256 = file->sha256;
+    }
+    store.Put(task.layer, task.slice, std::move(result->output));
+  }
   out.amax = calibration::ToAmaxRows(result->amax);
   out.calibrated_tokens = result->tokens;
   out.calibration_seconds =

@@ -8,7 +8,10 @@
 //     batches: calibration/calibrate_layer.h), one slice per device of spec.devices (kAutoSlices
 //     when "auto"); every slice of layer L depends on every slice of layer L-1 (layer 0 on
 //     "tokens"). Its amax rows (calibration/amax_rows.h) are committed with its completion;
-//     its output activations go to the job's ActivationStore;
+//     its output activations go to the job's ActivationStore and, at a layer boundary, to a
+//     layer checkpoint (calibration/layer_checkpoint.h: when calibration.checkpoint_seconds
+//     passed since the last one, or the output is spilled already) whose manifest is the task's
+//     recorded output, so that a restart resumes after the last checkpointed layer;
 //   - "amax_out" writes calibration.amax_out after the last layer (only when it is set).
 // Task bytes are calibration tokens: progress, tokens/s and the ETA count tokens.
 //

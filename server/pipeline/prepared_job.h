@@ -18,6 +18,8 @@
 // activations between layers live only in this process, so a later start whose calibration is
 // unfinished requeues every done layer task: calibration resumes from layer 0 on the stored
 // tokens, and each rerun replaces its amax rows, so the result equals an uninterrupted run.
+// Likewise a job that evaluates (stages/evaluate_stage.h) owns its evaluation::JobEvaluation, and
+// a later start resumes the unfinished evaluate stage where EvaluateTasksToRedo says.
 //
 // Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
 // completed with that stage's Record in the same transaction (CompleteTask).
@@ -38,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/calibration/job_calibration.h"
+#include "server/evaluation/job_evaluation.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
@@ -98,6 +101,9 @@ class PreparedJob {
   PreparedJob() = default;
   absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
+  // Creates evaluation_ and requeues what EvaluateTasksToRedo names.
+  absl::Status StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
+                               const std::function<void(const std::string&)>& log);
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
   // Creates calibration_ and applies the resume rule (see above); returns the amax rows that
@@ -120,6 +126,8 @@ class PreparedJob {
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
   // A calibrating job's runtime state (stages/calibrate_stage.h); nullptr otherwise. Thread-safe.
   std::unique_ptr<calibration::JobCalibration> calibration_;
+  // A job's evaluate-stage state (stages/evaluate_stage.h); nullptr otherwise. Thread-safe.
+  std::unique_ptr<evaluation::JobEvaluation> evaluation_;
 };
 
 // A job's own work directory (calibration tokens, spilled activations): "<state>.work/job-<id>"

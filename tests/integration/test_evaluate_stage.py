@@ -209,3 +209,21 @@ def test_daemon_killed_inside_the_stage_resumes_to_the_same_figures(qd, stubs, s
     seen, report = run_in_daemon(qd, stubs, source, tmp_path, kill_at)
     assert seen[-1].state == pb.SUCCEEDED, seen[-1]
     assert figures_of(report) == figures_of(daemon_reference[1])
+
+
+def test_run_killed_inside_the_stage_resumes_to_the_same_figures(qd, source, tmp_path):
+    def without_times(rows):
+        layers, figures = rows
+        return layers, {k: v for k, v in figures.items() if k not in ("seconds", "task_id")}
+
+    reference = tmp_path / "reference" / "state.db"
+    qd.run_ok("run", "--state", reference, *RUN_FLAGS, spec_for(reference.parent, source))
+    state = tmp_path / "killed" / "state.db"
+    spec = spec_for(state.parent, source)
+    proc = qd.run("run", "--state", state, *RUN_FLAGS, spec,
+                  env_extra={"QUANTD_TEST_KILL_AT": "evaluate:2:done"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    proc = qd.run("run", "--state", state, *RUN_FLAGS, spec)
+    assert proc.returncode == 0, proc.stderr
+    assert "to evaluate from layer 0" in proc.stderr
+    assert without_times(stored(state)) == without_times(stored(reference))

@@ -41,20 +41,27 @@ absl::StatusOr<std::vector<float>> Logits(const model::ForwardContext& ctx,
 absl::StatusOr<NextTokenQuality> EvaluateHead(const model::V4Checkpoint& source,
                                               const model::V4Checkpoint& quantized,
                                               const EvaluationBatches& batches,
-                                              compute::Device& device, model::Numerics numerics) {
+                                              compute::Device& device, model::Numerics numerics,
+                                              const EvaluationHooks& hooks) {
+  RETURN_IF_ERROR(CheckPaired(batches, "head input"));
   ASSIGN_OR_RETURN(model::V4HeadWeights ref, model::LoadHead(source, device));
   ASSIGN_OR_RETURN(model::V4HeadWeights quant, model::LoadHead(quantized, device));
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, numerics, /*observer=*/nullptr));
   const int64_t vocab = source.config.vocab_size;
   NextTokenMetrics metrics;
-  for (size_t i = 0; i < batches.source.size(); ++i) {
-    for (int64_t s = 0; s < batches.source[i].sequences; ++s) {
-      const model::V4Activations a = OneSequence(batches.source[i], s);
-      const model::V4Activations b = OneSequence(batches.quantized[i], s);
+  for (size_t i = 0; i < batches.source->size(); ++i) {
+    const model::V4Activations& source_batch = (*batches.source)[i].host;
+    for (int64_t s = 0; s < source_batch.sequences; ++s) {
+      if (hooks.cancelled != nullptr && hooks.cancelled->load()) {
+        return absl::CancelledError("head: evaluation cancelled");
+      }
+      const model::V4Activations a = OneSequence(source_batch, s);
+      const model::V4Activations b = OneSequence((*batches.quantized)[i].host, s);
       ASSIGN_OR_RETURN(std::vector<float> p, Logits(ctx, source, ref, a));
       ASSIGN_OR_RETURN(std::vector<float> q, Logits(ctx, quantized, quant, b));
       metrics.AddSequence(p.data(), q.data(), a.token_ids.data(), a.seq_len, vocab);
+      if (hooks.on_batch) hooks.on_batch(a.seq_len);
     }
   }
   return metrics.Finish();

@@ -20,13 +20,23 @@ absl::Status InLayer(const absl::Status& s, const model::V4Checkpoint& ckpt, int
                       absl::StrCat(ckpt.dir->dir(), ": layer ", layer, ": ", s.message()));
 }
 
+calibration::BatchActivations InHost(model::V4Activations acts) {
+  calibration::BatchActivations b;
+  b.tokens = acts.tokens();
+  b.host = std::move(acts);
+  return b;
+}
+
 }  // namespace
 
-absl::StatusOr<LayerQuality> EvaluateLayer(const model::V4Checkpoint& source,
-                                           const model::V4Checkpoint& quantized, int64_t layer,
-                                           EvaluationBatches& batches, compute::Device& device,
-                                           model::Numerics numerics) {
-  LayerQuality q;
+absl::StatusOr<LayerEvaluation> EvaluateLayer(const model::V4Checkpoint& source,
+                                              const model::V4Checkpoint& quantized, int64_t layer,
+                                              const EvaluationBatches& input,
+                                              compute::Device& device, model::Numerics numerics,
+                                              const EvaluationHooks& hooks) {
+  RETURN_IF_ERROR(CheckPaired(input, absl::StrCat("layer ", layer, " input").c_str()));
+  LayerEvaluation result;
+  LayerQuality& q = result.quality;
   q.layer = layer;
   auto start = std::chrono::steady_clock::now();
   absl::StatusOr<model::V4LayerWeights> ref = model::LoadLayer(source, layer, device);
@@ -38,24 +48,30 @@ absl::StatusOr<LayerQuality> EvaluateLayer(const model::V4Checkpoint& source,
   start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, numerics, /*observer=*/nullptr));
-  for (size_t i = 0; i < batches.source.size(); ++i) {
+  for (size_t i = 0; i < input.source->size(); ++i) {
+    if (hooks.cancelled != nullptr && hooks.cancelled->load()) {
+      return absl::CancelledError(absl::StrCat("layer ", layer, ": evaluation cancelled"));
+    }
+    const model::V4Activations& in_source = (*input.source)[i].host;
+    const model::V4Activations& in_quantized = (*input.quantized)[i].host;
     absl::StatusOr<model::V4Activations> out =
-        model::RunLayer(ctx, source.config, *ref, batches.source[i]);
+        model::RunLayer(ctx, source.config, *ref, in_source);
     if (!out.ok()) return InLayer(out.status(), source, layer);
     absl::StatusOr<model::V4Activations> forced =
-        model::RunLayer(ctx, quantized.config, *quant, batches.source[i]);
+        model::RunLayer(ctx, quantized.config, *quant, in_source);
     if (!forced.ok()) return InLayer(forced.status(), quantized, layer);
     absl::StatusOr<model::V4Activations> own =
-        model::RunLayer(ctx, quantized.config, *quant, batches.quantized[i]);
+        model::RunLayer(ctx, quantized.config, *quant, in_quantized);
     if (!own.ok()) return InLayer(own.status(), quantized, layer);
     const int64_t n = static_cast<int64_t>(out->streams.size());
     q.teacher_forced.Add(out->streams.data(), forced->streams.data(), n);
     q.free_running.Add(out->streams.data(), own->streams.data(), n);
-    batches.source[i] = *std::move(out);
-    batches.quantized[i] = *std::move(own);
+    if (hooks.on_batch) hooks.on_batch(out->tokens());
+    result.source.push_back(InHost(*std::move(out)));
+    result.quantized.push_back(InHost(*std::move(own)));
   }
   q.forward_seconds = SecondsSince(start);
-  return q;
+  return result;
 }
 
 }  // namespace quantd::evaluation

@@ -5,7 +5,8 @@
 //   quantized layer on the quantized activations  -> free-running output (errors accumulate),
 //   quantized layer on the source activations     -> teacher-forced output (this layer's error),
 // records the SQNR of both against the reference over every hidden-state value (all hc
-// streams), and replaces the batches with the two models' own outputs.
+// streams), and hands back the two models' own outputs (the next layer's input). The input is
+// left as it is, so a failed step can run again on it.
 #ifndef QUANTD_SERVER_EVALUATION_EVALUATE_LAYER_H_
 #define QUANTD_SERVER_EVALUATION_EVALUATE_LAYER_H_
 
@@ -28,11 +29,18 @@ struct LayerQuality {
   double forward_seconds = 0.0;  // the three layer runs over every batch
 };
 
-// Errors name the layer and the checkpoint.
-absl::StatusOr<LayerQuality> EvaluateLayer(const model::V4Checkpoint& source,
-                                           const model::V4Checkpoint& quantized, int64_t layer,
-                                           EvaluationBatches& batches, compute::Device& device,
-                                           model::Numerics numerics);
+struct LayerEvaluation {
+  LayerQuality quality;
+  Batches source;     // the source layer's output, batch for batch, in host memory
+  Batches quantized;  // the quantized layer's free-running output
+};
+
+// Errors name the layer and the checkpoint; Cancelled once hooks.cancelled is set.
+absl::StatusOr<LayerEvaluation> EvaluateLayer(const model::V4Checkpoint& source,
+                                              const model::V4Checkpoint& quantized, int64_t layer,
+                                              const EvaluationBatches& input,
+                                              compute::Device& device, model::Numerics numerics,
+                                              const EvaluationHooks& hooks = {});
 
 }  // namespace quantd::evaluation
 

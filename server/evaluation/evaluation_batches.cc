@@ -7,24 +7,12 @@
 #include "server/calibration/calibrate_layer.h"
 
 namespace quantd::evaluation {
-namespace {
-
-absl::StatusOr<std::vector<model::V4Activations>> Embed(
-    const model::V4Checkpoint& ckpt, const std::vector<std::vector<int32_t>>& samples,
-    int64_t batch_bytes) {
-  ASSIGN_OR_RETURN(std::vector<calibration::BatchActivations> batches,
-                   calibration::EmbedSlice(ckpt, samples, batch_bytes));
-  std::vector<model::V4Activations> out;
-  out.reserve(batches.size());
-  for (calibration::BatchActivations& b : batches) out.push_back(std::move(b.host));
-  return out;
-}
-
-}  // namespace
 
 int64_t EvaluationBatches::tokens() const {
   int64_t n = 0;
-  for (const model::V4Activations& a : source) n += a.tokens();
+  if (source != nullptr) {
+    for (const calibration::BatchActivations& b : *source) n += b.tokens;
+  }
   return n;
 }
 
@@ -41,10 +29,32 @@ absl::StatusOr<EvaluationBatches> EmbedHeldOut(const model::V4Checkpoint& source
         quantized.dir->dir(), "/config.json does not describe the model of ", source.dir->dir(),
         " (layers, hidden size, hc streams, vocabulary, experts or compress ratios differ)"));
   }
+  ASSIGN_OR_RETURN(Batches embedded_source,
+                   calibration::EmbedSlice(source, samples, batch_bytes));
+  ASSIGN_OR_RETURN(Batches embedded_quantized,
+                   calibration::EmbedSlice(quantized, samples, batch_bytes));
   EvaluationBatches batches;
-  ASSIGN_OR_RETURN(batches.source, Embed(source, samples, batch_bytes));
-  ASSIGN_OR_RETURN(batches.quantized, Embed(quantized, samples, batch_bytes));
+  batches.source = std::make_shared<const Batches>(std::move(embedded_source));
+  batches.quantized = std::make_shared<const Batches>(std::move(embedded_quantized));
   return batches;
+}
+
+absl::Status CheckPaired(const EvaluationBatches& batches, const char* what) {
+  if (batches.source == nullptr || batches.quantized == nullptr ||
+      batches.source->size() != batches.quantized->size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the two models' batches do not pair up"));
+  }
+  for (size_t i = 0; i < batches.source->size(); ++i) {
+    const calibration::BatchActivations& a = (*batches.source)[i];
+    const calibration::BatchActivations& b = (*batches.quantized)[i];
+    if (!a.spill_path.empty() || !b.spill_path.empty() || a.host.sequences != b.host.sequences ||
+        a.host.seq_len != b.host.seq_len || a.host.streams.size() != b.host.streams.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": batch ", i, " of the two models is not in host memory in the same shape"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace quantd::evaluation

@@ -1,9 +1,9 @@
 // Held-out samples for evaluation: drawn from the job's calibration data sets, disjoint from the
 // calibration samples. Each file's lines are visited in the seeded order calibration uses
 // (pipeline/calibration_data.h); calibration takes the first usable `samples` of a file, the
-// evaluation takes the next ones (its `num_samples` shared evenly over the files, the earlier
-// files taking the remainder), with the same seq_len / min_seq_len / add_bos rules. The same
-// spec and files give the same held-out tokens on every machine.
+// evaluation takes the next ones (its count shared evenly over the files, the earlier files taking
+// the remainder), with the same seq_len / min_seq_len / add_bos rules. The same spec and files give
+// the same held-out tokens on every machine.
 #ifndef QUANTD_SERVER_EVALUATION_HELD_OUT_SAMPLES_H_
 #define QUANTD_SERVER_EVALUATION_HELD_OUT_SAMPLES_H_
 
@@ -17,8 +17,13 @@
 
 namespace quantd::evaluation {
 
-// The token ids of `num_samples` (> 0) held-out samples. InvalidArgument when the spec names no
-// data set or a file has too few usable lines after its calibration samples (naming the file).
+// The token ids of the held-out samples of evaluate.num_samples = `num_samples`:
+//   > 0: exactly that many; InvalidArgument when a file has fewer usable lines left after its
+//        calibration samples than its share, naming the file, its lines, how many calibration
+//        takes and how many are left, and suggesting evaluate.enabled false;
+//   0:   kDefaultEvaluateSamples, each file giving at most what it has left (so fewer when the
+//        data holds fewer); InvalidArgument as above when no file has any left.
+// InvalidArgument too when the spec names no data set.
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
     const pipeline::CalibrationSpec& calibration, int64_t num_samples,
     const model::Tokenizer& tokenizer);

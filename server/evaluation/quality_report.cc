@@ -1,6 +1,8 @@
 #include "server/evaluation/quality_report.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,17 +23,21 @@ std::string DbText(const Sqnr& s) {
 
 }  // namespace
 
-int64_t WorstLayer(const QualityReport& report) {
-  int64_t worst = -1;
-  double lowest = 0.0;
+std::vector<int64_t> WorstLayers(const QualityReport& report, size_t n) {
+  std::vector<std::pair<double, int64_t>> finite;
   for (const LayerQuality& l : report.layers) {
     const double db = l.teacher_forced.Db();
-    if (std::isfinite(db) && (worst < 0 || db < lowest)) {
-      worst = l.layer;
-      lowest = db;
-    }
+    if (std::isfinite(db)) finite.emplace_back(db, l.layer);
   }
+  std::sort(finite.begin(), finite.end());
+  std::vector<int64_t> worst;
+  for (size_t i = 0; i < finite.size() && i < n; ++i) worst.push_back(finite[i].second);
   return worst;
+}
+
+int64_t WorstLayer(const QualityReport& report) {
+  const std::vector<int64_t> worst = WorstLayers(report, 1);
+  return worst.empty() ? -1 : worst.front();
 }
 
 nlohmann::json QualityReportToJson(const QualityReport& r) {

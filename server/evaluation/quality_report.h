@@ -30,6 +30,9 @@ struct QualityReport {
 // The layer whose teacher-forced SQNR is lowest (where the quantized model loses the most on
 // its own); -1 when no layer differs (every SQNR infinite) or there are none.
 int64_t WorstLayer(const QualityReport& report);
+// The at most `n` layers with the lowest finite teacher-forced SQNR, lowest first (ties: lower
+// layer first).
+std::vector<int64_t> WorstLayers(const QualityReport& report, size_t n);
 
 nlohmann::json QualityReportToJson(const QualityReport& report);
 std::string FormatQualityReport(const QualityReport& report);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,11 @@
 
 namespace quantd::evaluation {
 
+model::Numerics ForwardNumerics(const pipeline::CalibrationSpec& calibration) {
+  return calibration.numerics == pipeline::CalibrationNumerics::kMath ? model::Numerics::kMath
+                                                                      : model::Numerics::kOfficial;
+}
+
 absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                                             compute::Device& device) {
   const pipeline::JobSpec& spec = *request.spec;
@@ -29,17 +35,13 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                    model::OpenV4Checkpoint(request.quantized));
   ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer,
                    model::Tokenizer::LoadDir(request.tokenizer_dir));
-  const int64_t num_samples = spec.evaluate.num_samples > 0 ? spec.evaluate.num_samples
-                                                            : pipeline::kDefaultEvaluateSamples;
   ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
-                   LoadHeldOutSamples(spec.calibration, num_samples, *tokenizer));
+                   LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, *tokenizer));
 
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(EvaluationBatches batches,
                    EmbedHeldOut(*source, *quantized, samples, request.batch_bytes));
-  const model::Numerics numerics = spec.calibration.numerics == pipeline::CalibrationNumerics::kMath
-                                       ? model::Numerics::kMath
-                                       : model::Numerics::kOfficial;
+  const model::Numerics numerics = ForwardNumerics(spec.calibration);
   QualityReport report;
   report.source = request.source;
   report.quantized = request.quantized;
@@ -49,21 +51,24 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
   const int64_t layers = source->config.num_hidden_layers;
   progress(absl::StrFormat("evaluating %d layers on %d held-out samples (%d tokens, %d batches), "
                            "%s numerics",
-                           layers, report.samples, report.tokens, batches.source.size(),
+                           layers, report.samples, report.tokens, batches.source->size(),
                            report.numerics));
+  EvaluationHooks hooks;
+  hooks.cancelled = request.cancelled;
   for (int64_t layer = 0; layer < layers; ++layer) {
-    if (request.cancelled != nullptr && request.cancelled->load()) {
-      return absl::CancelledError("evaluation cancelled");
-    }
-    ASSIGN_OR_RETURN(const LayerQuality q,
-                     EvaluateLayer(*source, *quantized, layer, batches, device, numerics));
+    ASSIGN_OR_RETURN(LayerEvaluation step, EvaluateLayer(*source, *quantized, layer, batches,
+                                                         device, numerics, hooks));
+    const LayerQuality& q = step.quality;
     progress(absl::StrFormat("layer %d of %d: SQNR %.2f dB free-running, %.2f dB teacher-forced "
                              "(load %.3f s, forward %.3f s)",
                              layer + 1, layers, q.free_running.Db(), q.teacher_forced.Db(),
                              q.load_seconds, q.forward_seconds));
     report.layers.push_back(q);
+    batches.source = std::make_shared<const Batches>(std::move(step.source));
+    batches.quantized = std::make_shared<const Batches>(std::move(step.quantized));
   }
-  ASSIGN_OR_RETURN(report.next_token, EvaluateHead(*source, *quantized, batches, device, numerics));
+  ASSIGN_OR_RETURN(report.next_token,
+                   EvaluateHead(*source, *quantized, batches, device, numerics, hooks));
   report.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -1,6 +1,7 @@
 // One evaluation of a quantized checkpoint against its source on the held-out samples of a job
-// spec (held_out_samples.h): every decoder layer, then the head, on one device. Shared by
-// `quantd evaluate` and the daemon's evaluate stage.
+// spec (held_out_samples.h): every decoder layer, then the head, on one device, in one call
+// (`quantd evaluate`). The evaluate stage runs the same steps (EvaluateLayer, EvaluateHead) as one
+// task each (pipeline/stages/evaluate_stage.h).
 #ifndef QUANTD_SERVER_EVALUATION_RUN_EVALUATION_H_
 #define QUANTD_SERVER_EVALUATION_RUN_EVALUATION_H_
 
@@ -15,6 +16,7 @@
 #include "nlohmann/json.hpp"
 #include "server/compute/device.h"
 #include "server/evaluation/quality_report.h"
+#include "server/model/v4_numerics.h"
 #include "server/pipeline/job_spec.h"
 
 namespace quantd::evaluation {
@@ -27,9 +29,12 @@ struct EvaluationRequest {
   int64_t batch_bytes = int64_t{1} << 30;  // working memory per RunLayer call
   // Called with one progress line before the first layer and after each layer; may be empty.
   std::function<void(std::string_view)> progress;
-  // Checked between layers: Cancelled once set. May be null.
+  // Checked between batches: Cancelled once set. May be null.
   const std::atomic<bool>* cancelled = nullptr;
 };
+
+// The forward's numerics for a spec's calibration.numerics.
+model::Numerics ForwardNumerics(const pipeline::CalibrationSpec& calibration);
 
 // The figures of `request` (QualityReport::seconds counts the forward passes, not the loading).
 // Errors name the checkpoint, data file or layer.

@@ -145,6 +145,11 @@ class PrometheusMetrics final : public Metrics {
                                .Help("Duration of one calibrate task: a decoder layer over one "
                                      "slice of the calibration samples.")
                                .Register(*registry_)),
+        evaluated_tokens_(prometheus::BuildCounter()
+                              .Name("quantd_evaluated_tokens_total")
+                              .Help("Token rows evaluate tasks moved through a decoder layer or "
+                                    "the head of both models.")
+                              .Register(*registry_)),
         rpcs_(prometheus::BuildCounter()
                   .Name("quantd_rpc_requests_total")
                   .Help("RPCs handled by method and gRPC status code.")
@@ -167,6 +172,7 @@ class PrometheusMetrics final : public Metrics {
         written_bytes_total_(written_bytes_.Add({})),
         calibrated_tokens_total_(calibrated_tokens_.Add({})),
         calibration_layer_seconds_(calibration_layer_.Add({}, StageBuckets())),
+        evaluated_tokens_total_(evaluated_tokens_.Add({})),
         queue_depth_value_(queue_depth_.Add({})),
         heartbeat_value_(heartbeat_.Add({})),
         heartbeat_time_(absl::Now()) {
@@ -284,6 +290,10 @@ class PrometheusMetrics final : public Metrics {
     calibration_layer_seconds_.Observe(seconds);
   }
 
+  void EvaluatedTokens(uint64_t tokens) override {
+    evaluated_tokens_total_.Increment(static_cast<double>(tokens));
+  }
+
   void RpcHandled(const std::string& method, const std::string& code) override {
     rpcs_.Add({{"method", method}, {"code", code}}).Increment();
   }
@@ -331,6 +341,7 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Family<prometheus::Counter>& job_failures_;
   prometheus::Family<prometheus::Counter>& calibrated_tokens_;
   prometheus::Family<prometheus::Histogram>& calibration_layer_;
+  prometheus::Family<prometheus::Counter>& evaluated_tokens_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Gauge>& heartbeat_;
   prometheus::Family<prometheus::Gauge>& disk_free_;
@@ -340,6 +351,7 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Counter& written_bytes_total_;
   prometheus::Counter& calibrated_tokens_total_;
   prometheus::Histogram& calibration_layer_seconds_;
+  prometheus::Counter& evaluated_tokens_total_;
   prometheus::Gauge& queue_depth_value_;
   prometheus::Gauge& heartbeat_value_;
 

@@ -22,6 +22,9 @@
 //   quantd_calibration_layer_seconds                        histogram: one calibrate task, a
 //                                                           decoder layer over one slice of the
 //                                                           samples (not a whole layer)
+//   quantd_evaluated_tokens_total                           counter: token rows evaluate tasks
+//                                                           moved through a decoder layer or the
+//                                                           head (both models)
 //   quantd_rpc_requests_total{method,code}                  counter: method = RPC name, code = gRPC code name
 //   quantd_scheduler_heartbeat_timestamp_seconds            gauge: Unix time of the scheduler's
 //                                                           last SetJobCounts (start until then)
@@ -76,6 +79,8 @@ class Metrics {
   virtual void JobFailed(const std::string& reason) = 0;
   // A calibrate task moved `tokens` token rows through its decoder layer in `seconds`.
   virtual void CalibratedLayerSlice(uint64_t tokens, double seconds) = 0;
+  // An evaluate task moved `tokens` token rows through a decoder layer (or the head) of both models.
+  virtual void EvaluatedTokens(uint64_t tokens) = 0;
   virtual void RpcHandled(const std::string& method, const std::string& code) = 0;
   // The free and total bytes of the file system under a directory kind: "state" (the daemon's
   // state dir) or "output" (the fullest file system among the unfinished jobs' outputs).

@@ -155,7 +155,8 @@ absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const
 }
 
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
-                                                  const model::Tokenizer& tokenizer) {
+                                                  const model::Tokenizer& tokenizer,
+                                                  bool allow_fewer) {
   ASSIGN_OR_RETURN(std::vector<CalibrationDataset> datasets, ResolveCalibrationDatasets(spec));
   if (spec.add_bos && !tokenizer.bos_id().has_value()) {
     return absl::InvalidArgumentError(
@@ -171,7 +172,7 @@ absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
   for (size_t f = 0; f < datasets.size(); ++f) {
     const CalibrationDataset& d = datasets[f];
     const std::vector<Sample>& samples = files[f];
-    CalibrationFileStats stats{d.path, static_cast<int64_t>(samples.size()), d.samples, 0};
+    CalibrationFileStats stats{d.path, static_cast<int64_t>(samples.size()), d.samples, 0, 0};
     std::vector<size_t> order(samples.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     SplitMix64 rng(static_cast<uint64_t>(spec.seed) ^ (0xD1B54A32D192ED03ull * (f + 1)));
@@ -193,7 +194,8 @@ absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
       set.samples.push_back(std::move(out));
       ++taken;
     }
-    if (taken < d.samples) {
+    stats.taken = taken;
+    if (taken < d.samples && !allow_fewer) {
       return absl::InvalidArgumentError(absl::StrCat(
           d.path, ": ", taken, " usable samples (at least min_seq_len = ", spec.min_seq_len,
           " tokens) among its ", samples.size(), " lines; ", d.samples, " asked"));

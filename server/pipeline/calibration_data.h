@@ -43,6 +43,7 @@ struct CalibrationFileStats {
   std::string path;
   int64_t lines = 0;     // samples in the file (blank lines not counted)
   int64_t asked = 0;     // samples to take
+  int64_t taken = 0;     // samples taken: `asked`, or fewer with allow_fewer
   int64_t skipped = 0;   // visited but shorter than min_seq_len
 };
 
@@ -56,8 +57,11 @@ struct CalibrationSet {
 absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const CalibrationSpec& spec);
 
 // Reads, checks, selects and tokenizes the samples. `add_bos` needs tokenizer.bos_id().
+// `allow_fewer`: a file with fewer usable samples than asked gives those it has (its stats say how
+// many) instead of an error.
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
-                                                  const model::Tokenizer& tokenizer);
+                                                  const model::Tokenizer& tokenizer,
+                                                  bool allow_fewer = false);
 
 // Stores the selected tokens, once per job, so that a resumed job calibrates on exactly the same
 // tokens: one line per sample, {"source": FILE, "line": N, "input_ids": [...]} (itself a valid

@@ -299,6 +299,11 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
   if (const json* ev = r.Get("evaluate"); ev != nullptr) {
     if (!ev->is_object()) return r.Error("evaluate", "must be an object");
     FieldReader e(*ev, "evaluate.", origin);
+    if (e.Get("enabled") != nullptr) {
+      bool enabled = true;
+      QUANTD_RETURN_IF_ERROR(e.Bool("enabled", &enabled));
+      spec.evaluate.enabled = enabled;
+    }
     QUANTD_RETURN_IF_ERROR(e.NonNegativeInt("num_samples", &spec.evaluate.num_samples));
     if (const json* gate = e.Get("gate"); gate != nullptr) {
       if (!gate->is_object()) return e.Error("gate", "must be an object");
@@ -313,6 +318,12 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
       QUANTD_RETURN_IF_ERROR(g.RejectUnknown());
     }
     QUANTD_RETURN_IF_ERROR(e.RejectUnknown());
+    const QualityGate& q = spec.evaluate.gate;
+    if (!spec.evaluate.on() && (spec.evaluate.num_samples != 0 || q.max_mean_kl ||
+                                q.min_top1_agreement || q.max_ppl_ratio)) {
+      return e.Error("enabled", "is false: 'evaluate.num_samples' and 'evaluate.gate' would not "
+                                "be used");
+    }
   }
   QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
   QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
@@ -368,12 +379,13 @@ std::string JobSpecToJson(const JobSpec& spec) {
   // Written only when set, so that the canonical spec of a job without it stays what earlier
   // releases stored.
   const QualityGate& gate = spec.evaluate.gate;
-  if (spec.evaluate.requested()) {
+  if (spec.evaluate.set()) {
     json g = json::object();
     if (gate.max_mean_kl) g["max_mean_kl"] = *gate.max_mean_kl;
     if (gate.min_top1_agreement) g["min_top1_agreement"] = *gate.min_top1_agreement;
     if (gate.max_ppl_ratio) g["max_ppl_ratio"] = *gate.max_ppl_ratio;
     j["evaluate"] = {{"num_samples", spec.evaluate.num_samples}, {"gate", std::move(g)}};
+    if (spec.evaluate.enabled.has_value()) j["evaluate"]["enabled"] = *spec.evaluate.enabled;
   }
   if (spec.devices.empty()) {
     j["devices"] = "auto";

@@ -23,7 +23,9 @@
 //                    "amax_out": PATH,                                  optional
 //                    "checkpoint_seconds": N},                          default 300; 0: each layer
 //      (calibration options: see CalibrationSpec)
-//    "evaluate": {"num_samples": N,                       held-out samples, default 32
+//    "evaluate": {"enabled": BOOL,                        default true for a job that calibrates
+//                                                           on data, which it then evaluates
+//                 "num_samples": N,                       held-out samples, default 32 or fewer
 //                 "gate": {"max_mean_kl": X,              each optional: the job fails when
 //                          "min_top1_agreement": X,       the quantized model is outside it
 //                          "max_ppl_ratio": X}},          (see EvaluateSpec)
@@ -115,15 +117,20 @@ struct QualityGate {
 };
 
 struct EvaluateSpec {
+  std::optional<bool> enabled;  // unset: on for a job that calibrates on data
   // Held-out samples: from the calibration data sets, the ones after the calibration samples in
-  // each file's seeded order (evaluation/held_out_samples.h); 0 = kDefaultEvaluateSamples.
+  // each file's seeded order (evaluation/held_out_samples.h); 0 = kDefaultEvaluateSamples, or all
+  // the data holds when fewer.
   int64_t num_samples = 0;
   QualityGate gate;
 
-  // Whether the spec asks for an evaluation (a sample count or a gate bound): only then does a
-  // calibrating job run the evaluate stage, which costs about three calibration passes.
-  bool requested() const {
-    return num_samples != 0 || gate.max_mean_kl || gate.min_top1_agreement || gate.max_ppl_ratio;
+  // Whether a job that calibrates on data evaluates its output (the evaluate stage): unless
+  // `enabled` is false.
+  bool on() const { return enabled.value_or(true); }
+  // Whether the spec sets anything here (the canonical spec then carries the section).
+  bool set() const {
+    return enabled.has_value() || num_samples != 0 || gate.max_mean_kl ||
+           gate.min_top1_agreement || gate.max_ppl_ratio;
   }
 };
 inline constexpr int64_t kDefaultEvaluateSamples = 32;

@@ -19,6 +19,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/pipeline/job_paths.h"
 #include "server/pipeline/stages/calibrate_stage.h"
+#include "server/pipeline/stages/evaluate_stage.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -201,6 +202,7 @@ absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
   if (NeedsCalibration(spec_)) {
     ASSIGN_OR_RETURN(*amax, StartCalibration(store, job_id, now_ms, log));
   }
+  if (NeedsEvaluation(spec_)) RETURN_IF_ERROR(StartEvaluation(store, job_id, now_ms, log));
   for (const store::AmaxRow& row : *amax) {
     if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
   }
@@ -232,6 +234,21 @@ absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
   ASSIGN_OR_RETURN(std::vector<store::AmaxRow> rows, store.ListAmax(job_id));
   calibration_->Restore(rows, stored_tasks_);
   return std::vector<store::AmaxRow>();
+}
+
+absl::Status PreparedJob::StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
+                                          const std::function<void(const std::string&)>& log) {
+  ASSIGN_OR_RETURN(evaluation_, evaluation::JobEvaluation::Create(spec_.output));
+  const std::vector<int64_t> redo = EvaluateTasksToRedo(stored_tasks_);
+  if (redo.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(int requeued,
+                   store.RequeueDoneTasks(job_id, redo,
+                                          "evaluation restarts from layer 0: the activations "
+                                          "between layers were held by the process that stopped",
+                                          now_ms));
+  if (log) log(absl::StrCat("requeued ", requeued, " task(s) to evaluate from layer 0"));
+  ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
+  return absl::OkStatus();
 }
 
 absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t now_ms,
@@ -290,6 +307,7 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.backend = &device.backend();
   ctx.input_amax = &input_amax_;
   ctx.calibration = calibration_.get();
+  ctx.evaluation = evaluation_.get();
   ctx.cancelled = cancelled;
   ctx.add_progress = std::move(add_progress);
   ctx.recorded_output = [this](std::string_view kind, const std::string& name) {
@@ -331,6 +349,9 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
     absl::MutexLock lock(&completed_mu_);
     completed_[{task.stage_kind, task.name}] =
         RecordedOutput{output.path, static_cast<int64_t>(output.bytes), output.sha256};
+  }
+  if (evaluation_ != nullptr && task.stage_kind == EvaluateStage::kKind) {
+    evaluation_->OnTaskDone(output);
   }
   return absl::OkStatus();
 }

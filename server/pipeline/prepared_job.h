@@ -27,6 +27,8 @@
 // resumes from layer 0 on the stored tokens. Tasks up to L keep their committed amax rows; a
 // rerun task replaces its own, measuring what its first run measured (the same tokens, batches and
 // inputs), so the result equals an uninterrupted run.
+// Likewise a job that evaluates (stages/evaluate_stage.h) owns its evaluation::JobEvaluation, and
+// a later start resumes the unfinished evaluate stage where EvaluateTasksToRedo says.
 //
 // Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
 // completed with that stage's Record in the same transaction (CompleteTask).
@@ -49,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/calibration/job_calibration.h"
 #include "server/calibration/layer_checkpoint.h"
+#include "server/evaluation/job_evaluation.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
 #include "server/pipeline/job_spec.h"
@@ -109,6 +112,9 @@ class PreparedJob {
   PreparedJob() = default;
   absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
+  // Creates evaluation_ and requeues what EvaluateTasksToRedo names.
+  absl::Status StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
+                               const std::function<void(const std::string&)>& log);
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
   // StageContext::recorded_output: completed_ first, then the DONE rows of stored_tasks_.
@@ -142,6 +148,8 @@ class PreparedJob {
       ABSL_GUARDED_BY(completed_mu_);
   // Where its calibration resumes, found by Load on a later start; applied by Attach.
   calibration::ResumePoint calibration_resume_;
+  // A job's evaluate-stage state (stages/evaluate_stage.h); nullptr otherwise. Thread-safe.
+  std::unique_ptr<evaluation::JobEvaluation> evaluation_;
 };
 
 // Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).

@@ -19,8 +19,8 @@ std::string FormatDuration(double seconds) {
 std::string FormatProgressLine(const ProgressSnapshot& s) {
   std::string line = absl::StrCat(s.stage, "  ", s.tasks_done, "/", s.tasks_total, " tasks");
   if (s.bytes_total == 0) return line;
-  if (s.stage == "calibrate") {
-    // The calibrate stage counts calibration tokens (stages/calibrate_stage.h), not bytes.
+  if (s.stage == "calibrate" || s.stage == "evaluate") {
+    // The calibrate and evaluate stages count tokens (stages/calibrate_stage.h), not bytes.
     absl::StrAppend(&line, absl::StrFormat("  %d/%d tokens", s.bytes_done, s.bytes_total));
     if (!s.bytes_per_second.has_value()) return line;
     absl::StrAppend(&line, absl::StrFormat("  %.0f tokens/s", *s.bytes_per_second));

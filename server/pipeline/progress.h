@@ -5,7 +5,7 @@
 // Elsewhere (a log file, a pipe) the same line is printed once per finished task. Bytes are
 // source bytes: finished tasks count their planned bytes_total, running tasks what they reported
 // through StageContext::add_progress so far (the scheduler's snapshots carry both). The calibrate
-// stage counts calibration tokens instead: "calibrate  3/8 tasks  1536/4096 tokens  410 tokens/s".
+// and evaluate stages count tokens instead: "calibrate  3/8 tasks  1536/4096 tokens  410 tokens/s".
 #ifndef QUANTD_SERVER_PIPELINE_PROGRESS_H_
 #define QUANTD_SERVER_PIPELINE_PROGRESS_H_
 

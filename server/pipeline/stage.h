@@ -41,6 +41,9 @@
 namespace quantd::calibration {
 class JobCalibration;  // calibration/job_calibration.h
 }  // namespace quantd::calibration
+namespace quantd::evaluation {
+class JobEvaluation;  // evaluation/job_evaluation.h
+}  // namespace quantd::evaluation
 
 namespace quantd::pipeline {
 
@@ -64,6 +67,8 @@ struct StageContext {
   const std::map<std::string, float>* input_amax = nullptr;
   // A calibrating job's runtime state (activations, tokens, amax so far); nullptr otherwise.
   calibration::JobCalibration* calibration = nullptr;
+  // A job's evaluate-stage state (activations, figures so far); nullptr when it does not evaluate.
+  evaluation::JobEvaluation* evaluation = nullptr;
   // Called with the number of source bytes just processed (for progress); thread-safe. Each call,
   // with 0 bytes too, is the task's heartbeat: a task silent for a whole lease (60 s) loses it.
   std::function<void(uint64_t)> add_progress;
@@ -100,6 +105,11 @@ struct TaskOutput {
   std::vector<store::AmaxRow> amax;
   int64_t calibrated_tokens = 0;    // token rows a calibrate task moved through its layer
   double calibration_seconds = 0;   // and the wall time it took (metrics)
+  // Evaluate tasks (stages/evaluate_stage.h), recorded by that stage's Record: a layer's figures,
+  // the job's figures (the head task); and the token rows the task moved (metrics).
+  std::optional<store::EvaluationLayerRow> evaluation_layer;
+  std::optional<store::EvaluationRow> evaluation;
+  int64_t evaluated_tokens = 0;
 };
 
 class Stage {

@@ -12,6 +12,7 @@
 #include "server/pipeline/stage.h"
 #include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/calibration_report.h"
+#include "server/scheduler/evaluation_report.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -192,6 +193,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
   }
   ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store_->ListAmax(job_id));
   AddLayerCalibration(amax, tasks, &report);
+  RETURN_IF_ERROR(AddStoredEvaluation(*store_, job_id, &report));
   return report;
 }
 

@@ -90,6 +90,9 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
         metrics->CalibratedLayerSlice(static_cast<uint64_t>(output->calibrated_tokens),
                                       output->calibration_seconds);
       }
+      if (output->evaluated_tokens > 0) {
+        metrics->EvaluatedTokens(static_cast<uint64_t>(output->evaluated_tokens));
+      }
       ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));
       for (const store::StageProgress& p : stages) {
         if (p.stage_id != task.stage_id || p.state != store::StageState::kSucceeded ||

@@ -11,6 +11,7 @@
 #include "server/base/status_macros.h"
 #include "server/calibration/calibrate_task.h"
 #include "server/pipeline/stages/calibrate_stage.h"
+#include "server/pipeline/stages/evaluate_stage.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -20,9 +21,12 @@ namespace {
 constexpr size_t kBusyWindow = 60;  // busy-ratio window, in metric refreshes
 constexpr double kMetricsIntervalSeconds = 1.0;
 
-// What a stage's progress counts (StageProgress.unit): the calibrate stage counts token rows.
+// What a stage's progress counts (StageProgress.unit): the calibrate and evaluate stages count
+// token rows.
 const char* ProgressUnit(const std::string& kind) {
-  return kind == pipeline::CalibrateStage::kKind ? "tokens" : "bytes";
+  return kind == pipeline::CalibrateStage::kKind || kind == pipeline::EvaluateStage::kKind
+             ? "tokens"
+             : "bytes";
 }
 
 // StageProgress.step of a calibrate stage: "layer L of N" (1-based) for the earliest layer of
@@ -84,6 +88,10 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
       }
       done = std::min(done, p.bytes_total);
       if (p.kind == pipeline::CalibrateStage::kKind) out->set_step(CalibrateStep(running));
+      // The evaluate stage runs one task at a time: its label ("layer 3 of 8").
+      if (p.kind == pipeline::EvaluateStage::kKind && !running.empty()) {
+        out->set_step(running.front()->label);
+      }
       const auto clock = active->second->stage_clock.find(p.stage_id);
       if (p.state != store::StageState::kSucceeded && clock != active->second->stage_clock.end()) {
         const double elapsed = (now - clock->second.first) / 1000.0;

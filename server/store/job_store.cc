@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -13,6 +15,11 @@
 
 namespace quantd::store {
 namespace {
+
+// A figure column: NULL (how SQLite stores a NaN) reads as NaN.
+double ColumnFigure(const Statement& st, int col) {
+  return st.ColumnIsNull(col) ? std::numeric_limits<double>::quiet_NaN() : st.ColumnDouble(col);
+}
 
 constexpr const char* kJobStateNames[] = {"PENDING",   "RUNNING", "PAUSED",
                                           "SUCCEEDED", "FAILED",  "CANCELLED"};
@@ -147,6 +154,41 @@ absl::Status TaskRecord::PutTaskAmax(const std::vector<AmaxRow>& rows) {
     if (absl::Status s = ins->Run(); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("amax of ", r.module, ": ", s.message()));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TaskRecord::PutEvaluationLayer(const EvaluationLayerRow& r) {
+  // Binding a NaN stores NULL.
+  absl::StatusOr<Statement> up = db_.Prepare(
+      "INSERT OR REPLACE INTO evaluation_layers (task_id, job_id, layer, free_running_signal, "
+      "free_running_noise, teacher_forced_signal, teacher_forced_noise, seconds) "
+      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  if (!up.ok()) return up.status();
+  up->Bind(1, task_id_).Bind(2, job_id_).Bind(3, r.layer).Bind(4, r.free_running_signal);
+  up->Bind(5, r.free_running_noise).Bind(6, r.teacher_forced_signal);
+  up->Bind(7, r.teacher_forced_noise).Bind(8, r.seconds);
+  if (absl::Status s = up->Run(); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("evaluation of layer ", r.layer, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TaskRecord::PutEvaluation(const EvaluationRow& r) {
+  absl::StatusOr<Statement> up = db_.Prepare(
+      "INSERT OR REPLACE INTO evaluations (job_id, task_id, samples, tokens, numerics, positions, "
+      "predicted, mean_kl, p99_kl, max_kl, top1_agreement, source_ppl, quantized_ppl, ppl_ratio, "
+      "gate_passed, gate_message, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+      "?, ?)");
+  if (!up.ok()) return up.status();
+  up->Bind(1, job_id_).Bind(2, task_id_).Bind(3, r.samples).Bind(4, r.tokens).Bind(5, r.numerics);
+  up->Bind(6, r.positions).Bind(7, r.predicted).Bind(8, r.mean_kl).Bind(9, r.p99_kl);
+  up->Bind(10, r.max_kl).Bind(11, r.top1_agreement).Bind(12, r.source_ppl);
+  up->Bind(13, r.quantized_ppl).Bind(14, r.ppl_ratio).Bind(15, int64_t{r.gate_passed ? 1 : 0});
+  up->Bind(16, r.gate_message).Bind(17, r.seconds);
+  if (absl::Status s = up->Run(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("evaluation figures: ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -780,6 +822,53 @@ absl::StatusOr<std::vector<TensorStatsRow>> JobStore::ListTensorStats(int64_t jo
                                  st->ColumnDouble(3)});
   }
   return out;
+}
+
+absl::StatusOr<std::vector<EvaluationLayerRow>> JobStore::ListEvaluationLayers(int64_t job_id) {
+  absl::StatusOr<Statement> st = db_->Prepare(
+      "SELECT layer, free_running_signal, free_running_noise, teacher_forced_signal, "
+      "teacher_forced_noise, seconds FROM evaluation_layers WHERE job_id = ? ORDER BY layer");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  std::vector<EvaluationLayerRow> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back(EvaluationLayerRow{st->ColumnInt(0), ColumnFigure(*st, 1), ColumnFigure(*st, 2),
+                                     ColumnFigure(*st, 3), ColumnFigure(*st, 4),
+                                     st->ColumnDouble(5)});
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<EvaluationRow>> JobStore::GetEvaluation(int64_t job_id) {
+  absl::StatusOr<Statement> st = db_->Prepare(
+      "SELECT samples, tokens, numerics, positions, predicted, mean_kl, p99_kl, max_kl, "
+      "top1_agreement, source_ppl, quantized_ppl, ppl_ratio, gate_passed, gate_message, seconds "
+      "FROM evaluations WHERE job_id = ?");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  absl::StatusOr<bool> row = st->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return std::optional<EvaluationRow>();
+  EvaluationRow r;
+  r.samples = st->ColumnInt(0);
+  r.tokens = st->ColumnInt(1);
+  r.numerics = st->ColumnText(2);
+  r.positions = st->ColumnInt(3);
+  r.predicted = st->ColumnInt(4);
+  r.mean_kl = ColumnFigure(*st, 5);
+  r.p99_kl = ColumnFigure(*st, 6);
+  r.max_kl = ColumnFigure(*st, 7);
+  r.top1_agreement = ColumnFigure(*st, 8);
+  r.source_ppl = ColumnFigure(*st, 9);
+  r.quantized_ppl = ColumnFigure(*st, 10);
+  r.ppl_ratio = ColumnFigure(*st, 11);
+  r.gate_passed = st->ColumnInt(12) != 0;
+  r.gate_message = st->ColumnText(13);
+  r.seconds = st->ColumnDouble(14);
+  return std::optional<EvaluationRow>(std::move(r));
 }
 
 }  // namespace quantd::store

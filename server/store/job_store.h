@@ -141,6 +141,38 @@ struct TensorStatsRow {
   bool operator==(const TensorStatsRow&) const = default;
 };
 
+// One decoder layer's figures of the evaluate stage (pipeline/stages/evaluate_stage.h): the
+// hidden-state SQNR of the quantized model against the source as its sums (evaluation/sqnr.h), so
+// that an exact +inf dB (noise 0) round-trips. A NaN sum is stored as NULL and read back as NaN.
+struct EvaluationLayerRow {
+  int64_t layer = 0;
+  double free_running_signal = 0;  // the quantized model on its own activations
+  double free_running_noise = 0;
+  double teacher_forced_signal = 0;  // the quantized layer on the source's activations
+  double teacher_forced_noise = 0;
+  double seconds = 0;  // the task's wall time
+};
+
+// The evaluate stage's job-level figures (evaluation/next_token_metrics.h) and the quality gate's
+// verdict. NaN figures are stored as NULL and read back as NaN.
+struct EvaluationRow {
+  int64_t samples = 0;  // held-out samples
+  int64_t tokens = 0;
+  std::string numerics;   // "official" | "math"
+  int64_t positions = 0;  // compared (KL, top-1)
+  int64_t predicted = 0;  // with a next token (perplexity)
+  double mean_kl = 0;
+  double p99_kl = 0;
+  double max_kl = 0;
+  double top1_agreement = 0;
+  double source_ppl = 0;
+  double quantized_ppl = 0;
+  double ppl_ratio = 0;
+  bool gate_passed = true;
+  std::string gate_message;  // "" when passed
+  double seconds = 0;        // the stage's tasks' wall time
+};
+
 // What a device can take: LeaseNextTask leases only a task whose requirement fits.
 struct DeviceCapacity {
   bool gpu = true;  // a CUDA device: tasks requiring a GPU may run here
@@ -159,6 +191,11 @@ class TaskRecord {
   // This task's amax contribution (ListAmax merges it into the job's amax): it replaces what an
   // earlier run of the same task contributed, so a task that runs twice never counts twice.
   absl::Status PutTaskAmax(const std::vector<AmaxRow>& rows);
+  // This task's evaluation figures for one decoder layer; they replace what an earlier run of the
+  // task (or another task of the job for the same layer) wrote.
+  absl::Status PutEvaluationLayer(const EvaluationLayerRow& row);
+  // The job's evaluation figures, written by this task; they replace the job's earlier ones.
+  absl::Status PutEvaluation(const EvaluationRow& row);
 
  private:
   friend class JobStore;
@@ -261,6 +298,10 @@ class JobStore {
   // The job's amax: its job-level rows max-merged with every task's contribution (TaskRecord).
   absl::StatusOr<std::vector<AmaxRow>> ListAmax(int64_t job_id);
   absl::StatusOr<std::vector<TensorStatsRow>> ListTensorStats(int64_t job_id);
+  // The job's per-layer evaluation figures, by layer.
+  absl::StatusOr<std::vector<EvaluationLayerRow>> ListEvaluationLayers(int64_t job_id);
+  // The job's evaluation figures; nullopt before the evaluate stage recorded them.
+  absl::StatusOr<std::optional<EvaluationRow>> GetEvaluation(int64_t job_id);
 
   SqliteDb& db() { return *db_; }
 

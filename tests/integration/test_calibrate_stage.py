@@ -104,8 +104,10 @@ class Job:
         root.mkdir(parents=True, exist_ok=True)
         self.qd, self.root = qd, root
         self.out, self.state, self.amax = root / "out", root / "state.db", root / "amax.json"
+        # Evaluation is tested in test_evaluate_stage.py.
         fields = {"weight_format": "nvfp4", "recipe": "experts",
-                  "calibration": {**CALIBRATION, "amax_out": str(self.amax), **calibration}}
+                  "calibration": {**CALIBRATION, "amax_out": str(self.amax), **calibration},
+                  "evaluate": {"enabled": False}}
         host = fields["calibration"].pop("host_memory_bytes", None)
         if host is not None:
             fields["host_memory_bytes"] = host
@@ -354,14 +356,16 @@ def daemon_spec(pb, source, out, **calibration):
     return pb.JobSpec(source=str(source["dir"]), output=str(out), recipe="experts",
                       weight_format="nvfp4",
                       calibration=pb.CalibrationSpec(dataset=str(DATA), num_samples=8,
-                                                     seq_len=256, **calibration))
+                                                     seq_len=256, **calibration),
+                      evaluate=pb.EvaluateSpec(enabled=False))
 
 
 def run_daemon_reference(qd, source, root):
     """`quantd run` of the spec the daemon tests submit (dataset shorthand, 2 slices)."""
     spec = write_spec(root / "spec.json", source["dir"], root / "out", recipe="experts",
                       weight_format="nvfp4",
-                      calibration={"dataset": str(DATA), "num_samples": 8, "seq_len": 256})
+                      calibration={"dataset": str(DATA), "num_samples": 8, "seq_len": 256},
+                      evaluate={"enabled": False})
     qd.run_ok("run", "--state", root / "state.db", "--workers", 2, *RUN_FLAGS, spec)
     return {"out": tree_hashes(root / "out"), "rows": stored_amax(root / "state.db")}
 
@@ -401,6 +405,12 @@ def test_daemon_calibrates(qd, source, stubs, daemon_reference, tmp_path):
         assert all(s.step == "" for s in calibrate if s.state != pb.StageProgress.RUNNING)
         assert {s.unit for s in final.stages if s.kind != "calibrate"} == {"bytes"}
         assert any(s.step for s in calibrate), calibrate
+
+
+        assert {s.unit for s in final.stages if s.kind not in ("calibrate", "evaluate")} == \
+            {"bytes"}
+        if not kill_at:
+            assert any(s.step for s in calibrate), calibrate
         d.stop()
     finally:
         d.close()

@@ -165,6 +165,26 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
       LoadHeldOutSamples(spec, 40, **tokenizer);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("a.jsonl"), std::string::npos) << too_many.status();
+  // The default count: 32 (16 per file), or what the files hold when they hold fewer.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> all = LoadHeldOutSamples(spec, 0, **tokenizer);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 32u);
+  pipeline::CalibrationSpec most = spec;
+  most.num_samples = 37;  // 19 from a, 18 from b: 1 and 2 lines left
+  absl::StatusOr<std::vector<std::vector<int32_t>>> few = LoadHeldOutSamples(most, 0, **tokenizer);
+  ASSERT_TRUE(few.ok()) << few.status();
+  EXPECT_EQ(few->size(), 3u);
+  most.num_samples = 40;  // every line calibrates
+  const absl::Status none = LoadHeldOutSamples(most, 0, **tokenizer).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.message(),
+            "evaluate: the calibration data holds no held-out sample (" + dir_ +
+                "/a.jsonl has 20 lines; calibration takes 20 of them and 0 are shorter than "
+                "min_seq_len = 1, which leaves 0 usable held-out samples; " + dir_ +
+                "/b.jsonl has 20 lines; calibration takes 20 of them and 0 are shorter than "
+                "min_seq_len = 1, which leaves 0 usable held-out samples): lower "
+                "evaluate.num_samples, add lines, calibrate on fewer samples, or set "
+                "evaluate.enabled to false");
   // No data set at all.
   EXPECT_EQ(LoadHeldOutSamples(pipeline::CalibrationSpec{}, 4, **tokenizer).status().code(),
             absl::StatusCode::kInvalidArgument);

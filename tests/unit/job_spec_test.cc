@@ -270,7 +270,40 @@ TEST(JobSpecEvaluateTest, DefaultsAreUnsetAndLeaveTheCanonicalSpecAlone) {
   EXPECT_FALSE(spec->evaluate.gate.max_mean_kl.has_value());
   EXPECT_FALSE(spec->evaluate.gate.min_top1_agreement.has_value());
   EXPECT_FALSE(spec->evaluate.gate.max_ppl_ratio.has_value());
+  EXPECT_FALSE(spec->evaluate.enabled.has_value());
+  EXPECT_TRUE(spec->evaluate.on());  // a job that calibrates on data evaluates by default
   EXPECT_EQ(JobSpecToJson(*spec).find("evaluate"), std::string::npos);
+}
+
+TEST(JobSpecEvaluateTest, EnabledParsesRoundTripsAndRefusesUnusedSettings) {
+  auto off = ParseJobSpec(R"({"source": "/in", "output": "/out", "evaluate": {"enabled": false}})",
+                          "spec.json");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->evaluate.enabled, false);
+  EXPECT_FALSE(off->evaluate.on());
+  auto again = ParseJobSpec(JobSpecToJson(*off), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->evaluate.enabled, false);
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*off));
+  auto on = ParseJobSpec(
+      R"({"source": "/in", "output": "/out", "evaluate": {"enabled": true, "num_samples": 4}})",
+      "spec.json");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->evaluate.enabled, true);
+  EXPECT_EQ(ParseJobSpec(JobSpecToJson(*on), "canonical")->evaluate.enabled, true);
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"enabled": "no"}})"),
+            "spec.json: field 'evaluate.enabled' must be true or false");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"enabled": false,
+      "num_samples": 4}})"),
+            "spec.json: field 'evaluate.enabled' is false: 'evaluate.num_samples' and "
+            "'evaluate.gate' would not be used");
+  EXPECT_EQ(ErrorOf(R"({"source": "a", "output": "b", "evaluate": {"enabled": false,
+      "gate": {"max_mean_kl": 1}}})"),
+            "spec.json: field 'evaluate.enabled' is false: 'evaluate.num_samples' and "
+            "'evaluate.gate' would not be used");
+  // An empty gate sets no bound.
+  EXPECT_TRUE(ParseJobSpec(R"({"source": "a", "output": "b", "evaluate": {"enabled": false,
+      "gate": {}}})", "spec.json").ok());
 }
 
 TEST(JobSpecEvaluateTest, GateParsesAndRoundTrips) {

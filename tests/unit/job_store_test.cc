@@ -1,18 +1,21 @@
 // JobStore and migrations on a real SQLite file: the job model's transitions, idempotent
 // submission, task leases (expiry, lost leases, idempotent completion), dependency order, device
 // requirements, records in the completion's transaction, requeue of done tasks, progress, amax
-// merging, refusal of a database newer than the code, and the upgrade of a version 1 database.
+// merging, evaluation figures, refusal of a database newer than the code, and the upgrade of a version 1 database.
 #include "server/store/job_store.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "server/base/status_macros.h"
 #include "server/store/migrations.h"
 #include "server/store/sqlite_db.h"
 #include "tests/unit/test_dirs.h"
@@ -431,6 +434,88 @@ TEST_F(JobStoreTest, TaskAmaxIsReplacedWhenTheTaskRunsAgain) {
   EXPECT_EQ((*rows)[0].samples, 7);  // counted once, not 14
   EXPECT_EQ((*rows)[1].module, "n");
   EXPECT_EQ((*rows)[1].samples, 7);
+}
+
+TEST_F(JobStoreTest, EvaluationFiguresRoundTripAndARerunReplacesThem) {
+  const int64_t id = PlannedJob();
+  EXPECT_FALSE(store_->GetEvaluation(id)->has_value());
+  EXPECT_TRUE(store_->ListEvaluationLayers(id)->empty());
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Layer 1 identical in both models (noise 0: +inf dB), layer 0 not; a NaN figure reads as NaN.
+  const EvaluationLayerRow layer1{1, 25.0, 0.0, 25.0, 0.0, 0.5};
+  EvaluationLayerRow layer0{0, 100.0, 1.0, 100.0, 0.25, 0.75};
+  EvaluationRow figures;
+  figures.samples = 4;
+  figures.tokens = 192;
+  figures.numerics = "official";
+  figures.positions = 192;
+  figures.predicted = 188;
+  figures.mean_kl = 0.125;
+  figures.p99_kl = 0.5;
+  figures.max_kl = inf;
+  figures.top1_agreement = 0.75;
+  figures.source_ppl = 3.5;
+  figures.quantized_ppl = nan;
+  figures.ppl_ratio = nan;
+  figures.gate_passed = false;
+  figures.gate_message = "quality gate: mean_kl 0.125 > max_mean_kl 0.1";
+  figures.seconds = 2.5;
+  TaskLease a, b;
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 1, 1000, &a)->has_value());
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 1, 1000, &b)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(a, "", 0, "", 2, [&](TaskRecord& txn) {
+    return txn.PutEvaluationLayer(layer1);
+  }).ok());
+  ASSERT_TRUE(store_->CompleteTask(b, "", 0, "", 2, [&](TaskRecord& txn) {
+    RETURN_IF_ERROR(txn.PutEvaluationLayer(layer0));
+    return txn.PutEvaluation(figures);
+  }).ok());
+  auto layers = store_->ListEvaluationLayers(id);
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  ASSERT_EQ(layers->size(), 2u);
+  EXPECT_EQ((*layers)[0].layer, 0);  // by layer
+  EXPECT_EQ((*layers)[0].teacher_forced_noise, 0.25);
+  EXPECT_EQ((*layers)[1].layer, 1);
+  EXPECT_EQ((*layers)[1].free_running_signal, 25.0);
+  EXPECT_EQ((*layers)[1].free_running_noise, 0.0);  // +inf dB stays exact
+  auto got = store_->GetEvaluation(id);
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status();
+  const EvaluationRow& r = **got;
+  EXPECT_EQ(r.samples, 4);
+  EXPECT_EQ(r.tokens, 192);
+  EXPECT_EQ(r.numerics, "official");
+  EXPECT_EQ(r.positions, 192);
+  EXPECT_EQ(r.predicted, 188);
+  EXPECT_EQ(r.mean_kl, 0.125);
+  EXPECT_EQ(r.p99_kl, 0.5);
+  EXPECT_EQ(r.max_kl, inf);
+  EXPECT_EQ(r.top1_agreement, 0.75);
+  EXPECT_EQ(r.source_ppl, 3.5);
+  EXPECT_TRUE(std::isnan(r.quantized_ppl));
+  EXPECT_TRUE(std::isnan(r.ppl_ratio));
+  EXPECT_FALSE(r.gate_passed);
+  EXPECT_EQ(r.gate_message, figures.gate_message);
+  EXPECT_EQ(r.seconds, 2.5);
+
+  // The task runs again (its output changed): its rows are replaced, never added.
+  ASSERT_EQ(*store_->RequeueDoneTasks(id, {b.task_id}, "gone", 3), 1);
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 4, 1000, &b)->has_value());
+  layer0.teacher_forced_noise = 0.5;
+  figures.gate_passed = true;
+  figures.gate_message = "";
+  ASSERT_TRUE(store_->CompleteTask(b, "", 0, "", 5, [&](TaskRecord& txn) {
+    RETURN_IF_ERROR(txn.PutEvaluationLayer(layer0));
+    return txn.PutEvaluation(figures);
+  }).ok());
+  layers = store_->ListEvaluationLayers(id);
+  ASSERT_EQ(layers->size(), 2u);
+  EXPECT_EQ((*layers)[0].teacher_forced_noise, 0.5);
+  EXPECT_TRUE((*store_->GetEvaluation(id))->gate_passed);
+  // Deleting the job deletes its figures.
+  ASSERT_TRUE(store_->DeleteJob(id).ok());
+  EXPECT_TRUE(store_->ListEvaluationLayers(id)->empty());
+  EXPECT_FALSE(store_->GetEvaluation(id)->has_value());
 }
 
 TEST_F(JobStoreTest, RequeueDoneTasksTakesTheirDependentsAlong) {

@@ -89,6 +89,7 @@ TEST(MetricsTest, FixedSeriesExistAtZeroBeforeAnyEvent) {
   EXPECT_TRUE(HasLine(text, "quantd_read_bytes_total 0"));
   EXPECT_TRUE(HasLine(text, "quantd_written_bytes_total 0"));
   EXPECT_TRUE(HasLine(text, "quantd_calibrated_tokens_total 0"));
+  EXPECT_TRUE(HasLine(text, "quantd_evaluated_tokens_total 0"));
   EXPECT_TRUE(HasLine(text, "quantd_calibration_layer_seconds_count 0"));
   for (const char* state : kJobStates) {
     EXPECT_TRUE(HasLine(text, absl::StrCat("quantd_jobs{state=\"", state, "\"} 0"))) << state;
@@ -379,6 +380,7 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
   m->TaskRetried("UNAVAILABLE");
   m->JobFailed("corrupt input");
   m->CalibratedLayerSlice(8, 0.5);
+  m->EvaluatedTokens(8);
   m->RpcHandled("WatchJob", "CANCELLED");
   m->SetDiskSpace("state", 1 << 30, 1LL << 40);
   const std::string text = m->Exposition();
@@ -389,7 +391,7 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
         "quantd_stage_duration_seconds", "quantd_device_busy_seconds_total",
         "quantd_device_busy_ratio", "quantd_device_memory_used_bytes", "quantd_task_retries_total",
         "quantd_job_failures_total", "quantd_calibrated_tokens_total",
-        "quantd_calibration_layer_seconds",
+        "quantd_calibration_layer_seconds", "quantd_evaluated_tokens_total",
         "quantd_rpc_requests_total", "quantd_process_start_time_seconds",
         "quantd_scheduler_heartbeat_timestamp_seconds", "quantd_disk_free_bytes",
         "quantd_disk_size_bytes"}) {

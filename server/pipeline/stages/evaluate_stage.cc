@@ -1,65 +1,257 @@
 #include "server/pipeline/stages/evaluate_stage.h"
 
-#include <filesystem>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/calibration/calibrate_layer.h"
 #include "server/calibration/job_calibration.h"
-#include "server/checkpoint/atomic_file.h"
-#include "server/checkpoint/sha256.h"
+#include "server/evaluation/evaluate_head.h"
+#include "server/evaluation/evaluate_layer.h"
+#include "server/evaluation/evaluate_task.h"
+#include "server/evaluation/held_out_samples.h"
+#include "server/evaluation/job_evaluation.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/run_evaluation.h"
+#include "server/model/tokenizer.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/verify_stage.h"
 
 namespace quantd::pipeline {
+namespace {
+
+using evaluation::EvaluateTask;
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec) {
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer,
+                   model::Tokenizer::LoadDir(spec.source));
+  return evaluation::LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, *tokenizer);
+}
+
+int64_t Tokens(const std::vector<std::vector<int32_t>>& samples) {
+  int64_t tokens = 0;
+  for (const std::vector<int32_t>& s : samples) tokens += static_cast<int64_t>(s.size());
+  return tokens;
+}
+
+absl::StatusOr<evaluation::JobEvaluation*> JobState(const StageContext& ctx) {
+  if (ctx.calibration == nullptr || ctx.evaluation == nullptr) {
+    return absl::InternalError("an evaluate task ran without the job's evaluation state");
+  }
+  return ctx.evaluation;
+}
+
+evaluation::EvaluationHooks Hooks(const StageContext& ctx) {
+  evaluation::EvaluationHooks hooks;
+  hooks.on_batch = [&ctx](int64_t tokens) {
+    if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
+  };
+  hooks.cancelled = ctx.cancelled;
+  return hooks;
+}
+
+// Layer 0's input: the held-out samples embedded by both models, the same the plan found.
+absl::StatusOr<evaluation::EvaluationBatches> EmbeddedSamples(const EvaluateTask& task,
+                                                              const model::V4Checkpoint& source,
+                                                              const model::V4Checkpoint& quantized,
+                                                              const StageContext& ctx) {
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples, HeldOutSamples(*ctx.spec));
+  const int64_t n = static_cast<int64_t>(samples.size());
+  if (n != task.samples || Tokens(samples) != task.tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the calibration data now gives ", n, " held-out samples of ", Tokens(samples),
+        " tokens, the job was planned with ", task.samples, " of ", task.tokens,
+        ": the data set files changed"));
+  }
+  return evaluation::EmbedHeldOut(source, quantized, samples, calibration::kDefaultBatchBytes);
+}
+
+absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& device,
+                                    const StageContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* source, ctx.calibration->Checkpoint());
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, job->Quantized());
+  evaluation::EvaluationBatches input;
+  if (task.layer == 0) {
+    ASSIGN_OR_RETURN(input, EmbeddedSamples(task, *source, *quantized, ctx));
+  } else {
+    std::optional<evaluation::EvaluationBatches> previous = job->Output(task.layer - 1);
+    if (!previous.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "evaluate ", task.Name(), ": the activations of layer ", task.layer - 1,
+          " are not in this process"));
+    }
+    input = *std::move(previous);
+  }
+  ASSIGN_OR_RETURN(evaluation::LayerEvaluation step,
+                   evaluation::EvaluateLayer(*source, *quantized, task.layer, input, device,
+                                             evaluation::ForwardNumerics(ctx.spec->calibration),
+                                             Hooks(ctx)));
+  job->PutOutput(task.layer, std::move(step.source), std::move(step.quantized));
+  const evaluation::LayerQuality& q = step.quality;
+  TaskOutput out;
+  out.evaluation_layer =
+      store::EvaluationLayerRow{task.layer,           q.free_running.signal,
+                                q.free_running.noise, q.teacher_forced.signal,
+                                q.teacher_forced.noise, SecondsSince(start)};
+  out.evaluated_tokens = input.tokens();
+  return out;
+}
+
+absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& device,
+                                   const StageContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* source, ctx.calibration->Checkpoint());
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, job->Quantized());
+  const std::map<int64_t, store::EvaluationLayerRow> layers = job->Layers();
+  std::optional<evaluation::EvaluationBatches> input = job->Output(task.layers - 1);
+  if (!input.has_value() || static_cast<int64_t>(layers.size()) != task.layers) {
+    return absl::FailedPreconditionError(
+        "evaluate head: the figures and activations of the decoder layers are not in this "
+        "process");
+  }
+  evaluation::QualityReport report;
+  report.numerics = CalibrationNumericsName(ctx.spec->calibration.numerics);
+  report.samples = task.samples;
+  report.tokens = input->tokens();
+  double seconds = 0;
+  for (const auto& [layer, row] : layers) {
+    evaluation::LayerQuality q;
+    q.layer = layer;
+    q.free_running = {row.free_running_signal, row.free_running_noise};
+    q.teacher_forced = {row.teacher_forced_signal, row.teacher_forced_noise};
+    report.layers.push_back(q);
+    seconds += row.seconds;
+  }
+  ASSIGN_OR_RETURN(report.next_token,
+                   evaluation::EvaluateHead(*source, *quantized, *input, device,
+                                            evaluation::ForwardNumerics(ctx.spec->calibration),
+                                            Hooks(ctx)));
+  const absl::Status gate = evaluation::CheckQualityGate(ctx.spec->evaluate.gate, report);
+  const evaluation::NextTokenQuality& n = report.next_token;
+  store::EvaluationRow row;
+  row.samples = report.samples;
+  row.tokens = report.tokens;
+  row.numerics = report.numerics;
+  row.positions = n.positions;
+  row.predicted = n.predicted;
+  row.mean_kl = n.mean_kl;
+  row.p99_kl = n.p99_kl;
+  row.max_kl = n.max_kl;
+  row.top1_agreement = n.top1_agreement;
+  row.source_ppl = n.source_ppl;
+  row.quantized_ppl = n.quantized_ppl;
+  row.ppl_ratio = n.ppl_ratio;
+  row.gate_passed = gate.ok();
+  row.gate_message = std::string(gate.message());
+  row.seconds = seconds + SecondsSince(start);
+  TaskOutput out;
+  out.evaluation = std::move(row);
+  out.evaluated_tokens = report.tokens;
+  return out;
+}
+
+absl::StatusOr<TaskOutput> RunGate(const StageContext& ctx) {
+  ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
+  const std::optional<store::EvaluationRow> figures = job->Figures();
+  if (!figures.has_value()) {
+    return absl::FailedPreconditionError(
+        "evaluate gate: the head's figures are not in this process");
+  }
+  if (!figures->gate_passed) {
+    return WithJobReason(absl::FailedPreconditionError(figures->gate_message),
+                         kQualityGateReason);
+  }
+  return TaskOutput();
+}
+
+}  // namespace
+
+bool NeedsEvaluation(const JobSpec& spec) { return NeedsCalibration(spec) && spec.evaluate.on(); }
+
+std::vector<int64_t> EvaluateTasksToRedo(const std::vector<store::TaskRow>& tasks) {
+  std::vector<int64_t> done;
+  bool unfinished = false;
+  for (const store::TaskRow& t : tasks) {
+    if (t.stage_kind != EvaluateStage::kKind) continue;
+    if (t.state == store::TaskState::kDone) {
+      done.push_back(t.id);
+    } else {
+      unfinished = true;
+    }
+  }
+  return unfinished ? done : std::vector<int64_t>();
+}
 
 absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput& input) const {
+  const JobSpec& spec = *input.spec;
+  if (spec.evaluate.enabled == true && !NeedsCalibration(spec)) {
+    return absl::InvalidArgumentError(
+        "evaluate.enabled: the evaluation runs on held-out samples of the calibration data, and "
+        "this job does not calibrate on data (weight_format nvfp4, calibration.mode data, a "
+        "data set and no calibration.amax_file)");
+  }
   std::vector<store::TaskPlan> tasks;
-  if (!NeedsCalibration(*input.spec) || !input.spec->evaluate.requested()) return tasks;
+  if (!NeedsEvaluation(spec)) return tasks;
+  ASSIGN_OR_RETURN(const CalibrationLayout layout, PlanCalibrationLayout(input));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples, HeldOutSamples(spec));
+  EvaluateTask t;
+  t.layers = layout.layers;
+  t.samples = static_cast<int64_t>(samples.size());
+  t.tokens = Tokens(samples);
+  const std::string kind(kKind);
   std::vector<store::TaskRef> after = {
       {std::string(ExportStage::kKind), std::string(ExportStage::kKind)}};
   for (const OutputShard& shard : input.output_shards) {
     after.push_back({std::string(VerifyStage::kKind), shard.task.shard});
   }
-  tasks.push_back({std::string(kKind), "{}", 0, "held-out samples", {}, std::move(after)});
+  t.kind = EvaluateTask::Kind::kLayer;
+  for (int64_t l = 0; l < layout.layers; ++l) {
+    t.layer = l;
+    tasks.push_back({t.Name(), ToJson(t), t.tokens,
+                     absl::StrCat("layer ", l + 1, " of ", layout.layers), {}, std::move(after)});
+    after = {{kind, t.Name()}};
+  }
+  t.layer = 0;
+  t.kind = EvaluateTask::Kind::kHead;
+  tasks.push_back({t.Name(), ToJson(t), t.tokens, "head: next-token figures", {}, after});
+  const store::TaskRef head{kind, t.Name()};
+  t.kind = EvaluateTask::Kind::kGate;
+  tasks.push_back({t.Name(), ToJson(t), 0, "quality gate", {}, {head}});
   return tasks;
 }
 
-absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& /*task*/,
-                                              compute::Device& device,
+absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& row, compute::Device& device,
                                               const StageContext& ctx) const {
-  if (ctx.calibration == nullptr) {
-    return absl::InternalError("an evaluate task ran without the job's calibration state");
+  ASSIGN_OR_RETURN(const EvaluateTask task, evaluation::ParseEvaluateTask(row.payload_json));
+  switch (task.kind) {
+    case EvaluateTask::Kind::kLayer: return RunLayer(task, device, ctx);
+    case EvaluateTask::Kind::kHead: return RunHead(task, device, ctx);
+    case EvaluateTask::Kind::kGate: return RunGate(ctx);
   }
-  evaluation::EvaluationRequest request;
-  request.spec = ctx.spec;
-  request.source = ctx.spec->source;
-  request.quantized = ctx.spec->output;
-  request.tokenizer_dir = ctx.spec->source;
-  request.progress = [&ctx](std::string_view) {
-    if (ctx.add_progress) ctx.add_progress(0);  // the heartbeat, once per layer
-  };
-  request.cancelled = ctx.cancelled;
-  ASSIGN_OR_RETURN(const evaluation::QualityReport report,
-                   evaluation::RunEvaluation(request, device));
+  return absl::InternalError("unknown evaluate task");
+}
 
-  const std::string text = evaluation::EvaluationJson(report, ctx.spec->evaluate.gate).dump(2);
-  TaskOutput out;
-  out.path = (std::filesystem::path(ctx.calibration->work_dir()) / "evaluation.json").string();
-  RETURN_IF_ERROR(checkpoint::WriteFileAtomically(out.path, text + "\n"));
-  if (absl::Status gate = evaluation::CheckQualityGate(ctx.spec->evaluate.gate, report);
-      !gate.ok()) {
-    return WithJobReason(gate, kQualityGateReason);
+absl::Status EvaluateStage::Record(store::TaskRecord& txn, const store::TaskRow& /*task*/,
+                                   const TaskOutput& output) const {
+  if (output.evaluation_layer.has_value()) {
+    RETURN_IF_ERROR(txn.PutEvaluationLayer(*output.evaluation_layer));
   }
-  out.bytes = text.size() + 1;
-  checkpoint::Sha256 hash;
-  hash.Update(text.data(), text.size());
-  hash.Update("\n", 1);
-  out.sha256 = hash.HexDigest();
-  return out;
+  if (output.evaluation.has_value()) RETURN_IF_ERROR(txn.PutEvaluation(*output.evaluation));
+  return absl::OkStatus();
 }
 
 }  // namespace quantd::pipeline

@@ -107,6 +107,7 @@ struct QualityGate {
 };
 
 struct EvaluateSpec {
+  std::optional<bool> enabled;  // unset: on for a job that calibrates on data
   // Held-out samples: from the calibration data sets, the ones after the calibration samples in
   // each file's seeded order (evaluation/held_out_samples.h); 0 = kDefaultEvaluateSamples.
   int64_t num_samples = 0;

@@ -340,12 +340,15 @@ def test_report_shows_each_layers_input_amax(qc, w4a4, source):
         projections = values[int(layer["layer"])]
         experts = len(projections["w1"])
         # An amax file counts no tokens; it names every expert, so none is filled in.
-        assert layer == {
+        expected = {
             "layer": layer["layer"], "tokenCounts": False, "calibratedTokens": "0",
             "routedExperts": str(experts), "uncalibratedExperts": "0",
             "projections": [{"projection": f"ffn.experts.{p}", "modules": str(experts),
                              "minAmax": min(v), "medianAmax": statistics.median(v),
                              "maxAmax": max(v)} for p, v in sorted(projections.items())]}
+        assert {key: layer[key] for key in expected} == expected
+        # Nothing evaluated it, and no other job calibrated it in the other numerics mode.
+        assert layer["evaluated"] is False and layer["numericsCompared"] is False
     lines = qc.run_ok("report", w4a4).stdout.splitlines()
     start = lines.index("calibration: input amax per decoder layer (routed experts: min / median "
                         "/ max)")

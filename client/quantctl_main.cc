@@ -424,7 +424,7 @@ void AddReport(CLI::App& app, Session& session, int& rc) {
       rc = session.PrintJson(report);
       return;
     }
-    std::cout << client::FormatReport(report);
+    std::cout << client::FormatReport(report, isatty(STDOUT_FILENO) == 1);
     rc = client::kExitOk;
   });
 }

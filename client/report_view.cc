@@ -1,10 +1,15 @@
 #include "client/report_view.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/table.h"
 
@@ -15,7 +20,10 @@ std::string Amax(double value) { return absl::StrFormat("%.4g", value); }
 
 // The calibration section: one table row per projection, the layer's figures on its first row.
 std::string FormatLayers(const v1::JobReport& r) {
-  if (r.layers_size() == 0) return "\ncalibration: no input amax recorded\n";
+  // A layer may carry only evaluation figures.
+  const bool any = std::any_of(r.layers().begin(), r.layers().end(),
+                               [](const v1::LayerReport& l) { return l.projections_size() > 0; });
+  if (!any) return "\ncalibration: no input amax recorded\n";
   std::vector<std::vector<std::string>> rows = {
       {"LAYER", "TOKENS", "UNCALIBRATED", "PROJECTION", "MIN", "MEDIAN", "MAX"}};
   for (const v1::LayerReport& layer : r.layers()) {
@@ -39,9 +47,110 @@ std::string FormatLayers(const v1::JobReport& r) {
       FormatTable(rows, "lrllrrr"));
 }
 
+// "inf" for +inf (identical hidden states), else two decimals.
+std::string Decibels(double db) {
+  return std::isinf(db) && db > 0 ? std::string("inf") : absl::StrFormat("%.2f", db);
+}
+
+// One block character per value, ▁ at the lowest finite value to █ at the highest; +inf draws █
+// and so does a curve whose finite values are all equal.
+std::string Sparkline(const std::vector<double>& values) {
+  static constexpr const char* kBlocks[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  double lo = std::numeric_limits<double>::infinity();
+  double hi = -lo;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  std::string out;
+  for (double v : values) {
+    int level = 7;
+    if (std::isfinite(v) && hi > lo) {
+      level = static_cast<int>(std::lround((v - lo) / (hi - lo) * 7));
+    }
+    if (std::isnan(v) || (std::isinf(v) && v < 0)) level = 0;
+    out += kBlocks[level];
+  }
+  return out;
+}
+
+// A relative difference in percent; "inf" for +inf.
+std::string Percent(double fraction) {
+  return std::isinf(fraction) ? std::string("inf") : absl::StrFormat("%.2f %%", 100 * fraction);
+}
+
+// The official-vs-math section: the job's largest relative amax difference and each layer's.
+std::string FormatNumericsComparison(const v1::JobReport& r) {
+  if (r.numerics_peer_job() == 0) return "";
+  std::string out = absl::StrCat(
+      "\nnumerics: input amax against job ", r.numerics_peer_job(), " (", r.numerics_peer(),
+      "), same source and calibration data\n  max |a_official - a_math| / a_math ",
+      Percent(r.numerics_max_rel_diff()), " at ", r.numerics_max_rel_diff_module(), " over ",
+      r.numerics_compared_modules(), " modules\n");
+  std::vector<std::vector<std::string>> rows = {{"LAYER", "MODULES", "MAX REL DIFF", "AT"}};
+  for (const v1::LayerReport& layer : r.layers()) {
+    if (!layer.numerics_compared()) continue;
+    rows.push_back({absl::StrCat(layer.layer()), absl::StrCat(layer.numerics_compared_modules()),
+                    Percent(layer.numerics_max_rel_diff()), layer.numerics_max_rel_diff_module()});
+  }
+  if (rows.size() > 1) absl::StrAppend(&out, FormatTable(rows, "lrrl"));
+  return out;
+}
+
+// The evaluate stage's section: the figures, the per-layer SQNR table (with a sparkline of the
+// teacher-forced curve on a terminal) and the layers that lose the most.
+std::string FormatEvaluation(const v1::JobReport& r, bool terminal) {
+  if (!r.has_evaluation()) return "";
+  const v1::EvaluationReport& e = r.evaluation();
+  std::string out = absl::StrCat("\nevaluation: ", e.samples(), " held-out samples, ", e.tokens(),
+                                 " tokens, ", e.positions(), " positions compared (", e.numerics(),
+                                 " numerics)\n");
+  absl::StrAppend(&out, absl::StrFormat(
+                            "  KL(source || quantized)  mean %.4g  p99 %.4g  max %.4g nats\n",
+                            e.mean_kl(), e.p99_kl(), e.max_kl()));
+  absl::StrAppend(&out, absl::StrFormat("  top-1 agreement          %.2f %%\n",
+                                        100 * e.top1_agreement()));
+  absl::StrAppend(&out, absl::StrFormat("  perplexity               %.4g → %.4g  (ratio %.4f)\n",
+                                        e.source_ppl(), e.quantized_ppl(), e.ppl_ratio()));
+  absl::StrAppend(&out, "  gate                     ", e.gate_passed() ? "PASSED" : "FAILED");
+  if (!e.gate_message().empty()) absl::StrAppend(&out, ": ", e.gate_message());
+  absl::StrAppend(&out, "\n", absl::StrFormat("  stage time               %.1f s", e.seconds()));
+  if (e.calibration_seconds() > 0) {
+    absl::StrAppend(&out,
+                    absl::StrFormat(", %.1f× calibration", e.seconds() / e.calibration_seconds()));
+  }
+  absl::StrAppend(&out, "\n");
+  std::vector<std::vector<std::string>> rows = {{"LAYER", "FREE-RUNNING dB", "TEACHER-FORCED dB"}};
+  std::vector<double> forced;
+  std::map<int64_t, double> forced_by_layer;
+  for (const v1::LayerReport& layer : r.layers()) {
+    if (!layer.evaluated()) continue;
+    rows.push_back({absl::StrCat(layer.layer()), Decibels(layer.free_running_sqnr_db()),
+                    Decibels(layer.teacher_forced_sqnr_db())});
+    forced.push_back(layer.teacher_forced_sqnr_db());
+    forced_by_layer[layer.layer()] = layer.teacher_forced_sqnr_db();
+  }
+  if (forced.empty()) return out;
+  absl::StrAppend(&out, "\nhidden-state SQNR per layer, quantized against source\n",
+                  FormatTable(rows, "lrr"));
+  if (terminal) absl::StrAppend(&out, "teacher-forced  ", Sparkline(forced), "\n");
+  if (e.worst_layers_size() > 0) {
+    std::vector<std::string> worst;
+    for (int64_t layer : e.worst_layers()) {
+      const auto it = forced_by_layer.find(layer);
+      worst.push_back(it == forced_by_layer.end()
+                          ? absl::StrCat(layer)
+                          : absl::StrCat(layer, " (", Decibels(it->second), " dB)"));
+    }
+    absl::StrAppend(&out, "layers that lose the most: ", absl::StrJoin(worst, ", "), "\n");
+  }
+  return out;
+}
+
 }  // namespace
 
-std::string FormatReport(const v1::JobReport& r) {
+std::string FormatReport(const v1::JobReport& r, bool terminal) {
   std::string out = absl::StrCat("job ", r.job_id(), " ", v1::JobState_Name(r.state()));
   if (r.tensors_total() == 0) {
     absl::StrAppend(&out, "  no tensor statistics yet\n");
@@ -59,6 +168,8 @@ std::string FormatReport(const v1::JobReport& r) {
     absl::StrAppend(&out, "\n", FormatTable(rows, "lrrr"));
   }
   absl::StrAppend(&out, FormatLayers(r));
+  absl::StrAppend(&out, FormatNumericsComparison(r));
+  absl::StrAppend(&out, FormatEvaluation(r, terminal));
   if (r.rules_size() == 0) {
     absl::StrAppend(&out, "\nrule checks: none yet (verify has not run)\n");
     return out;

@@ -20,6 +20,31 @@
 //     PASS  verify model-00001-of-00002.safetensors
 //     FAIL  verify model-00002-of-00002.safetensors
 //           <each line of the check's message>
+//
+// When another job calibrated the same source on the same data in the other numerics mode
+// (report.numerics_peer_job), after the calibration section:
+//
+//   numerics: input amax against job 4 (math), same source and calibration data
+//     max |a_official - a_math| / a_math 2.31 % at layers.1.ffn.experts.5.w2 over 120 modules
+//   LAYER  MODULES  MAX REL DIFF  AT
+//   0           60        1.20 %  ffn.experts.3.w1
+//   1           60        2.31 %  ffn.experts.5.w2
+//
+// When the evaluate stage finished (report.evaluation set), after the calibration section:
+//
+//   evaluation: 32 held-out samples, 16384 tokens, 16352 positions compared (official numerics)
+//     KL(source || quantized)  mean 0.0123  p99 0.0871  max 0.312 nats
+//     top-1 agreement          97.85 %
+//     perplexity               5.214 → 5.301  (ratio 1.0167)
+//     gate                     PASSED
+//     stage time               41.2 s, 2.6× calibration
+//
+//   hidden-state SQNR per layer, quantized against source
+//   LAYER  FREE-RUNNING dB  TEACHER-FORCED dB
+//   0                41.20              43.10
+//   1                  inf                inf
+//   teacher-forced  ▁█            (terminal only: ▁ lowest finite .. █ highest, inf █)
+//   layers that lose the most: 0 (43.10 dB)
 #ifndef QUANTD_CLIENT_REPORT_VIEW_H_
 #define QUANTD_CLIENT_REPORT_VIEW_H_
 
@@ -29,7 +54,8 @@
 
 namespace quantd::client {
 
-std::string FormatReport(const v1::JobReport& report);
+// `terminal`: stdout is a terminal, which also gets the sparkline of the evaluation section.
+std::string FormatReport(const v1::JobReport& report, bool terminal);
 
 }  // namespace quantd::client
 

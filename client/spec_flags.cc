@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/pipeline/job_paths.h"
 #include "server/pipeline/job_spec.h"
@@ -75,6 +77,10 @@ absl::Status ReadObject(const json& object, const std::string& prefix, const std
         }
         reflection->SetInt64(message, field, value.get<int64_t>());
         break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:  // evaluate.gate bounds
+        if (!value.is_number()) return FieldError(origin, name, "must be a number");
+        reflection->SetDouble(message, field, value.get<double>());
+        break;
       case FieldDescriptor::CPPTYPE_BOOL:
         if (!value.is_boolean()) return FieldError(origin, name, "must be true or false");
         reflection->SetBool(message, field, value.get<bool>());
@@ -103,6 +109,58 @@ absl::StatusOr<std::string> Absolute(const std::string& path, const char* field)
         absl::StrCat(field, ": cannot make '", path, "' absolute: ", ec.message()));
   }
   return abs.lexically_normal().string();
+}
+
+// Checks an evaluate flag's value: finite and within [min, max] (above min when `open_min`).
+absl::Status CheckBound(const char* flag, double value, double min, double max, bool open_min) {
+  const bool ok = std::isfinite(value) && (open_min ? value > min : value >= min) && value <= max;
+  if (ok) return absl::OkStatus();
+  std::string range;
+  if (max != std::numeric_limits<double>::max()) {
+    range = absl::StrCat("in [", min, ", ", max, "]");
+  } else {
+    range = absl::StrCat(open_min ? "a finite number > " : "a finite number >= ", min);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, ": must be ", range));
+}
+
+// Applies the evaluate flags to `spec`.
+absl::Status ApplyEvaluateFlags(const SpecFlags& f, v1::JobSpec* spec) {
+  constexpr double kNoLimit = std::numeric_limits<double>::max();
+  v1::EvaluateSpec* e = spec->mutable_evaluate();
+  if (f.eval_samples) {
+    if (*f.eval_samples < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--eval-samples ", *f.eval_samples, ": must not be negative"));
+    }
+    e->set_num_samples(*f.eval_samples);
+  }
+  if (f.gate_max_kl) {
+    RETURN_IF_ERROR(CheckBound("--gate-max-kl", *f.gate_max_kl, 0, kNoLimit, false));
+    e->mutable_gate()->set_max_mean_kl(*f.gate_max_kl);
+  }
+  if (f.gate_min_top1) {
+    RETURN_IF_ERROR(CheckBound("--gate-min-top1", *f.gate_min_top1, 0, 1, false));
+    e->mutable_gate()->set_min_top1_agreement(*f.gate_min_top1);
+  }
+  if (f.gate_max_ppl_ratio) {
+    RETURN_IF_ERROR(CheckBound("--gate-max-ppl-ratio", *f.gate_max_ppl_ratio, 0, kNoLimit, true));
+    e->mutable_gate()->set_max_ppl_ratio(*f.gate_max_ppl_ratio);
+  }
+  if (f.no_evaluate) {
+    for (const auto& [given, flag] :
+         {std::pair<bool, const char*>{f.eval_samples.has_value(), "--eval-samples"},
+          {f.gate_max_kl.has_value(), "--gate-max-kl"},
+          {f.gate_min_top1.has_value(), "--gate-min-top1"},
+          {f.gate_max_ppl_ratio.has_value(), "--gate-max-ppl-ratio"}}) {
+      if (given) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--no-evaluate cannot be combined with ", flag));
+      }
+    }
+    e->set_enabled(false);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -183,6 +241,20 @@ void AddSpecFlags(CLI::App* cmd, SpecFlags* f) {
   cmd->add_flag("--overwrite", f->overwrite,
                 "use a non-empty output directory; files quantd did not write are never "
                 "replaced or deleted");
+  cmd->add_option_function<int64_t>(
+      "--eval-samples", [f](const int64_t& v) { f->eval_samples = v; },
+      "held-out samples the evaluate stage compares on (0: 32, or all there are)");
+  cmd->add_flag("--no-evaluate", f->no_evaluate,
+                "skip the evaluate stage (on by default for a job that calibrates on data)");
+  cmd->add_option_function<double>(
+      "--gate-max-kl", [f](const double& v) { f->gate_max_kl = v; },
+      "fail the job (QUALITY_GATE) when the mean next-token KL exceeds this (nats)");
+  cmd->add_option_function<double>(
+      "--gate-min-top1", [f](const double& v) { f->gate_min_top1 = v; },
+      "fail the job when the top-1 agreement is below this fraction");
+  cmd->add_option_function<double>(
+      "--gate-max-ppl-ratio", [f](const double& v) { f->gate_max_ppl_ratio = v; },
+      "fail the job when perplexity quantized / source exceeds this");
 }
 
 absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin) {
@@ -267,6 +339,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   if (f.devices) spec.mutable_devices()->Assign(f.devices->begin(), f.devices->end());
   if (f.host_memory_bytes) spec.set_host_memory_bytes(*f.host_memory_bytes);
   if (f.overwrite) spec.set_overwrite(true);
+  RETURN_IF_ERROR(ApplyEvaluateFlags(f, &spec));
 
   if (spec.source().empty()) {
     return absl::InvalidArgumentError("submit needs --source (or \"source\" in the --spec file)");

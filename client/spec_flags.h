@@ -48,6 +48,11 @@ struct SpecFlags {
   std::optional<std::vector<std::string>> devices;  // --device, repeatable
   std::optional<int64_t> host_memory_bytes;         // --host-memory-bytes
   bool overwrite = false;                           // --overwrite (sets true)
+  std::optional<int64_t> eval_samples;              // --eval-samples, >= 0
+  bool no_evaluate = false;                         // --no-evaluate (sets evaluate.enabled false)
+  std::optional<double> gate_max_kl;                // --gate-max-kl, >= 0
+  std::optional<double> gate_min_top1;              // --gate-min-top1, in [0, 1]
+  std::optional<double> gate_max_ppl_ratio;         // --gate-max-ppl-ratio, > 0
 };
 
 // Registers the flags above on `cmd`; `flags` must outlive the parse.
@@ -66,7 +71,8 @@ absl::StatusOr<v1::CalibrationDataset> ParseDatasetFlag(const std::string& value
 // The --spec file (if any) with the given flags merged over it. Relative paths (source, output,
 // materialize_bf16 and the calibration's amax_file, dataset, datasets[*].path, amax_out) become
 // absolute against the current directory, since the daemon runs elsewhere. InvalidArgument when
-// the file cannot be read or parsed, or when source or output is missing.
+// the file cannot be read or parsed, when source or output is missing, or when an evaluate flag
+// is out of its range or contradicts --no-evaluate (the message names the flag).
 absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& flags);
 
 }  // namespace quantd::client

@@ -13,6 +13,7 @@
 #include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/calibration_report.h"
 #include "server/scheduler/evaluation_report.h"
+#include "server/scheduler/numerics_comparison.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -157,9 +158,9 @@ absl::Status Scheduler::Impl::DoDelete(int64_t job_id) {
 }
 
 absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int worst) {
-  absl::StatusOr<store::JobRow> row = store_->GetJob(job_id);
+  absl::StatusOr<store::JobRow> row = report_store_->GetJob(job_id);
   if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
-  ASSIGN_OR_RETURN(std::vector<store::TensorStatsRow> stats, store_->ListTensorStats(job_id));
+  ASSIGN_OR_RETURN(std::vector<store::TensorStatsRow> stats, report_store_->ListTensorStats(job_id));
   std::sort(stats.begin(), stats.end(),
             [](const store::TensorStatsRow& a, const store::TensorStatsRow& b) {
               return a.sqnr_db != b.sqnr_db ? a.sqnr_db < b.sqnr_db : a.tensor < b.tensor;
@@ -182,7 +183,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
     t->set_sqnr_db(s.sqnr_db);
     t->set_max_abs_err(s.max_abs_err);
   }
-  ASSIGN_OR_RETURN(std::vector<store::TaskRow> tasks, store_->ListTasks(job_id));
+  ASSIGN_OR_RETURN(std::vector<store::TaskRow> tasks, report_store_->ListTasks(job_id));
   for (const store::TaskRow& t : tasks) {
     if (t.stage_kind != pipeline::VerifyStage::kKind) continue;
     if (t.state != store::TaskState::kDone && t.state != store::TaskState::kFailed) continue;
@@ -191,9 +192,14 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
     check->set_passed(t.state == store::TaskState::kDone);
     check->set_message(t.error);
   }
-  ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store_->ListAmax(job_id));
+  ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, report_store_->ListAmax(job_id));
   AddLayerCalibration(amax, tasks, &report);
-  RETURN_IF_ERROR(AddStoredEvaluation(*store_, job_id, &report));
+  RETURN_IF_ERROR(AddStoredEvaluation(*report_store_, job_id, &report));
+  if (absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(row->spec_json, "stored spec");
+      spec.ok()) {
+    RETURN_IF_ERROR(
+        AddNumericsComparisonFromStore(*report_store_, job_id, *spec, amax, tasks, &report));
+  }
   return report;
 }
 

@@ -55,12 +55,6 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-// A module's decoder layer and the rest of its name ("attn.wq_a"); nullopt outside "layers.N.".
-std::optional<std::pair<int64_t, absl::string_view>> SplitLayer(const std::string& module) {
-  if (!absl::StartsWith(module, kLayerPrefix)) return std::nullopt;
-  return LeadingNumber(absl::string_view(module).substr(kLayerPrefix.size()));
-}
-
 // A routed expert's index and projection ("w1") from the rest of a module's name; nullopt for
 // any other module.
 std::optional<std::pair<int64_t, absl::string_view>> SplitExpert(absl::string_view rest) {
@@ -70,12 +64,17 @@ std::optional<std::pair<int64_t, absl::string_view>> SplitExpert(absl::string_vi
 
 }  // namespace
 
+std::optional<std::pair<int64_t, absl::string_view>> LayerOfModule(absl::string_view module) {
+  if (!absl::StartsWith(module, kLayerPrefix)) return std::nullopt;
+  return LeadingNumber(module.substr(kLayerPrefix.size()));
+}
+
 void AddLayerCalibration(const std::vector<store::AmaxRow>& amax,
                          const std::vector<store::TaskRow>& tasks, v1::JobReport* report) {
   std::map<int64_t, LayerRows> layers;
   for (const store::AmaxRow& row : amax) {
     if (row.kind != "input") continue;
-    const auto layer = SplitLayer(row.module);
+    const auto layer = LayerOfModule(row.module);
     if (!layer.has_value()) continue;
     LayerRows& l = layers[layer->first];
     const absl::string_view rest = layer->second;
@@ -95,7 +94,7 @@ void AddLayerCalibration(const std::vector<store::AmaxRow>& amax,
     absl::StatusOr<pipeline::ShardTask> shard = pipeline::ParseShardTask(task.payload_json);
     if (!shard.ok()) continue;  // the stage itself reports a payload it cannot read
     for (const std::string& module : shard->modules) {
-      const auto layer = SplitLayer(module);
+      const auto layer = LayerOfModule(module);
       if (!layer.has_value()) continue;
       const auto expert = SplitExpert(layer->second);
       auto l = layers.find(layer->first);

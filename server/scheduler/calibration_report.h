@@ -8,12 +8,21 @@
 #ifndef QUANTD_SERVER_SCHEDULER_CALIBRATION_REPORT_H_
 #define QUANTD_SERVER_SCHEDULER_CALIBRATION_REPORT_H_
 
+#include <stdint.h>
+
+#include <optional>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "quantd/v1/quantd.pb.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
+
+// A module's decoder layer and the rest of its name: "layers.3.attn.wq_a" -> (3, "attn.wq_a");
+// nullopt for a module outside "layers.N." (head, mtp.*).
+std::optional<std::pair<int64_t, absl::string_view>> LayerOfModule(absl::string_view module);
 
 // Appends one LayerReport per decoder layer that has input amax rows, in layer order. Per layer:
 // each projection's min / median / max over the routed experts (one value for any other module);

@@ -63,6 +63,21 @@ std::string JobSpecProtoToJson(const v1::JobSpec& spec) {
     if (c.has_checkpoint_seconds()) cal["checkpoint_seconds"] = c.checkpoint_seconds();
     j["calibration"] = std::move(cal);
   }
+  if (spec.has_evaluate()) {
+    const v1::EvaluateSpec& e = spec.evaluate();
+    nlohmann::json ev = nlohmann::json::object();
+    if (e.has_enabled()) ev["enabled"] = e.enabled();
+    if (e.num_samples() != 0) ev["num_samples"] = e.num_samples();
+    if (e.has_gate()) {
+      const v1::QualityGate& g = e.gate();
+      nlohmann::json gate = nlohmann::json::object();
+      if (g.has_max_mean_kl()) gate["max_mean_kl"] = g.max_mean_kl();
+      if (g.has_min_top1_agreement()) gate["min_top1_agreement"] = g.min_top1_agreement();
+      if (g.has_max_ppl_ratio()) gate["max_ppl_ratio"] = g.max_ppl_ratio();
+      ev["gate"] = std::move(gate);
+    }
+    j["evaluate"] = std::move(ev);
+  }
   if (spec.devices_size() == 1 && spec.devices(0) == "auto") {
     j["devices"] = "auto";
   } else {
@@ -110,6 +125,14 @@ v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
   c->set_numerics(pipeline::CalibrationNumericsName(spec.calibration.numerics));
   c->set_amax_out(spec.calibration.amax_out);
   c->set_checkpoint_seconds(spec.calibration.checkpoint_seconds);
+  v1::EvaluateSpec* e = out.mutable_evaluate();
+  if (spec.evaluate.enabled.has_value()) e->set_enabled(*spec.evaluate.enabled);
+  e->set_num_samples(spec.evaluate.num_samples);
+  const pipeline::QualityGate& gate = spec.evaluate.gate;
+  v1::QualityGate* g = e->mutable_gate();
+  if (gate.max_mean_kl) g->set_max_mean_kl(*gate.max_mean_kl);
+  if (gate.min_top1_agreement) g->set_min_top1_agreement(*gate.min_top1_agreement);
+  if (gate.max_ppl_ratio) g->set_max_ppl_ratio(*gate.max_ppl_ratio);
   for (const std::string& d : spec.devices) out.add_devices(d);
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_overwrite(spec.overwrite);

@@ -45,6 +45,10 @@ absl::Status Scheduler::Impl::Init() {
   ASSIGN_OR_RETURN(kill_hook_, ParseKillHook(getenv("QUANTD_TEST_KILL_AT")));
   owner_ = absl::StrCat("quantd:", getpid());
   if (options_.devices.empty()) return absl::InvalidArgumentError("no devices to run tasks on");
+  {
+    absl::MutexLock lock(&report_mu_);
+    ASSIGN_OR_RETURN(report_store_, store::JobStore::OpenReadOnly(store_->db().path()));
+  }
   for (const std::string& name : options_.devices) {
     absl::StatusOr<std::unique_ptr<compute::Device>> device =
         options_.open_device
@@ -116,6 +120,7 @@ void Scheduler::Impl::Shutdown(std::chrono::milliseconds grace) {
       [] {});
   if (io_thread_.joinable()) io_thread_.join();
   planning_.join();
+  reporting_.join();  // EndLoop closed report_store_: nothing more is posted
   for (auto& worker : workers_) worker->queue.Close();
   for (auto& worker : workers_) {
     if (worker->thread.joinable()) worker->thread.join();
@@ -213,6 +218,10 @@ void Scheduler::Impl::EndLoop(const absl::Status& status) {
     closed_ = true;
     fatal_ = status;
   }
+  {
+    absl::MutexLock lock(&report_mu_);
+    report_store_.reset();
+  }
   io_.stop();
 }
 
@@ -268,12 +277,31 @@ void Scheduler::Impl::Delete(int64_t job_id, std::function<void(absl::Status)> d
 
 void Scheduler::Impl::Report(int64_t job_id, int worst,
                              std::function<void(absl::StatusOr<v1::JobReport>)> done) {
-  Post(
-      [this, job_id, worst, done] {
-        on_strand_.Assert();
-        done(ended_ ? absl::StatusOr<v1::JobReport>(ShuttingDown()) : DoReport(job_id, worst));
-      },
-      [done] { done(ShuttingDown()); });
+  {
+    absl::MutexLock lock(&report_mu_);
+    if (report_store_ != nullptr) {
+      // Under the lock, so that nothing is posted after EndLoop closed the connection (and
+      // Shutdown joins reporting_).
+      boost::asio::post(reporting_, [this, job_id, worst, done] {
+        absl::StatusOr<v1::JobReport> report = ShuttingDown();
+        {
+          absl::MutexLock lock(&report_mu_);
+          if (report_store_ != nullptr) {
+            // One read transaction: every read of the report sees the same committed state.
+            const absl::Status read = report_store_->db().ReadTransaction([&] {
+              report_mu_.AssertHeld();  // held by the enclosing scope
+              report = DoReport(job_id, worst);
+              return report.status();
+            });
+            if (!read.ok()) report = read;
+          }
+        }
+        done(std::move(report));
+      });
+      return;
+    }
+  }
+  done(ShuttingDown());
 }
 
 absl::StatusOr<v1::Job> Scheduler::Impl::WaitUntilStopped(

@@ -5,7 +5,8 @@
 // strand: commands (Submit, Cancel, ...), task completions, lease renewal and expiry, retry
 // back-off and progress timers. The strand owns the JobStore and every piece of job state, so
 // SQLite sees one writer. Reading a job's source to plan it runs off the strand on a planning pool
-// (job_planner.h), so commands never wait for it. Tasks run on worker threads, one per entry of
+// (job_planner.h), so commands never wait for it; reports are built on a reporting thread from a
+// second, read-only connection to the store. Tasks run on worker threads, one per entry of
 // `devices`; workers naming the same device share one compute::Device. The JobBoard is fed by the
 // strand and read by the API and `quantd run`, never the other way round. The parts, by file:
 //   admission.cc  commands and which waiting job starts next, planning off the strand
@@ -107,6 +108,9 @@ class Scheduler {
   void CancelAsync(int64_t job_id, bool pause, const std::string& reason, JobDone done);
   void ResumeAsync(int64_t job_id, JobDone done);
   void DeleteAsync(int64_t job_id, std::function<void(absl::Status)> done);
+  // A report is the exception: it is built off the strand, from a read-only connection to the
+  // store (a committed snapshot), and `done` runs on the reporting thread; a slow command or a
+  // busy strand does not delay it, and building it does not delay them.
   void ReportAsync(int64_t job_id, int worst,
                    std::function<void(absl::StatusOr<v1::JobReport>)> done);
 

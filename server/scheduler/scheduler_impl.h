@@ -7,6 +7,9 @@
 //     starts with on_strand_.Assert(). The structs reached only through such members (ActiveJob,
 //     InFlight, WorkerSlot) are strand-only too.
 //   - state_mu_: what other threads read about the loop's end (WaitUntilStopped, Post).
+//   - report_mu_: the read-only store connection that reports are built from, on the reporting_
+//     thread, so that a report (about 170 ms of reads at DeepSeek-V4 Pro scale) never holds the
+//     strand; SQLite's WAL lets it read committed state while the strand writes.
 //   - fixed after Init, read by any thread: options_, clock_, planner_, workers_ (each worker
 //     thread uses only its own queue and device), owner_, kill_hook_.
 //   - TaskRun: atomics shared by the strand and the worker running the task.
@@ -108,7 +111,9 @@ class Scheduler::Impl {
   void Cancel(int64_t job_id, bool pause, const std::string& reason, JobDone done);
   void Resume(int64_t job_id, JobDone done);
   void Delete(int64_t job_id, std::function<void(absl::Status)> done);
-  void Report(int64_t job_id, int worst, std::function<void(absl::StatusOr<v1::JobReport>)> done);
+  // Answers from reporting_, not the strand: a report never waits for a command or a result.
+  void Report(int64_t job_id, int worst, std::function<void(absl::StatusOr<v1::JobReport>)> done)
+      ABSL_LOCKS_EXCLUDED(report_mu_);
   absl::StatusOr<v1::Job> WaitUntilStopped(int64_t job_id,
                                            const std::function<bool(const v1::Job&)>& poll)
       ABSL_LOCKS_EXCLUDED(state_mu_);
@@ -182,7 +187,7 @@ class Scheduler::Impl {
   // Ends the loop once nothing runs, or at once when `force`.
   void MaybeEndLoop(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void EndLoop(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_)
-      ABSL_LOCKS_EXCLUDED(state_mu_);
+      ABSL_LOCKS_EXCLUDED(state_mu_, report_mu_);
   void Log(int64_t job_id, const std::string& kind, const std::string& message) const;
 
   // --- admission.cc: commands, and which waiting job starts next
@@ -192,8 +197,9 @@ class Scheduler::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   absl::StatusOr<v1::Job> DoResume(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   absl::Status DoDelete(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Runs on reporting_, reading report_store_ in one read transaction (a consistent snapshot).
   absl::StatusOr<v1::JobReport> DoReport(int64_t job_id, int worst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_);
   // The workers a job may use: every worker whose device its spec names (all when none).
   absl::StatusOr<std::vector<int>> WorkersFor(const pipeline::JobSpec& spec) const;
   absl::Status StartJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
@@ -263,6 +269,7 @@ class Scheduler::Impl {
   Strand strand_;                             // everything below marked on_strand_
   StrandRole on_strand_;                      // the capability of running on strand_
   boost::asio::thread_pool planning_{1};      // JobPlanner::Load
+  boost::asio::thread_pool reporting_{1};     // DoReport, off the strand
   std::thread io_thread_;                     // runs io_
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // clock callbacks hold it weakly
   std::atomic<bool> serving_{true};           // false once the store is unusable
@@ -285,6 +292,11 @@ class Scheduler::Impl {
   std::map<std::string, int64_t> started_ ABSL_GUARDED_BY(on_strand_);  // tasks per stage kind
   std::set<int64_t> kill_when_done_ ABSL_GUARDED_BY(on_strand_);  // test hook: task ids
   std::map<std::string, std::deque<double>> busy_window_ ABSL_GUARDED_BY(on_strand_);
+
+  mutable absl::Mutex report_mu_;  // guards report_store_
+  // A read-only connection to store_'s database for DoReport; null once the loop ended (reports
+  // then answer SHUTTING_DOWN).
+  std::unique_ptr<store::JobStore> report_store_ ABSL_GUARDED_BY(report_mu_);
 
   mutable absl::Mutex state_mu_;                 // guards the members below
   bool closed_ ABSL_GUARDED_BY(state_mu_) = false;     // the loop ended; Post answers at once

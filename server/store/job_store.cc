@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/status_macros.h"
 #include "server/store/migrations.h"
 
 namespace quantd::store {
@@ -238,6 +239,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     if (absl::Status s = (*db)->BackupTo(options.backup_path); !s.ok()) return s;
   }
   return std::unique_ptr<JobStore>(new JobStore(std::move(*db)));
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::OpenReadOnly(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, SqliteDb::OpenReadOnly(path));
+  return std::unique_ptr<JobStore>(new JobStore(std::move(db)));
 }
 
 absl::StatusOr<int64_t> JobStore::CreateJob(const std::string& request_id,

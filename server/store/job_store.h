@@ -7,7 +7,7 @@
 // Remote workers (DESIGN.md "Beyond one node") can use the same calls through the coordinator.
 //
 // Not thread-safe: one thread owns the store (the daemon's store thread or quantd run's main
-// thread); times are Unix milliseconds passed in by the caller, which keeps tests deterministic.
+// thread; a read-only second store, OpenReadOnly, belongs to its own thread); times are Unix milliseconds passed in by the caller, which keeps tests deterministic.
 #ifndef QUANTD_SERVER_STORE_JOB_STORE_H_
 #define QUANTD_SERVER_STORE_JOB_STORE_H_
 
@@ -223,6 +223,10 @@ class JobStore {
   // Opens or creates the database at `path` and applies the built-in migrations.
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
                                                         const StoreOpenOptions& options = {});
+  // A second connection to a store another JobStore has opened (and migrated): its reads see the
+  // last committed state while the writer works (WAL), and every write fails. Reads that must
+  // agree with each other go in one db().ReadTransaction.
+  static absl::StatusOr<std::unique_ptr<JobStore>> OpenReadOnly(const std::string& path);
 
   // Creates a PENDING job. With a non-empty request_id that already names a job, returns that
   // job's id and sets *created = false (idempotent submission).
@@ -308,7 +312,7 @@ class JobStore {
  private:
   explicit JobStore(std::unique_ptr<SqliteDb> db) : db_(std::move(db)) {}
 
-  std::unique_ptr<SqliteDb> db_;  // the one connection; all access goes through this thread
+  std::unique_ptr<SqliteDb> db_;  // this store's connection; used by one thread at a time
 };
 
 }  // namespace quantd::store

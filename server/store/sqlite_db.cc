@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/base/status_macros.h"
 
 namespace quantd::store {
 namespace {
@@ -124,24 +125,35 @@ std::optional<int64_t> Statement::ColumnOptionalInt(int col) const {
   return ColumnInt(col);
 }
 
-absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::OpenWithFlags(const std::string& path,
+                                                                 int flags) {
   std::unique_ptr<SqliteDb> db(new SqliteDb());
   db->path_ = path;
-  const int rc = sqlite3_open_v2(path.c_str(), &db->db_,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+  const int rc = sqlite3_open_v2(path.c_str(), &db->db_, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     absl::Status s = SqliteError(db->db_, rc, absl::StrCat("opening state database ", path));
     return s;
   }
   sqlite3_extended_result_codes(db->db_, 1);
   sqlite3_busy_timeout(db->db_, kBusyTimeoutMs);
+  return db;
+}
+
+absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db,
+                   OpenWithFlags(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE));
   // journal_mode returns a row; Exec ignores rows. A file that is not a database fails here.
   if (absl::Status s = db->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
                                 " PRAGMA foreign_keys=ON;");
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("state database ", path, ": ", s.message()));
   }
+  return db;
+}
+
+absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::OpenReadOnly(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db, OpenWithFlags(path, SQLITE_OPEN_READONLY));
+  // The writer set WAL mode, which is persistent; a read-only connection cannot change it.
   return db;
 }
 
@@ -167,8 +179,8 @@ absl::StatusOr<Statement> SqliteDb::Prepare(const std::string& sql) {
   return Statement(db_, stmt);
 }
 
-absl::Status SqliteDb::Transaction(absl::FunctionRef<absl::Status()> body) {
-  if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
+absl::Status SqliteDb::RunTransaction(const char* begin, absl::FunctionRef<absl::Status()> body) {
+  if (absl::Status s = Exec(begin); !s.ok()) return s;
   absl::Status result = body();
   if (result.ok()) result = Exec("COMMIT");
   if (!result.ok()) {
@@ -176,6 +188,14 @@ absl::Status SqliteDb::Transaction(absl::FunctionRef<absl::Status()> body) {
     (void)Exec("ROLLBACK");
   }
   return result;
+}
+
+absl::Status SqliteDb::Transaction(absl::FunctionRef<absl::Status()> body) {
+  return RunTransaction("BEGIN IMMEDIATE", body);
+}
+
+absl::Status SqliteDb::ReadTransaction(absl::FunctionRef<absl::Status()> body) {
+  return RunTransaction("BEGIN", body);
 }
 
 absl::Status SqliteDb::QuickCheck() {

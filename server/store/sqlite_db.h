@@ -64,6 +64,9 @@ class SqliteDb {
  public:
   // Opens (creating if needed) the database file at `path` and applies the settings above.
   static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path);
+  // Opens an existing database for reading only, beside the writer: WAL lets it read a committed
+  // snapshot while the writer commits. Its writes fail (SQLITE_READONLY).
+  static absl::StatusOr<std::unique_ptr<SqliteDb>> OpenReadOnly(const std::string& path);
   ~SqliteDb();
   SqliteDb(const SqliteDb&) = delete;
   SqliteDb& operator=(const SqliteDb&) = delete;
@@ -75,6 +78,9 @@ class SqliteDb {
   // BEGIN IMMEDIATE; body; COMMIT. Rolls back when body fails and returns its status. Not
   // reentrant.
   absl::Status Transaction(absl::FunctionRef<absl::Status()> body);
+  // BEGIN (deferred); body; COMMIT: every read of `body` sees the same committed snapshot. The
+  // transaction of a read-only connection. Not reentrant.
+  absl::Status ReadTransaction(absl::FunctionRef<absl::Status()> body);
   // PRAGMA quick_check: DataLoss naming the file and SQLite's first finding when the pages or
   // indexes are damaged.
   absl::Status QuickCheck();
@@ -86,6 +92,11 @@ class SqliteDb {
 
  private:
   SqliteDb() = default;
+  // sqlite3_open_v2 with `flags`, the busy timeout and extended result codes.
+  static absl::StatusOr<std::unique_ptr<SqliteDb>> OpenWithFlags(const std::string& path,
+                                                                 int flags);
+  // `begin`; body; COMMIT, or ROLLBACK when either fails.
+  absl::Status RunTransaction(const char* begin, absl::FunctionRef<absl::Status()> body);
 
   std::string path_;     // database file, for error messages
   sqlite3* db_ = nullptr;  // the connection

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,55 @@ TEST(JobProtoTest, RequestSpellsTheKeysAsTheJsonSpecDoes) {
                 "datasets": [{"path": "/cal/a.jsonl", "samples": 8}], "min_seq_len": 4,
                 "seed": 3, "add_bos": true, "w2_input": "unweighted",
                 "amax_out": "/cal/out.json"}})"));
+}
+
+TEST(JobProtoTest, EvaluateGateKeepsSetAndUnsetBoundsApart) {
+  // min_top1_agreement 0 is a bound that is set (and always holds); max_ppl_ratio is unset.
+  absl::StatusOr<pipeline::JobSpec> parsed = pipeline::ParseJobSpec(
+      R"({"source": "/s", "output": "/o", "evaluate": {"num_samples": 8,
+          "gate": {"max_mean_kl": 0.05, "min_top1_agreement": 0}}})",
+      "spec.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const v1::JobSpec proto = JobSpecToProto(*parsed);
+  const v1::EvaluateSpec& e = proto.evaluate();
+  EXPECT_FALSE(e.has_enabled());
+  EXPECT_EQ(e.num_samples(), 8);
+  ASSERT_TRUE(e.gate().has_max_mean_kl());
+  EXPECT_EQ(e.gate().max_mean_kl(), 0.05);
+  ASSERT_TRUE(e.gate().has_min_top1_agreement());
+  EXPECT_EQ(e.gate().min_top1_agreement(), 0.0);
+  EXPECT_FALSE(e.gate().has_max_ppl_ratio());
+  EXPECT_EQ(nlohmann::json::parse(JobSpecProtoToJson(proto))["evaluate"],
+            nlohmann::json::parse(
+                R"({"num_samples": 8, "gate": {"max_mean_kl": 0.05, "min_top1_agreement": 0.0}})"));
+
+  absl::StatusOr<pipeline::JobSpec> back = JobSpecFromProto(proto);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->evaluate.gate.max_mean_kl, 0.05);
+  EXPECT_EQ(back->evaluate.gate.min_top1_agreement, 0.0);
+  EXPECT_FALSE(back->evaluate.gate.max_ppl_ratio.has_value());
+  EXPECT_EQ(pipeline::JobSpecToJson(*back), pipeline::JobSpecToJson(*parsed));
+
+  // A spec without "evaluate" comes back without a bound or a sample count.
+  parsed = pipeline::ParseJobSpec(R"({"source": "/s", "output": "/o"})", "spec.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  back = JobSpecFromProto(JobSpecToProto(*parsed));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->evaluate.requested());
+}
+
+TEST(JobProtoTest, EvaluateEnabledIsWrittenOnlyWhenSet) {
+  pipeline::JobSpec spec;
+  spec.source = "/s";
+  spec.output = "/o";
+  EXPECT_FALSE(JobSpecToProto(spec).evaluate().has_enabled());
+  EXPECT_FALSE(nlohmann::json::parse(JobSpecProtoToJson(JobSpecToProto(spec)))["evaluate"]
+                   .contains("enabled"));
+  spec.evaluate.enabled = false;
+  const v1::JobSpec proto = JobSpecToProto(spec);
+  ASSERT_TRUE(proto.evaluate().has_enabled());
+  EXPECT_FALSE(proto.evaluate().enabled());
+  EXPECT_EQ(nlohmann::json::parse(JobSpecProtoToJson(proto))["evaluate"]["enabled"], false);
 }
 
 TEST(JobProtoTest, RequestErrorsNameTheCalibrationField) {

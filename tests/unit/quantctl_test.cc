@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/exit_codes.h"
@@ -219,7 +222,7 @@ TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {
   c = r.add_rules();
   c->set_name("verify model-00002-of-00002.safetensors");
   c->set_message("tensor-layout a.weight: bad shape\nindex: b.weight missing\n");
-  EXPECT_EQ(FormatReport(r),
+  EXPECT_EQ(FormatReport(r, false),
             "job 7 SUCCEEDED  48 tensors  min SQNR 18.51 dB  mean SQNR 19.87 dB\n"
             "\n"
             "TENSOR                            REL RMSE  SQNR dB  MAX ABS ERR\n"
@@ -239,7 +242,7 @@ TEST(ReportViewTest, SaysWhatIsNotThereYet) {
   v1::JobReport r;
   r.set_job_id(8);
   r.set_state(v1::RUNNING);
-  EXPECT_EQ(FormatReport(r),
+  EXPECT_EQ(FormatReport(r, false),
             "job 8 RUNNING  no tensor statistics yet\n"
             "\n"
             "calibration: no input amax recorded\n"
@@ -283,7 +286,7 @@ TEST(ReportViewTest, FormatsTheInputAmaxOfEachLayer) {
   l13->set_layer(13);
   AddProjection(l13, "ffn.experts.w1", 2, 0.5, 0.625, 0.75);
   l13->set_routed_experts(2);
-  EXPECT_EQ(FormatReport(r),
+  EXPECT_EQ(FormatReport(r, false),
             "job 9 SUCCEEDED  no tensor statistics yet\n"
             "\n"
             "calibration: input amax per decoder layer (routed experts: min / median / max)\n"
@@ -297,6 +300,153 @@ TEST(ReportViewTest, FormatsTheInputAmaxOfEachLayer) {
             "13          -  0 of 2        ffn.experts.w1              0.5   0.625   0.75\n"
             "\n"
             "rule checks: none yet (verify has not run)\n");
+}
+
+TEST(ReportViewTest, FormatsTheOfficialVersusMathComparison) {
+  v1::JobReport r;
+  r.set_job_id(11);
+  r.set_state(v1::SUCCEEDED);
+  v1::LayerReport* l0 = r.add_layers();
+  l0->set_layer(0);
+  AddProjection(l0, "attn.wq_a", 1, 2.25, 2.25, 2.25);
+  l0->set_numerics_compared(true);
+  l0->set_numerics_compared_modules(2);
+  l0->set_numerics_max_rel_diff(0.0123);
+  l0->set_numerics_max_rel_diff_module("ffn.experts.1.w2");
+  v1::LayerReport* l1 = r.add_layers();
+  l1->set_layer(1);
+  AddProjection(l1, "attn.wq_a", 1, 4.5, 4.5, 4.5);
+  l1->set_numerics_compared(true);
+  l1->set_numerics_compared_modules(1);
+  l1->set_numerics_max_rel_diff(std::numeric_limits<double>::infinity());
+  l1->set_numerics_max_rel_diff_module("attn.wq_a");
+  r.set_numerics_peer_job(4);
+  r.set_numerics_peer("math");
+  r.set_numerics_compared_modules(3);
+  r.set_numerics_max_rel_diff(std::numeric_limits<double>::infinity());
+  r.set_numerics_max_rel_diff_module("layers.1.attn.wq_a");
+  EXPECT_EQ(FormatReport(r, false),
+            "job 11 SUCCEEDED  no tensor statistics yet\n"
+            "\n"
+            "calibration: input amax per decoder layer (routed experts: min / median / max)\n"
+            "LAYER  TOKENS  UNCALIBRATED  PROJECTION  MIN  MEDIAN   MAX\n"
+            "0           -  -             attn.wq_a                2.25\n"
+            "1           -  -             attn.wq_a                 4.5\n"
+            "\n"
+            "numerics: input amax against job 4 (math), same source and calibration data\n"
+            "  max |a_official - a_math| / a_math inf at layers.1.attn.wq_a over 3 modules\n"
+            "LAYER  MODULES  MAX REL DIFF  AT\n"
+            "0            2        1.23 %  ffn.experts.1.w2\n"
+            "1            1           inf  attn.wq_a\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
+}
+
+// Job 10 evaluated on four layers; layer 3 came out identical (+inf dB).
+v1::JobReport EvaluatedReport() {
+  v1::JobReport r;
+  r.set_job_id(10);
+  r.set_state(v1::FAILED);
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::vector<double>> sqnr = {
+      {30.5, 32.25}, {20.0, 25.0}, {12.75, 18.25}, {inf, inf}};
+  for (size_t i = 0; i < sqnr.size(); ++i) {
+    v1::LayerReport* l = r.add_layers();
+    l->set_layer(static_cast<int64_t>(i));
+    l->set_evaluated(true);
+    l->set_free_running_sqnr_db(sqnr[i][0]);
+    l->set_teacher_forced_sqnr_db(sqnr[i][1]);
+  }
+  v1::EvaluationReport* e = r.mutable_evaluation();
+  e->set_samples(32);
+  e->set_tokens(16384);
+  e->set_numerics("official");
+  e->set_positions(16352);
+  e->set_mean_kl(0.0123);
+  e->set_p99_kl(0.0871);
+  e->set_max_kl(0.312);
+  e->set_top1_agreement(0.978515625);
+  e->set_source_ppl(5.214);
+  e->set_quantized_ppl(5.301);
+  e->set_ppl_ratio(1.016686);
+  e->set_gate_passed(false);
+  e->set_gate_message("mean KL 0.0123 exceeds evaluate.gate.max_mean_kl 0.01 (worst layer 2)");
+  for (int64_t layer : {2, 1, 0}) e->add_worst_layers(layer);
+  e->set_seconds(40);
+  e->set_calibration_seconds(16);
+  return r;
+}
+
+constexpr char kEvaluationText[] =
+    "job 10 FAILED  no tensor statistics yet\n"
+    "\n"
+    "calibration: no input amax recorded\n"
+    "\n"
+    "evaluation: 32 held-out samples, 16384 tokens, 16352 positions compared (official numerics)\n"
+    "  KL(source || quantized)  mean 0.0123  p99 0.0871  max 0.312 nats\n"
+    "  top-1 agreement          97.85 %\n"
+    "  perplexity               5.214 → 5.301  (ratio 1.0167)\n"
+    "  gate                     FAILED: mean KL 0.0123 exceeds evaluate.gate.max_mean_kl 0.01 "
+    "(worst layer 2)\n"
+    "  stage time               40.0 s, 2.5× calibration\n"
+    "\n"
+    "hidden-state SQNR per layer, quantized against source\n"
+    "LAYER  FREE-RUNNING dB  TEACHER-FORCED dB\n"
+    "0                30.50              32.25\n"
+    "1                20.00              25.00\n"
+    "2                12.75              18.25\n"
+    "3                  inf                inf\n";
+
+TEST(ReportViewTest, EvaluationOffATerminal) {
+  EXPECT_EQ(FormatReport(EvaluatedReport(), false),
+            absl::StrCat(kEvaluationText,
+                         "layers that lose the most: 2 (18.25 dB), 1 (25.00 dB), 0 (32.25 dB)\n"
+                         "\n"
+                         "rule checks: none yet (verify has not run)\n"));
+}
+
+TEST(ReportViewTest, EvaluationOnATerminalHasTheSparkline) {
+  // Teacher-forced 32.25, 25, 18.25, inf over 18.25..32.25: levels 7, round(3.375) = 3, 0, and
+  // inf drawn full.
+  EXPECT_EQ(FormatReport(EvaluatedReport(), true),
+            absl::StrCat(kEvaluationText,
+                         "teacher-forced  █▄▁█\n"
+                         "layers that lose the most: 2 (18.25 dB), 1 (25.00 dB), 0 (32.25 dB)\n"
+                         "\n"
+                         "rule checks: none yet (verify has not run)\n"));
+}
+
+TEST(ReportViewTest, EvaluationWithoutCalibrationTimeOrGateMessage) {
+  v1::JobReport r = EvaluatedReport();
+  r.mutable_evaluation()->set_gate_passed(true);
+  r.mutable_evaluation()->clear_gate_message();
+  r.mutable_evaluation()->set_calibration_seconds(0);
+  const std::string text = FormatReport(r, false);
+  EXPECT_TRUE(absl::StrContains(text, "  gate                     PASSED\n"
+                                      "  stage time               40.0 s\n"))
+      << text;
+}
+
+TEST(ReportViewTest, JsonCarriesEveryEvaluationFieldAndInfinity) {
+  const v1::JobReport r = EvaluatedReport();
+  absl::StatusOr<std::string> text = MessageToJson(r);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json j = nlohmann::json::parse(*text);
+  EXPECT_EQ(j["layers"][3]["teacherForcedSqnrDb"], "Infinity");
+  EXPECT_EQ(j["layers"][3]["freeRunningSqnrDb"], "Infinity");
+  EXPECT_EQ(j["layers"][0]["teacherForcedSqnrDb"], 32.25);
+  EXPECT_EQ(j["layers"][0]["evaluated"], true);
+  const nlohmann::json& e = j["evaluation"];
+  for (const char* key :
+       {"samples", "tokens", "numerics", "positions", "meanKl", "p99Kl", "maxKl", "top1Agreement",
+        "sourcePpl", "quantizedPpl", "pplRatio", "gatePassed", "gateMessage", "worstLayers",
+        "seconds", "calibrationSeconds"}) {
+    EXPECT_TRUE(e.contains(key)) << key;
+  }
+  EXPECT_EQ(e["worstLayers"], nlohmann::json::parse(R"(["2", "1", "0"])"));
+  v1::JobReport back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*text, &back).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(back, r));
 }
 
 TEST(ExitCodesTest, EveryStatusCode) {
@@ -445,6 +595,62 @@ TEST_F(SpecFlagsTest, CalibrationKeysFromTheSpecFileAndFlags) {
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(s->calibration().has_add_bos());
   EXPECT_FALSE(s->calibration().add_bos());
+}
+
+TEST_F(SpecFlagsTest, EvaluateFlags) {
+  const std::string spec = WriteSpec(R"({"source": "/s", "output": "/o",
+      "evaluate": {"num_samples": 16, "gate": {"max_mean_kl": 0.1, "max_ppl_ratio": 1.5}}})");
+  absl::StatusOr<v1::JobSpec> s = Parse({"--spec", spec, "--eval-samples", "8", "--gate-min-top1",
+                                         "0.9", "--gate-max-ppl-ratio", "1.05"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::EvaluateSpec& e = s->evaluate();
+  EXPECT_FALSE(e.has_enabled());
+  EXPECT_EQ(e.num_samples(), 8);
+  ASSERT_TRUE(e.gate().has_max_mean_kl());  // the file's bound stays
+  EXPECT_EQ(e.gate().max_mean_kl(), 0.1);
+  ASSERT_TRUE(e.gate().has_min_top1_agreement());
+  EXPECT_EQ(e.gate().min_top1_agreement(), 0.9);
+  EXPECT_EQ(e.gate().max_ppl_ratio(), 1.05);
+
+  s = Parse({"--source", "/s", "--output", "/o", "--gate-max-kl", "0", "--gate-min-top1", "0"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->evaluate().gate().has_max_mean_kl());  // 0 is a bound, not "unset"
+  EXPECT_TRUE(s->evaluate().gate().has_min_top1_agreement());
+  EXPECT_FALSE(s->evaluate().gate().has_max_ppl_ratio());
+
+  s = Parse({"--source", "/s", "--output", "/o", "--no-evaluate"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->evaluate().has_enabled());
+  EXPECT_FALSE(s->evaluate().enabled());
+  s = Parse({"--source", "/s", "--output", "/o"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->evaluate().has_enabled());
+}
+
+TEST_F(SpecFlagsTest, EvaluateFlagErrorsNameTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--eval-samples", "-1"}, "--eval-samples -1: must not be negative"},
+      {{"--gate-max-kl", "-0.5"}, "--gate-max-kl -0.5: must be a finite number >= 0"},
+      {{"--gate-min-top1", "1.5"}, "--gate-min-top1 1.5: must be in [0, 1]"},
+      {{"--gate-max-ppl-ratio", "0"}, "--gate-max-ppl-ratio 0: must be a finite number > 0"},
+      {{"--no-evaluate", "--eval-samples", "4"},
+       "--no-evaluate cannot be combined with --eval-samples"},
+      {{"--no-evaluate", "--gate-min-top1", "0.5"},
+       "--no-evaluate cannot be combined with --gate-min-top1"},
+  };
+  for (const auto& [flags, error] : cases) {
+    std::vector<std::string> args = {"--source", "/s", "--output", "/o"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    absl::StatusOr<v1::JobSpec> s = Parse(args);
+    ASSERT_FALSE(s.ok()) << error;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.status().message(), error);
+  }
+  const std::string spec = WriteSpec(R"({"evaluate": {"gate": {"max_mean_kl": "small"}}})");
+  absl::StatusOr<v1::JobSpec> s = Parse({"--spec", spec, "--source", "/s", "--output", "/o"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat(spec, ": field 'evaluate.gate.max_mean_kl' must be a number"));
 }
 
 TEST(DatasetFlagTest, PathAndSampleCount) {

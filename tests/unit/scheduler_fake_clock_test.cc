@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -257,9 +259,14 @@ class SchedulerFakeClockTest : public testing_util::TempDirTest {
       return std::make_unique<FakeDevice>(name, compute::DeviceKind::kCuda, 10 * kGiB);
     };
     options.log = [this](int64_t, const std::string& kind, const std::string& message) {
-      std::lock_guard<std::mutex> lock(log_mu_);
-      log_.push_back(kind + ": " + message);
+      std::unique_lock<std::mutex> lock(log_mu_);
+      const std::string line = kind + ": " + message;
+      log_.push_back(line);
       log_cv_.notify_all();
+      // The scheduler logs on its strand: waiting here holds the strand.
+      if (!hold_at_.empty() && line.rfind(hold_at_, 0) == 0) {
+        log_cv_.wait(lock, [&] { return hold_at_.empty(); });
+      }
     };
     auto s = Scheduler::Start(std::move(*store), options);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -291,7 +298,18 @@ class SchedulerFakeClockTest : public testing_util::TempDirTest {
   }
 
   // Everything posted to the strand before this call has run when it returns.
-  void Sync(Scheduler& s) { (void)s.Report(1 << 30, 0); }
+  void Sync(Scheduler& s) { (void)s.Delete(1 << 30); }
+
+  // From now on the strand stops in the log line that starts with `prefix` until ReleaseStrand.
+  void HoldStrandAt(const std::string& prefix) {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    hold_at_ = prefix;
+  }
+  void ReleaseStrand() {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    hold_at_.clear();
+    log_cv_.notify_all();
+  }
 
   // Waits until a log line starts with `prefix`.
   bool WaitForLog(const std::string& prefix) {
@@ -314,6 +332,12 @@ class SchedulerFakeClockTest : public testing_util::TempDirTest {
   std::mutex log_mu_;                 // guards log_
   std::condition_variable log_cv_;    // signalled per line
   std::vector<std::string> log_;      // "kind: message" lines of the scheduler
+  std::string hold_at_;               // HoldStrandAt's prefix; "" = none
+};
+
+struct ReleaseStrandAtExit {
+  std::function<void()> release;
+  ~ReleaseStrandAtExit() { release(); }
 };
 
 TEST_F(SchedulerFakeClockTest, TasksNeverOvercommitADevicesMemory) {
@@ -589,6 +613,37 @@ TEST_F(SchedulerFakeClockTest, CommandsAreAnsweredWhileAJobsSourceIsReadAndAStop
   EXPECT_EQ(planner_->attached(), 2);
   ASSERT_TRUE(planner_->WaitForLoads(3));
   EXPECT_EQ(stages_.starts().size(), 2u);
+}
+
+TEST_F(SchedulerFakeClockTest, AReportIsAnsweredWhileTheStrandIsHeld) {
+  stages_.Plan({"a"});
+  auto s = Start({"cpu"});
+  const int64_t kept = Submit(*s);
+  const int64_t deleted = Submit(*s);
+  ASSERT_EQ(WaitStopped(*s, kept).state(), v1::SUCCEEDED);
+  ASSERT_EQ(WaitStopped(*s, deleted).state(), v1::SUCCEEDED);
+  std::promise<absl::Status> deleting;
+  std::promise<absl::StatusOr<v1::JobReport>> reporting;
+  // The strand stops inside the delete command, after its store write.
+  HoldStrandAt("state: deleted");
+  const ReleaseStrandAtExit release{[this] { ReleaseStrand(); }};
+  s->DeleteAsync(deleted, [&](absl::Status status) { deleting.set_value(std::move(status)); });
+  ASSERT_TRUE(WaitForLog("state: deleted"));
+  s->ReportAsync(kept, 0, [&](absl::StatusOr<v1::JobReport> r) {
+    reporting.set_value(std::move(r));
+  });
+  std::future<absl::StatusOr<v1::JobReport>> report = reporting.get_future();
+  ASSERT_EQ(report.wait_for(kPatience), std::future_status::ready);
+  ASSERT_TRUE(report.get().ok());
+  // The report was answered while the command that holds the strand had not finished.
+  std::future<absl::Status> deleted_done = deleting.get_future();
+  EXPECT_EQ(deleted_done.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  // It read committed state: the deleted job is gone already.
+  auto gone = s->Report(deleted, 0);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  ReleaseStrand();
+  ASSERT_EQ(deleted_done.wait_for(kPatience), std::future_status::ready);
+  EXPECT_TRUE(deleted_done.get().ok());
 }
 
 TEST_F(SchedulerFakeClockTest, AJobCancelledWhileItsSourceIsReadCanBeDeleted) {

@@ -1,8 +1,9 @@
 // The host threads of the DeepSeek-V4 forward's non-GEMM loops (norms, RoPE, mHC, softmax, MoE
 // gather/scatter, activation simulation): a loop over independent rows is split into contiguous
-// ranges, each run by one thread of the device's pool (kernels/cpu/thread_pool.h). Every output element is computed by
-// exactly one thread with the same operations in the same order as on one thread, so results are
-// bit-identical for any thread count; reductions never cross a range boundary.
+// ranges, each run by one thread of the device's pool (kernels/cpu/thread_pool.h). Every output
+// element is computed by exactly one thread with the same operations in the same order as on one
+// thread, so results are bit-identical for any thread count; reductions never cross a range
+// boundary.
 #ifndef QUANTD_SERVER_MODEL_V4_PARALLEL_H_
 #define QUANTD_SERVER_MODEL_V4_PARALLEL_H_
 

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
 
 RPC_TIMEOUT_S = 10
 WATCH_TIMEOUT_S = 180
@@ -35,11 +35,6 @@ SPEC = {"recipe": "experts", "weight_format": "w4a16_nvfp4", "expert_cast": "los
 @pytest.fixture(scope="module", autouse=True)
 def as_root():
     assert os.geteuid() == 0, "the access tests switch uids with setpriv: run them as root"
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
 
 
 @pytest.fixture(scope="module")

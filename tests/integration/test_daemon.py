@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
 from run_helpers import job_row, task_rows, tree_hashes, write_spec
 
 RPC_TIMEOUT_S = 10     # every unary call
@@ -32,11 +32,6 @@ SPEC = {"recipe": "experts", "weight_format": "w4a16_nvfp4", "expert_cast": "los
 STAGES = ["inspect", "quantize", "export", "verify"]
 METHODS = {"SubmitJob", "GetJob", "ListJobs", "WatchJob", "CancelJob", "ResumeJob", "DeleteJob",
            "GetJobReport"}
-
-
-@pytest.fixture(scope="session")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from daemon import grpc_stubs
 from ops_helpers import (MetricsDaemon, Prometheus, exposed_families, job_spec, promql_names,
                          wait_until)
 
@@ -71,11 +70,6 @@ def test_dashboard_structure():
         for panel in board["panels"]:
             for target in panel.get("targets", []):
                 assert target["datasource"]["uid"] == "${datasource}", panel["title"]
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
 
 
 @pytest.fixture(scope="module")

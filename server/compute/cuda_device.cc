@@ -1,10 +1,12 @@
-// compute::Device for CUDA device N: memory from cudaMemGetInfo, kernels from the CUDA backend.
+// compute::Device for CUDA device N: memory from cudaMemGetInfo, kernels from the CUDA backend,
+// matrix products from cuBLAS (loaded with dlopen: kernels/cuda/cublas_gemm.cc says why).
 #include <cuda_runtime_api.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
+#include "kernels/gemm.h"
 #include "server/compute/device.h"
 
 namespace quantd::compute {
@@ -12,9 +14,10 @@ namespace {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int index, std::unique_ptr<kernels::Backend> backend, int64_t total)
+  CudaDevice(int index, std::unique_ptr<kernels::Backend> backend,
+             std::unique_ptr<kernels::Gemm> gemm, int64_t total)
       : index_(index), name_(absl::StrCat("cuda:", index)), backend_(std::move(backend)),
-        total_(total) {}
+        gemm_(std::move(gemm)), total_(total) {}
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   const std::string& name() const override { return name_; }
   int64_t total_memory_bytes() const override { return total_; }
@@ -30,17 +33,13 @@ class CudaDevice final : public Device {
   }
   bool host_visible() const override { return false; }
   kernels::Backend& backend() override { return *backend_; }
-  // No GEMM in the daemon yet: the forward runs on host-visible devices only, and linking cuBLAS
-  // (libcublas.so.13) into quantd makes civetweb, the metrics HTTP server, fail to start on this
-  // platform ("null context when constructing CivetServer"; reproduced by LD_PRELOAD of that
-  // library alone). kernels::MakeCublasGemm stays, tested by its own test, until the forward's
-  // device path loads it without breaking the exposer.
-  kernels::Gemm* gemm() override { return nullptr; }
+  kernels::Gemm* gemm() override { return gemm_.get(); }
 
  private:
   const int index_;                            // CUDA ordinal
   const std::string name_;                     // "cuda:<index_>"
   std::unique_ptr<kernels::Backend> backend_;  // owned; used by the owning worker only
+  std::unique_ptr<kernels::Gemm> gemm_;        // cuBLAS; used by the owning worker only
   const int64_t total_;                        // bytes, from cudaMemGetInfo at open
 };
 
@@ -56,8 +55,13 @@ absl::StatusOr<std::unique_ptr<Device>> OpenCudaDevice(int index) {
     return absl::UnavailableError(
         absl::StrCat("cuda:", index, ": cudaMemGetInfo: ", cudaGetErrorString(err)));
   }
-  return std::unique_ptr<Device>(
-      new CudaDevice(index, std::move(*backend), static_cast<int64_t>(total)));
+  auto gemm = kernels::MakeCublasGemm(index);
+  if (!gemm.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cuda:", index, ": no cuBLAS: ", gemm.status().message()));
+  }
+  return std::unique_ptr<Device>(new CudaDevice(index, std::move(*backend), std::move(*gemm),
+                                                static_cast<int64_t>(total)));
 }
 
 }  // namespace quantd::compute

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/gemm.h"
 #include "server/compute/device_name.h"
 #include "server/compute/requirement.h"
@@ -35,7 +36,8 @@ class CpuDevice final : public Device {
  public:
   CpuDevice(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<kernels::Gemm> gemm,
             int64_t budget, int threads)
-      : backend_(std::move(backend)), gemm_(std::move(gemm)), budget_(budget), threads_(threads) {}
+      : backend_(std::move(backend)), gemm_(std::move(gemm)), budget_(budget), threads_(threads),
+        pool_(threads > 1 ? std::make_unique<kernels::cpu::ThreadPool>(threads) : nullptr) {}
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   const std::string& name() const override { return name_; }
   int64_t total_memory_bytes() const override { return budget_; }
@@ -47,6 +49,7 @@ class CpuDevice final : public Device {
   kernels::Backend& backend() override { return *backend_; }
   kernels::Gemm* gemm() override { return gemm_.get(); }
   int host_threads() const override { return threads_; }
+  kernels::cpu::ThreadPool* host_pool() override { return pool_.get(); }
 
  private:
   const std::string name_ = "cpu";
@@ -54,6 +57,8 @@ class CpuDevice final : public Device {
   std::unique_ptr<kernels::Gemm> gemm_;        // OpenBLAS; used by the owning worker only
   const int64_t budget_;                       // bytes; fixed at open
   const int threads_;                          // host threads, >= 1; fixed at open
+  // threads_ host threads (nullptr for one); its Run serializes callers.
+  const std::unique_ptr<kernels::cpu::ThreadPool> pool_;
 };
 
 }  // namespace

@@ -4,8 +4,9 @@
 //
 // What a device offers:
 //   - backend(): the conversion kernels (dequantize, NVFP4 quantize, lossless cast);
-//   - gemm(): matrix products for the model forward (kernels/gemm.h): OpenBLAS on CPU; none yet
-//     on CUDA (cuda_device.cc says why; kernels::MakeCublasGemm exists and is tested alone);
+//   - gemm(): matrix products for the model forward (kernels/gemm.h): OpenBLAS on CPU, cuBLAS
+//     on CUDA (both loaded with dlopen, so that their thread-local storage stays off the stacks
+//     of every thread; kernels/cuda/cublas_gemm.cc);
 //   - memory: total and free bytes (CUDA: cudaMemGetInfo; CPU: the host budget it was given) and
 //     whether its buffers are host-visible (a stage may then hand it host pointers directly).
 // A Device is used by one worker thread at a time; memory queries are thread-safe.
@@ -22,6 +23,9 @@
 
 namespace quantd::kernels {
 class Gemm;  // kernels/gemm.h
+namespace cpu {
+class ThreadPool;  // kernels/cpu/thread_pool.h
+}  // namespace cpu
 }  // namespace quantd::kernels
 
 namespace quantd::compute {
@@ -49,6 +53,9 @@ class Device {
   // Threads the host-side loops of work on this device may use (the model forward's non-GEMM
   // blocks): the CPU's cpu_threads (all cores when 0); 1 where the device does not say.
   virtual int host_threads() const { return 1; }
+  // The host_threads() threads those loops run on, started with the device and reused by every
+  // loop; nullptr where the device has a single host thread.
+  virtual kernels::cpu::ThreadPool* host_pool() { return nullptr; }
 };
 
 struct DeviceOptions {

@@ -134,19 +134,23 @@ absl::Status GroupedOutputA(const ForwardContext& ctx, const V4Config& config,
   std::vector<float> part(static_cast<size_t>(tokens * rank));
   const size_t weight_bytes = wo_a.view.type == kernels::FloatType::kBF16 ? 2 : 4;
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t t = 0; t < tokens; ++t) {
-      const float* src = o + t * groups * width + g * width;
-      std::copy(src, src + width, slice.data() + t * width);
-    }
+    ParallelRows(ctx.threads, tokens, width, [&](int, int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* src = o + t * groups * width + g * width;
+        std::copy(src, src + width, slice.data() + t * width);
+      }
+    });
     kernels::DenseTensor x{slice.data(), kernels::FloatType::kF32, tokens, width};
     kernels::DenseTensor w = wo_a.view;
     w.data = static_cast<const char*>(wo_a.view.data) + g * rank * width * weight_bytes;
     w.rows = rank;
     RETURN_IF_ERROR(ctx.gemm->MatMulNT(x, w, part.data(), /*accumulate=*/false));
-    for (int64_t t = 0; t < tokens; ++t) {
-      std::copy(part.data() + t * rank, part.data() + (t + 1) * rank,
-                u + t * groups * rank + g * rank);
-    }
+    ParallelRows(ctx.threads, tokens, rank, [&](int, int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        std::copy(part.data() + t * rank, part.data() + (t + 1) * rank,
+                  u + t * groups * rank + g * rank);
+      }
+    });
   }
   ToModelDtype(ctx, u, tokens * groups * rank);
   return absl::OkStatus();

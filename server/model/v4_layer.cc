@@ -99,9 +99,10 @@ absl::StatusOr<V4HeadWeights> LoadHeadWeights(const V4Checkpoint& ckpt, compute:
   return w;
 }
 
-// The BF16 embedding rows of `ids` as float32, row t at out + t * stride.
+// The BF16 embedding rows of `ids` as float32, row t at out + t * stride, and copied to the
+// `copies` - 1 rows of d values after it.
 absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids, float* out,
-                       int64_t stride) {
+                       int64_t stride, int64_t copies, const HostThreads& threads) {
   const V4Config& c = ckpt.config;
   const int64_t d = c.hidden_size;
   const checkpoint::TensorView* embed = ckpt.dir->Find("embed.weight");
@@ -115,14 +116,20 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
       return absl::InvalidArgumentError(
           absl::StrCat("Embed: token id at position ", t, " is outside [0, ", c.vocab_size, ")"));
     }
-    const uint8_t* src = embed->data + static_cast<int64_t>(ids[t]) * d * 2;
-    float* row = out + static_cast<int64_t>(t) * stride;
-    for (int64_t i = 0; i < d; ++i) {
-      uint16_t b;
-      memcpy(&b, src + 2 * i, 2);
-      row[i] = formats::Bf16ToFloat(b);
-    }
   }
+  const int64_t tokens = static_cast<int64_t>(ids.size());
+  ParallelRows(threads, tokens, 2 * copies * d, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* src = embed->data + static_cast<int64_t>(ids[t]) * d * 2;
+      float* row = out + t * stride;
+      for (int64_t i = 0; i < d; ++i) {
+        uint16_t b;
+        memcpy(&b, src + 2 * i, 2);
+        row[i] = formats::Bf16ToFloat(b);
+      }
+      for (int64_t j = 1; j < copies; ++j) memcpy(row + j * d, row, static_cast<size_t>(d) * 4);
+    }
+  });
   ReleasePages(ckpt, *embed);
   return absl::OkStatus();
 }
@@ -153,6 +160,7 @@ absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numer
   ctx.numerics = numerics;
   ctx.observer = observer;
   ctx.threads.count = device.host_threads();
+  ctx.threads.pool = device.host_pool();
   return ctx;
 }
 
@@ -196,7 +204,8 @@ absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config
 }
 
 absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_t> token_ids,
-                                    int64_t sequences, int64_t seq_len) {
+                                    int64_t sequences, int64_t seq_len,
+                                    const HostThreads& threads) {
   const V4Config& c = ckpt.config;
   const int64_t d = c.hidden_size, hc = c.hc_mult;
   if (sequences <= 0 || seq_len <= 0 ||
@@ -210,12 +219,8 @@ absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_
   a.hc_mult = hc;
   a.hidden_size = d;
   a.streams.resize(static_cast<size_t>(a.tokens() * hc * d));
-  // Row t of the embedding into stream 0 of token t, then copied to the other streams.
-  RETURN_IF_ERROR(EmbedRows(ckpt, token_ids, a.streams.data(), hc * d));
-  for (int64_t t = 0; t < a.tokens(); ++t) {
-    float* row = a.streams.data() + t * hc * d;
-    for (int64_t j = 1; j < hc; ++j) memcpy(row + j * d, row, static_cast<size_t>(d) * 4);
-  }
+  // Row t of the embedding into each stream of token t.
+  RETURN_IF_ERROR(EmbedRows(ckpt, token_ids, a.streams.data(), hc * d, hc, threads));
   a.token_ids = std::move(token_ids);
   return a;
 }
@@ -263,7 +268,7 @@ absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoi
         absl::StrCat("RunMtp: ", next_ids.size(), " next-token ids for ", tokens, " tokens"));
   }
   std::vector<float> e(static_cast<size_t>(tokens * d)), ep(e.size());
-  RETURN_IF_ERROR(EmbedRows(ckpt, next_ids, e.data(), d));
+  RETURN_IF_ERROR(EmbedRows(ckpt, next_ids, e.data(), d, 1, ctx.threads));
   RmsNorm(ctx, e.data(), tokens, d, mtp.enorm, c.rms_norm_eps, e.data());
   RETURN_IF_ERROR(ApplyLinear(ctx, mtp.e_proj, e.data(), tokens, ep.data()));
   // hnorm and h_proj act on each stream: [tokens * hc, d] rows.

@@ -50,10 +50,12 @@ absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer
 absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config& config,
                                        const V4LayerWeights& layer, const V4Activations& in);
 
-// The embedding of `token_ids` ([sequences, seq_len]), copied into each of the hc streams.
+// The embedding of `token_ids` ([sequences, seq_len]), copied into each of the hc streams,
+// tokens split over `threads` (a ForwardContext's; the result does not depend on it).
 // InvalidArgument for an id outside the vocabulary (naming its position).
 absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_t> token_ids,
-                                    int64_t sequences, int64_t seq_len);
+                                    int64_t sequences, int64_t seq_len,
+                                    const HostThreads& threads = {});
 
 struct V4HeadWeights {
   HyperConnectionWeights hc_head;  // hc_head_{fn,base,scale}

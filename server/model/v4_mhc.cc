@@ -149,11 +149,13 @@ absl::Status HcHead(const ForwardContext& ctx, const V4Config& config,
   std::vector<float> mixes;
   RETURN_IF_ERROR(Mixes(ctx, config, w.fn, hc, streams, tokens, &mixes));
   std::vector<float> pre(static_cast<size_t>(tokens * hc));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < hc; ++j) {
-      pre[t * hc + j] = Sigmoid(mixes[t * hc + j] * w.scale[0] + w.base[j]) + config.hc_eps;
+  ParallelRows(ctx.threads, tokens, 20 * hc, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t j = 0; j < hc; ++j) {
+        pre[t * hc + j] = Sigmoid(mixes[t * hc + j] * w.scale[0] + w.base[j]) + config.hc_eps;
+      }
     }
-  }
+  });
   Collapse(ctx, config, pre.data(), streams, tokens, y);
   return absl::OkStatus();
 }

@@ -153,32 +153,34 @@ float ClampedSwiglu(float g, float u, float limit) {
 }
 
 Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
-              const int32_t* token_ids) {
+              const int32_t* token_ids, const HostThreads& threads) {
   const int64_t experts = config.n_routed_experts, topk = config.num_experts_per_tok;
   Routing r;
   r.experts.resize(static_cast<size_t>(tokens * topk));
   r.weights.resize(r.experts.size());
-  std::vector<float> scores(static_cast<size_t>(experts)), biased(scores.size());
-  std::vector<int32_t> order(scores.size());
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t e = 0; e < experts; ++e) scores[e] = SqrtSoftplus(logits[t * experts + e]);
-    int32_t* ids = r.experts.data() + t * topk;
-    if (!w.tid2eid.empty()) {
-      std::copy_n(w.tid2eid.data() + static_cast<int64_t>(token_ids[t]) * topk, topk, ids);
-    } else {
-      for (int64_t e = 0; e < experts; ++e) biased[e] = scores[e] + w.bias[e];
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + topk, order.end(),
-                        [&](int32_t a, int32_t b) {
-                          return biased[a] > biased[b] || (biased[a] == biased[b] && a < b);
-                        });
-      std::copy_n(order.begin(), topk, ids);
+  ParallelRows(threads, tokens, 40 * experts, [&](int, int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(experts)), biased(scores.size());
+    std::vector<int32_t> order(scores.size());
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t e = 0; e < experts; ++e) scores[e] = SqrtSoftplus(logits[t * experts + e]);
+      int32_t* ids = r.experts.data() + t * topk;
+      if (!w.tid2eid.empty()) {
+        std::copy_n(w.tid2eid.data() + static_cast<int64_t>(token_ids[t]) * topk, topk, ids);
+      } else {
+        for (int64_t e = 0; e < experts; ++e) biased[e] = scores[e] + w.bias[e];
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + topk, order.end(),
+                          [&](int32_t a, int32_t b) {
+                            return biased[a] > biased[b] || (biased[a] == biased[b] && a < b);
+                          });
+        std::copy_n(order.begin(), topk, ids);
+      }
+      float* wt = r.weights.data() + t * topk;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < topk; ++k) sum += (wt[k] = scores[ids[k]]);
+      for (int64_t k = 0; k < topk; ++k) wt[k] = wt[k] / sum * config.routed_scaling_factor;
     }
-    float* wt = r.weights.data() + t * topk;
-    float sum = 0.0f;
-    for (int64_t k = 0; k < topk; ++k) sum += (wt[k] = scores[ids[k]]);
-    for (int64_t k = 0; k < topk; ++k) wt[k] = wt[k] / sum * config.routed_scaling_factor;
-  }
+  });
   return r;
 }
 
@@ -195,7 +197,7 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
   }
   std::vector<float> logits(static_cast<size_t>(tokens * experts));
   RETURN_IF_ERROR(ApplyLinear(ctx, w.gate, x, tokens, logits.data(), LinearOutput::kFloat32));
-  const Routing routing = Route(config, w, logits.data(), tokens, token_ids);
+  const Routing routing = Route(config, w, logits.data(), tokens, token_ids, ctx.threads);
 
   // Rows routed to each expert, in token order, with their weights.
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(experts));

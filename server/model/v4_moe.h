@@ -46,9 +46,10 @@ struct Routing {
 float SqrtSoftplus(float x);
 
 // Routes tokens given their router logits [tokens, experts] (fp32): hash layers take
-// tid2eid[token_ids[t]], the others the top-k of score + bias (ties to the lower id).
+// tid2eid[token_ids[t]], the others the top-k of score + bias (ties to the lower id). Tokens
+// are split over `threads`; the result does not depend on it.
 Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
-              const int32_t* token_ids);
+              const int32_t* token_ids, const HostThreads& threads = {});
 
 // SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp.
 float ClampedSwiglu(float g, float u, float limit);

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/parallel_for.h"
-
 namespace quantd::model {
 
 int ParallelWorkers(const HostThreads& threads, int64_t rows, int64_t work_per_row) {
-  if (threads.count <= 1 || rows <= 1) return 1;
+  const int count = threads.pool == nullptr ? 1 : std::min(threads.count, threads.pool->size());
+  if (count <= 1 || rows <= 1) return 1;
   const int64_t work = rows * std::max<int64_t>(work_per_row, 1);
   const int64_t affordable = std::max<int64_t>(1, work / std::max<int64_t>(threads.min_work, 1));
-  return static_cast<int>(std::min<int64_t>({threads.count, rows, affordable}));
+  return static_cast<int>(std::min<int64_t>({count, rows, affordable}));
 }
 
 void ParallelRows(const HostThreads& threads, int64_t rows, int64_t work_per_row,
@@ -22,7 +21,7 @@ void ParallelRows(const HostThreads& threads, int64_t rows, int64_t work_per_row
     fn(0, 0, rows);
     return;
   }
-  kernels::cpu::ParallelFor(workers, rows, fn);
+  threads.pool->Run(workers, rows, fn);
 }
 
 absl::Status ParallelRowsOrError(

@@ -15,6 +15,12 @@
 // fixture and of the small4 model, run with the non-GEMM loops on 1 host thread and on --threads
 // (OpenBLAS on --threads in both), alternately, best of 5 runs each: run time split into GEMM and
 // non-GEMM, tokens/s, and the non-GEMM and whole-layer speed-ups.
+//
+// --table cublas (needs CUDA device 0) records the products of every layer of the small4 model
+// on the CPU, then replays each shape on cuBLAS with BF16 operands (fp32 accumulate) in device
+// memory, best of 3: per layer the GEMM seconds and TFLOP/s on the GPU and the tokens/s the layer
+// would reach if its products were its only cost, against the cuBLAS peak of the same run (BF16
+// 8192^3 and float32 4096^3 products).
 #include <stdio.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -23,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,6 +37,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "kernels/backends.h"
 #include "kernels/gemm.h"
 #include "server/base/status_macros.h"
 #include "server/compute/device.h"
@@ -45,7 +53,14 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-// Counts the floating-point operations (2 m n k) of every product and the time inside them.
+// The shape of one product out[m, n] = x[m, k] · w[n, k]^T.
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  auto operator<=>(const GemmShape&) const = default;
+};
+
+// Counts the floating-point operations (2 m n k) of every product and the time inside them, and
+// records the shapes.
 class CountingGemm final : public kernels::Gemm {
  public:
   explicit CountingGemm(kernels::Gemm* inner) : inner_(inner) {}
@@ -55,6 +70,7 @@ class CountingGemm final : public kernels::Gemm {
     absl::Status s = inner_->Sgemm(g);
     seconds_ += Seconds(t);
     flops_ += 2.0 * g.m * g.n * g.k;
+    shapes_.push_back({g.m, g.n, g.k});
     return s;
   }
   absl::Status MatMulNT(const kernels::DenseTensor& x, const kernels::DenseTensor& w, float* out,
@@ -63,16 +79,22 @@ class CountingGemm final : public kernels::Gemm {
     absl::Status s = inner_->MatMulNT(x, w, out, accumulate);
     seconds_ += Seconds(t);
     flops_ += 2.0 * x.rows * w.rows * x.cols;
+    shapes_.push_back({x.rows, w.rows, x.cols});
     return s;
   }
-  void Reset() { flops_ = seconds_ = 0.0; }
+  void Reset() {
+    flops_ = seconds_ = 0.0;
+    shapes_.clear();
+  }
   double flops() const { return flops_; }
   double seconds() const { return seconds_; }
+  const std::vector<GemmShape>& shapes() const { return shapes_; }
 
  private:
-  kernels::Gemm* inner_;  // the device's Gemm
-  double flops_ = 0.0;    // since Reset()
-  double seconds_ = 0.0;  // inside inner_, since Reset()
+  kernels::Gemm* inner_;            // the device's Gemm
+  double flops_ = 0.0;              // since Reset()
+  double seconds_ = 0.0;            // inside inner_, since Reset()
+  std::vector<GemmShape> shapes_;   // every product since Reset(), in call order
 };
 
 // Resident bytes of this process now (statm's second field).
@@ -140,7 +162,8 @@ absl::StatusOr<std::pair<std::pair<double, double>, std::pair<double, double>>> 
   ctx.gemm = &gemm;
   const model::V4Config& c = ckpt->config;
   ASSIGN_OR_RETURN(model::V4Activations acts,
-                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len));
+                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len,
+                                ctx.threads));
   ASSIGN_OR_RETURN(model::V4LayerWeights w, model::LoadLayer(*ckpt, layer, *device));
   std::pair<double, double> best[2] = {{1e30, 0.0}, {1e30, 0.0}};
   for (int i = 0; i < 10; ++i) {
@@ -190,7 +213,8 @@ absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len,
   ctx.gemm = &gemm;
   const model::V4Config& c = ckpt->config;
   ASSIGN_OR_RETURN(model::V4Activations acts,
-                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len));
+                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len,
+                                ctx.threads));
   const double tokens = static_cast<double>(sequences * seq_len);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto t = Clock::now();
@@ -214,6 +238,80 @@ absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len,
   ASSIGN_OR_RETURN(model::V4HeadWeights head, model::LoadHead(*ckpt, *device));
   std::vector<float> hidden, logits;
   return model::HeadForward(ctx, c, head, acts, &hidden, &logits);
+}
+
+// Best of 3 seconds of out[m, n] = x[m, k] · w[n, k]^T on `gemm` with operands of `type` in
+// `backend`'s memory (contents irrelevant to the time: zeros).
+absl::StatusOr<double> TimeDeviceProduct(kernels::Gemm& gemm, kernels::Backend& backend,
+                                         const GemmShape& s, kernels::FloatType type) {
+  const size_t es = type == kernels::FloatType::kBF16 ? 2 : 4;
+  ASSIGN_OR_RETURN(kernels::Buffer x, backend.Allocate(static_cast<size_t>(s.m * s.k) * es));
+  ASSIGN_OR_RETURN(kernels::Buffer w, backend.Allocate(static_cast<size_t>(s.n * s.k) * es));
+  ASSIGN_OR_RETURN(kernels::Buffer out, backend.Allocate(static_cast<size_t>(s.m * s.n) * 4));
+  const std::vector<uint8_t> zeros(std::max(s.m, s.n) * s.k * es, 0);
+  RETURN_IF_ERROR(backend.CopyToBackend(x.data(), zeros.data(), s.m * s.k * es));
+  RETURN_IF_ERROR(backend.CopyToBackend(w.data(), zeros.data(), s.n * s.k * es));
+  const kernels::DenseTensor xt{x.data(), type, s.m, s.k}, wt{w.data(), type, s.n, s.k};
+  RETURN_IF_ERROR(gemm.MatMulNT(xt, wt, out.as<float>(), false));  // warm-up
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t = Clock::now();
+    RETURN_IF_ERROR(gemm.MatMulNT(xt, wt, out.as<float>(), false));  // synchronizes
+    best = std::min(best, Seconds(t));
+  }
+  return best;
+}
+
+// The cuBLAS table (--table cublas) for the model `config`, written to `dir` unless it is there.
+absl::Status CublasTable(const std::string& dir, const fixture::FixtureConfig& config,
+                         int64_t sequences, int64_t seq_len, model::Numerics numerics) {
+  ASSIGN_OR_RETURN(auto cublas, kernels::MakeCublasGemm(0));
+  ASSIGN_OR_RETURN(auto backend, kernels::MakeCudaBackend(0));
+  RETURN_IF_ERROR(EnsureFixture(dir, config));
+  const GemmShape bf16_peak{8192, 8192, 8192}, f32_peak{4096, 4096, 4096};
+  ASSIGN_OR_RETURN(const double bf16_s,
+                   TimeDeviceProduct(*cublas, *backend, bf16_peak, kernels::FloatType::kBF16));
+  ASSIGN_OR_RETURN(const double f32_s,
+                   TimeDeviceProduct(*cublas, *backend, f32_peak, kernels::FloatType::kF32));
+  const double peak = 2.0 * 8192 * 8192 * 8192 / bf16_s / 1e12;
+  printf("cuBLAS peak: BF16 8192^3 %.1f TFLOP/s, float32 4096^3 %.1f TFLOP/s (%s)\n", peak,
+         2.0 * 4096 * 4096 * 4096 / f32_s / 1e12, cublas->name().c_str());
+  printf("per-layer products of %s on cuBLAS, BF16 operands, %ld x %ld tokens, %s numerics\n",
+         dir.c_str(), static_cast<long>(sequences), static_cast<long>(seq_len),
+         model::NumericsName(numerics));
+  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
+  ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {}));
+  CountingGemm gemm(device->gemm());
+  ASSIGN_OR_RETURN(model::ForwardContext ctx,
+                   model::MakeForwardContext(*device, numerics, nullptr));
+  ctx.gemm = &gemm;
+  const model::V4Config& c = ckpt->config;
+  ASSIGN_OR_RETURN(model::V4Activations acts,
+                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len,
+                                ctx.threads));
+  const double tokens = static_cast<double>(sequences * seq_len);
+  std::map<GemmShape, double> seconds;  // per distinct shape, measured once
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    ASSIGN_OR_RETURN(model::V4LayerWeights w, model::LoadLayer(*ckpt, l, *device));
+    gemm.Reset();
+    ASSIGN_OR_RETURN(acts, model::RunLayer(ctx, c, w, acts));
+    double total = 0.0;
+    for (const GemmShape& s : gemm.shapes()) {
+      auto it = seconds.find(s);
+      if (it == seconds.end()) {
+        ASSIGN_OR_RETURN(const double t,
+                         TimeDeviceProduct(*cublas, *backend, s, kernels::FloatType::kBF16));
+        it = seconds.emplace(s, t).first;
+      }
+      total += it->second;
+    }
+    printf("layer %ld ratio %3ld  %4zu products  %7.3f GFLOP  GEMM %8.5f s  %7.2f TFLOP/s "
+           "(%4.1f%% of peak)  %10.0f tokens/s if GEMM-bound\n",
+           static_cast<long>(l), static_cast<long>(c.CompressRatio(l)), gemm.shapes().size(),
+           gemm.flops() / 1e9, total, gemm.flops() / total / 1e12,
+           100.0 * gemm.flops() / total / 1e12 / peak, tokens / total);
+  }
+  return absl::OkStatus();
 }
 
 // Peak RSS (bytes) of Forward(dir) in a child process.
@@ -252,7 +350,7 @@ int main(int argc, char** argv) {
   app.add_option("--table", table,
                  "the model of the per-layer table: small4 / small8 (the small preset's shape "
                  "with 4 / 8 layers) or bench (the bench preset)")
-      ->check(CLI::IsMember({"small4", "small8", "bench", "threads"}));
+      ->check(CLI::IsMember({"small4", "small8", "bench", "threads", "cublas"}));
   CLI11_PARSE(app, argc, argv);
   using namespace quantd;
   const model::Numerics mode =
@@ -270,6 +368,11 @@ int main(int argc, char** argv) {
     }
     const absl::Status s =
         HostThreadTable({{"tiny", tiny}, {"small4", l4}}, sequences, seq_len, threads, mode);
+    if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
+  if (table == "cublas") {
+    const absl::Status s = CublasTable(l4, BenchConfig(4), sequences, seq_len, mode);
     if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
     return s.ok() ? 0 : 1;
   }

@@ -5,6 +5,9 @@
 // gamma_k = k u / (1 - k u), u = 2^-24.
 #include "kernels/gemm.h"
 
+#include <pthread.h>
+#include <string.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -12,6 +15,9 @@
 #include "gtest/gtest.h"
 #include "kernels/backends.h"
 #include "kernels/formats.h"
+#if QUANTD_HAVE_CUDA_HEADERS
+#include "kernels/cuda/cublas_library.h"
+#endif
 
 namespace quantd::kernels {
 namespace {
@@ -187,6 +193,28 @@ TEST(CublasGemmTest, MatchesOpenBlasOnDevice) {
     }
   }
 }
+
+#if QUANTD_HAVE_CUDA_HEADERS
+// cuBLAS is loaded with dlopen (cublas_gemm.cc says why), which needs no GPU. Once it is loaded,
+// a thread with the 100 KiB stack civetweb gives its threads (USE_STACK_SIZE 102400 in Debian's
+// libcivetweb) still starts: libcublasLt's 92 KiB of TLS is not carved out of it. Had this test
+// linked cuBLAS, pthread_create would fail with EINVAL.
+TEST(CublasLibraryTest, LoadsWithoutAGpuAndLeavesSmallThreadStacksUsable) {
+  const CublasLibrary& lib = LoadCublas();
+  ASSERT_EQ(lib.error, "");
+  EXPECT_STREQ(lib.get_status_name(CUBLAS_STATUS_NOT_INITIALIZED),
+               "CUBLAS_STATUS_NOT_INITIALIZED");
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 102400), 0);
+  pthread_t thread;
+  const int rc = pthread_create(
+      &thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+  pthread_attr_destroy(&attr);
+  ASSERT_EQ(rc, 0) << strerror(rc);
+  pthread_join(thread, nullptr);
+}
+#endif  // QUANTD_HAVE_CUDA_HEADERS
 
 }  // namespace
 }  // namespace quantd::kernels

@@ -3,6 +3,7 @@
 // exact values, Sinkhorn mixing, routing and the clamped SwiGLU; and the row split of the host
 // threads (v4_parallel.h).
 #include <cmath>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -197,25 +198,85 @@ TEST(V4MoeTest, SwigluClampsGateAboveAndUpBothWays) {
   EXPECT_NEAR(ClampedSwiglu(0.5f, 2.0f, 10.0f), silu(0.5) * 2.0, 1e-7);
 }
 
+// Route splits tokens over threads: the same experts and weights as on one thread.
+TEST(V4MoeTest, RoutingDoesNotDependOnTheThreadCount) {
+  V4Config c = RoutingConfig();
+  c.vocab_size = 7;
+  const int64_t tokens = 37;
+  std::vector<float> logits(static_cast<size_t>(tokens * c.n_routed_experts));
+  std::vector<int32_t> ids(static_cast<size_t>(tokens));
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(0.7f * i) * 4.0f;
+  for (size_t t = 0; t < ids.size(); ++t) ids[t] = static_cast<int32_t>((5 * t) % c.vocab_size);
+  kernels::cpu::ThreadPool pool(3);
+  const HostThreads three{.count = 3, .min_work = 1, .pool = &pool};
+  MoeWeights bias;
+  bias.bias = {0.5f, -0.5f, 0.0f, 1.0f, 0.0f, -1.0f};
+  MoeWeights hash;
+  for (int64_t v = 0; v < c.vocab_size; ++v) {
+    hash.tid2eid.push_back(static_cast<int32_t>(v % 6));
+    hash.tid2eid.push_back(static_cast<int32_t>((v + 1) % 6));
+  }
+  for (const MoeWeights* w : {&bias, &hash}) {
+    const Routing one = Route(c, *w, logits.data(), tokens, ids.data());
+    const Routing split = Route(c, *w, logits.data(), tokens, ids.data(), three);
+    EXPECT_EQ(split.experts, one.experts);
+    EXPECT_EQ(split.weights, one.weights);
+  }
+}
+
 TEST(V4ParallelTest, RangesCoverEveryRowOnceInOrderAndSkipThreadsForSmallWork) {
+  kernels::cpu::ThreadPool pool(8);
   std::vector<int> owner(10, -1);
   std::vector<std::pair<int64_t, int64_t>> ranges(3);
-  ParallelRows({.count = 3, .min_work = 1}, 10, 1, [&](int worker, int64_t begin, int64_t end) {
+  ParallelRows({.count = 3, .min_work = 1, .pool = &pool}, 10, 1,
+               [&](int worker, int64_t begin, int64_t end) {
     ranges[worker] = {begin, end};
     for (int64_t r = begin; r < end; ++r) owner[r] = worker;
   });
   EXPECT_EQ(ranges, (std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 6}, {6, 10}}));
   EXPECT_EQ(owner, (std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2, 2, 2}));
   // 10 rows of 100 operations are 1000: two threads at a minimum of 500 each, one below that.
-  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 500}, 10, 100), 2);
-  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1001}, 10, 100), 1);
-  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1}, 3, 100), 3);  // never more than rows
-  EXPECT_EQ(ParallelWorkers({}, 1 << 20, 1 << 20), 1);                 // count 1 by default
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 500, .pool = &pool}, 10, 100), 2);
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1001, .pool = &pool}, 10, 100), 1);
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1, .pool = &pool}, 3, 100), 3);  // <= rows
+  EXPECT_EQ(ParallelWorkers({}, 1 << 20, 1 << 20), 1);  // count 1 by default
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1}, 100, 100), 1);  // no pool: the caller
+  kernels::cpu::ThreadPool two(2);
+  EXPECT_EQ(ParallelWorkers({.count = 8, .min_work = 1, .pool = &two}, 100, 100), 2);  // <= pool
+}
+
+// One pool serves many loops of different sizes (its threads are reused, not restarted), and
+// loops from two caller threads at once run one after the other.
+TEST(V4ParallelTest, APoolRunsManyLoopsAndConcurrentCallers) {
+  kernels::cpu::ThreadPool pool(3);
+  ASSERT_EQ(pool.size(), 3);
+  auto sum_of_loops = [&pool](int64_t first) {
+    int64_t total = 0;
+    for (int64_t n = first; n < first + 200; ++n) {
+      std::vector<int64_t> part(3, 0);
+      pool.Run(3, n, [&](int w, int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) part[w] += i;
+      });
+      total += part[0] + part[1] + part[2];
+    }
+    return total;
+  };
+  auto expected = [](int64_t first) {
+    int64_t total = 0;
+    for (int64_t n = first; n < first + 200; ++n) total += n * (n - 1) / 2;
+    return total;
+  };
+  int64_t other = 0;
+  std::thread caller([&] { other = sum_of_loops(1000); });
+  EXPECT_EQ(sum_of_loops(0), expected(0));
+  caller.join();
+  EXPECT_EQ(other, expected(1000));
 }
 
 TEST(V4ParallelTest, ReportsTheErrorOfTheLowestFailingRange) {
-  const absl::Status s =
-      ParallelRowsOrError({.count = 4, .min_work = 1}, 8, 1, [](int64_t begin, int64_t) {
+  kernels::cpu::ThreadPool pool(4);
+  const absl::Status s = ParallelRowsOrError(
+      {.count = 4, .min_work = 1, .pool = &pool}, 8, 1, [](int64_t begin, int64_t) {
         return begin >= 2 ? absl::InvalidArgumentError(absl::StrCat("row ", begin))
                           : absl::OkStatus();
       });
@@ -225,7 +286,7 @@ TEST(V4ParallelTest, ReportsTheErrorOfTheLowestFailingRange) {
   x[2 * 128 + 5] = NAN;
   x[3 * 128 + 1] = INFINITY;
   const absl::Status fp8 = SimulateFp8Act(x.data(), 4, 128, 128, kActQuantBlock,
-                                          {.count = 4, .min_work = 1});
+                                          {.count = 4, .min_work = 1, .pool = &pool});
   EXPECT_NE(fp8.message().find("[2, 5]"), std::string::npos) << fp8;
 }
 

@@ -171,9 +171,10 @@ TEST_F(V4LayerTest, OfficialStaysAbove20DbSqnrOfMathInOneLayer) {
   EXPECT_GT(10.0 * std::log10(signal / noise), 20.0);
 }
 
-// Every layer (hash, CSA, HCA) and the head in both numerics: the host threads split every
-// non-GEMM loop (min_work 1), unevenly (3 threads), and the bytes do not move. The device and
-// its Gemm are the same for both runs, so only the host threads differ.
+// The embedding, every layer (hash, CSA, HCA) and the head in both numerics: the host threads
+// split every non-GEMM loop (min_work 1), unevenly (3 threads of one pool, reused by every loop),
+// and the bytes do not move. The device and its Gemm are the same for both runs, so only the
+// host threads differ.
 TEST_F(V4LayerTest, HostThreadCountDoesNotChangeABit) {
   const V4Config& c = ckpt_->config;
   auto head = LoadHead(*ckpt_, *device_);
@@ -183,10 +184,14 @@ TEST_F(V4LayerTest, HostThreadCountDoesNotChangeABit) {
     ASSERT_TRUE(one.ok());
     ASSERT_EQ(one->threads.count, 1);  // the device's cpu_threads
     ForwardContext three = *one;
-    three.threads = {.count = 3, .min_work = 1};
+    kernels::cpu::ThreadPool pool(3);
+    three.threads = {.count = 3, .min_work = 1, .pool = &pool};
     auto a = Embed(*ckpt_, ids_, kSequences, kSeqLen);
     ASSERT_TRUE(a.ok());
-    V4Activations b = *a;
+    auto embedded_b = Embed(*ckpt_, ids_, kSequences, kSeqLen, three.threads);
+    ASSERT_TRUE(embedded_b.ok());
+    EXPECT_EQ(embedded_b->streams, a->streams);
+    V4Activations b = std::move(*embedded_b);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       auto weights = LoadLayer(*ckpt_, l, *device_);
       ASSERT_TRUE(weights.ok()) << weights.status();

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU checks of the DeepSeek-V4 forward and the CUDA kernels, in one go on a machine with a
+# CUDA device (about 5 minutes on an H200; every step has its own time limit, 8 minutes in all).
+# Builds nothing: run it from the repository root with a build directory made elsewhere with
+# CUDA (cmake -DQUANTD_CUDA=ON -DQUANTD_BENCH=ON) and carried along.
+#
+#   tests/gpu/run_device_checks.sh [BUILD_DIR]     (default: build; results under $OUT)
+#
+# Steps (each one's output in $OUT/<step>.log, its exit status in $OUT/summary.txt; a failing
+# step does not stop the others):
+#   gpu            nvidia-smi: the device it ran on
+#   unit_cuda      the CUDA unit tests, run as binaries (ctest files hold build-machine paths):
+#                  the CUDA backend, cuBLAS (gemm_test), the V4 CUDA blocks against the CPU
+#                  blocks, the backend-agnostic kernel tests and the device seam
+#   kernels_bench  tests/bench/run_kernels_bench.sh (conversion kernels, CPU and CUDA)
+#   forward_cublas quantd_v4_forward_bench --table cublas: the forward's products on cuBLAS
+#   forward_cpu    quantd_v4_forward_bench --table small4: the CPU forward on this machine's cores
+set -uo pipefail
+
+build="${1:-build}"
+out="${OUT:-$PWD/device-checks}"
+mkdir -p "$out"
+scratch="$(mktemp -d /tmp/fwd-gpu-XXXXXX)"
+trap 'rm -rf "$scratch"' EXIT
+summary="$out/summary.txt"
+: > "$summary"
+
+# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, output to $out/NAME.log.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-16s rc %3d  %4d s\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
+}
+
+unit_cuda() {
+  local rc=0 t
+  for t in "cuda_backend_test:*" "gemm_test:Cublas*" "v4_cuda_blocks_test:*" \
+           "backend_test:*" "device_test:*"; do
+    local bin="$build/tests/${t%%:*}"
+    echo "== $bin --gtest_filter=${t#*:}"
+    "$bin" --gtest_filter="${t#*:}" --gtest_brief=1 || rc=1
+  done
+  return $rc
+}
+
+step gpu 30 nvidia-smi
+step unit_cuda 120 unit_cuda
+step kernels_bench 150 tests/bench/run_kernels_bench.sh "$build/tests/bench/quantd_kernels_bench"
+step forward_cublas 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
+  --table cublas
+step forward_cpu 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
+  --table small4
+cat "$summary"

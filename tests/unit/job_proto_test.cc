@@ -144,12 +144,12 @@ TEST(JobProtoTest, EvaluateGateKeepsSetAndUnsetBoundsApart) {
   EXPECT_FALSE(back->evaluate.gate.max_ppl_ratio.has_value());
   EXPECT_EQ(pipeline::JobSpecToJson(*back), pipeline::JobSpecToJson(*parsed));
 
-  // A spec without "evaluate" comes back without a bound or a sample count.
+  // A spec without "evaluate" comes back with nothing set in it.
   parsed = pipeline::ParseJobSpec(R"({"source": "/s", "output": "/o"})", "spec.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   back = JobSpecFromProto(JobSpecToProto(*parsed));
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_FALSE(back->evaluate.requested());
+  EXPECT_FALSE(back->evaluate.set());
 }
 
 TEST(JobProtoTest, EvaluateEnabledIsWrittenOnlyWhenSet) {

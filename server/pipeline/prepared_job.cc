@@ -3,6 +3,7 @@
 #include <float.h>
 #include <math.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -90,10 +91,17 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   job->stages_ = &stages;
   job->spec_ = spec;
   job->stored_ = std::move(stored);
-  RETURN_IF_ERROR(CheckJobPathsUnchanged(spec));
-  ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(spec.source));
+  // A calibrating job planned by a release without the evaluate stage (its stored plan has no
+  // evaluate task, its spec does not mention evaluate) resumes on the plan it has.
+  if (job->stored_.planned && !job->spec_.evaluate.enabled.has_value() &&
+      std::none_of(job->stored_.tasks.begin(), job->stored_.tasks.end(),
+                   [](const store::TaskRow& t) { return t.stage_kind == EvaluateStage::kKind; })) {
+    job->spec_.evaluate.enabled = false;
+  }
+  RETURN_IF_ERROR(CheckJobPathsUnchanged(job->spec_));
+  ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source));
   ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
-  ASSIGN_OR_RETURN(job->plan_, BuildPlan(spec, *job->source_, job->inventory_, stages));
+  ASSIGN_OR_RETURN(job->plan_, BuildPlan(job->spec_, *job->source_, job->inventory_, stages));
   if (job->stored_.planned) {
     RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
     ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks));

@@ -9,6 +9,7 @@ The jobs calibrate on 40 of the 44 lines of the built-in text, which leaves 4 he
 (the default of 32 clamped to what the data holds).
 """
 
+import json
 import math
 import signal
 import sqlite3
@@ -227,3 +228,23 @@ def test_run_killed_inside_the_stage_resumes_to_the_same_figures(qd, source, tmp
     assert proc.returncode == 0, proc.stderr
     assert "to evaluate from layer 0" in proc.stderr
     assert without_times(stored(state)) == without_times(stored(reference))
+
+
+def test_a_job_planned_without_the_stage_resumes_on_its_plan(qd, source, tmp_path):
+    """A calibrating job stored by a release without the evaluate stage (no "evaluate" in its
+    spec, no evaluate task in its plan) resumes on that plan instead of being refused as a
+    changed source."""
+    state = tmp_path / "state.db"
+    proc = qd.run("run", "--state", state, *RUN_FLAGS, spec_for(tmp_path, source, enabled=False),
+                  env_extra={"QUANTD_TEST_KILL_AT": "calibrate:2:done"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    con = sqlite3.connect(str(state))  # what the earlier release stored
+    spec = json.loads(con.execute("SELECT spec_json FROM jobs").fetchone()[0])
+    spec.pop("evaluate")
+    con.execute("UPDATE jobs SET spec_json = ?", (json.dumps(spec),))
+    con.commit()
+    con.close()
+    proc = qd.run("run", "--state", state, *RUN_FLAGS, spec_for(tmp_path, source))
+    assert proc.returncode == 0, proc.stderr
+    assert job_row(state) == [("SUCCEEDED", "", "")]
+    assert evaluate_tasks(state) == []

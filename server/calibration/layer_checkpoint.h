@@ -3,7 +3,9 @@
 // instead of from layer 0, with the bytes an uninterrupted run gives (the next layer reads the
 // same activations, batch by batch, whether from memory, a spill file or a checkpoint). Written
 // for the calibrate stage's (layer, slice) tasks; any layer-wise stage whose slice tasks hand
-// their outputs to the next layer through an ActivationStore can use it the same way.
+// their outputs to the next layer through an ActivationStore can use it the same way (the
+// evaluate stage does, one "slice" per layer holding both models' outputs:
+// evaluation/job_evaluation.h).
 //
 // Files, in the stage's checkpoint directory (LayerCheckpoints::dir()):
 //   layer<L>.slice<S>.batch<i>.safetensors   one output batch (model::SpillActivations format)

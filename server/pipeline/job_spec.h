@@ -22,6 +22,7 @@
 //                    "numerics": "official"|"math",                    default "official"
 //                    "amax_out": PATH,                                  optional
 //                    "checkpoint_seconds": N},                          default 300; 0: each layer
+//                                  (of the calibrate and the evaluate stage: layer checkpoints)
 //      (calibration options: see CalibrationSpec)
 //    "evaluate": {"enabled": BOOL,                        default true for a job that calibrates
 //                                                           on data, which it then evaluates
@@ -105,6 +106,7 @@ struct CalibrationSpec {
   // A calibrating job keeps a layer's output activations on disk (calibration/layer_checkpoint.h)
   // when this many seconds passed since the last such layer (0: every layer), so that a restart
   // resumes after it instead of from layer 0; a layer spilled whole is kept whatever the clock.
+  // The evaluate stage keeps its layers' outputs (both models') on the same clock.
   int64_t checkpoint_seconds = kDefaultCheckpointSeconds;
 };
 

@@ -18,6 +18,7 @@
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 #include "server/checkpoint/sha256.h"
+#include "server/evaluation/evaluate_task.h"
 #include "server/pipeline/job_paths.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/evaluate_stage.h"
@@ -82,6 +83,14 @@ bool IsCalibrateLayerTask(const store::TaskRow& t) {
   return IsCalibrateTask(t, calibration::CalibrateTask::Kind::kLayer);
 }
 
+// The layer of `t` when it is an evaluate layer task (whose output is a layer checkpoint).
+std::optional<int64_t> EvaluateLayerOf(const store::TaskRow& t) {
+  if (t.stage_kind != EvaluateStage::kKind) return std::nullopt;
+  absl::StatusOr<evaluation::EvaluateTask> task = evaluation::ParseEvaluateTask(t.payload_json);
+  if (!task.ok() || task->kind != evaluation::EvaluateTask::Kind::kLayer) return std::nullopt;
+  return task->layer;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
@@ -114,6 +123,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   }
   RETURN_IF_ERROR(job->ClaimOutputDirs());
   if (NeedsCalibration(spec)) RETURN_IF_ERROR(job->LoadCalibration());
+  if (NeedsEvaluation(job->spec_)) RETURN_IF_ERROR(job->LoadEvaluation());
   return job;
 }
 
@@ -136,6 +146,14 @@ absl::Status PreparedJob::LoadCalibration() {
     }
   }
   calibration_resume_ = calibration_->Resume(tasks);
+  return absl::OkStatus();
+}
+
+absl::Status PreparedJob::LoadEvaluation() {
+  ASSIGN_OR_RETURN(evaluation_,
+                   evaluation::JobEvaluation::Create(spec_.output, stored_.work_dir,
+                                                     spec_.calibration.checkpoint_seconds));
+  if (stored_.planned) evaluation_resume_ = evaluation_->Resume(stored_.tasks);
   return absl::OkStatus();
 }
 
@@ -246,16 +264,38 @@ absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
 
 absl::Status PreparedJob::StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
                                           const std::function<void(const std::string&)>& log) {
-  ASSIGN_OR_RETURN(evaluation_, evaluation::JobEvaluation::Create(spec_.output));
-  const std::vector<int64_t> redo = EvaluateTasksToRedo(stored_tasks_);
-  if (redo.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(int requeued,
-                   store.RequeueDoneTasks(job_id, redo,
-                                          "evaluation restarts from layer 0: the activations "
-                                          "between layers were held by the process that stopped",
-                                          now_ms));
-  if (log) log(absl::StrCat("requeued ", requeued, " task(s) to evaluate from layer 0"));
-  ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
+  const calibration::ResumePoint& resume = evaluation_resume_;
+  for (const std::string& line : resume.rejected) {
+    if (log) log(line);
+  }
+  // A task up to the resume layer requeued meanwhile (an output it depends on is rebuilt): the
+  // stage runs again from there, its requeue took the later tasks with it.
+  for (const store::TaskRow& t : stored_tasks_) {
+    const std::optional<int64_t> layer = EvaluateLayerOf(t);
+    if (layer.has_value() && *layer <= resume.layer && t.state != store::TaskState::kDone) {
+      if (log) log("evaluation resumes from layer 0: the outputs it evaluates are rebuilt");
+      return absl::OkStatus();
+    }
+  }
+  const std::string from =
+      resume.layer < 0
+          ? std::string("from layer 0: no usable layer checkpoint (the activations between "
+                        "layers were held by the process that stopped)")
+          : absl::StrCat("after layer ", resume.layer, ": the checkpointed outputs of both models "
+                         "at layer ", resume.layer, " are verified");
+  if (!resume.requeue.empty()) {
+    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, resume.requeue,
+                                                          "evaluation resumes " + from, now_ms));
+    if (log) log(absl::StrCat("requeued ", requeued, " task(s) to evaluate ", from));
+    ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
+  } else if (resume.layer >= 0 && log) {
+    log("evaluation resumes " + from);
+  }
+  // The figures of the layer tasks that stay DONE (a task requeued meanwhile, e.g. with an
+  // output rebuilt, reruns and replaces its own).
+  ASSIGN_OR_RETURN(const std::vector<store::EvaluationLayerRow> rows,
+                   store.ListEvaluationLayers(job_id));
+  evaluation_->Restore(rows, stored_tasks_);
   return absl::OkStatus();
 }
 
@@ -359,7 +399,7 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
         RecordedOutput{output.path, static_cast<int64_t>(output.bytes), output.sha256};
   }
   if (evaluation_ != nullptr && task.stage_kind == EvaluateStage::kKind) {
-    evaluation_->OnTaskDone(output);
+    evaluation_->OnTaskDone(task, output);
   }
   return absl::OkStatus();
 }
@@ -425,7 +465,8 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
     const std::vector<store::TaskRow>& tasks) {
   std::vector<std::pair<int64_t, std::string>> changed;
   for (const store::TaskRow& t : tasks) {
-    if (t.state != store::TaskState::kDone || t.output_path.empty() || IsCalibrateLayerTask(t)) {
+    if (t.state != store::TaskState::kDone || t.output_path.empty() || IsCalibrateLayerTask(t) ||
+        EvaluateLayerOf(t).has_value()) {
       continue;
     }
     const std::string what = absl::StrCat(t.stage_kind, " ", t.name, ": output ", t.output_path);

@@ -27,8 +27,12 @@
 // resumes from layer 0 on the stored tokens. Tasks up to L keep their committed amax rows; a
 // rerun task replaces its own, measuring what its first run measured (the same tokens, batches and
 // inputs), so the result equals an uninterrupted run.
-// Likewise a job that evaluates (stages/evaluate_stage.h) owns its evaluation::JobEvaluation, and
-// a later start resumes the unfinished evaluate stage where EvaluateTasksToRedo says.
+// Likewise a job that evaluates (stages/evaluate_stage.h) owns its evaluation::JobEvaluation,
+// with layer checkpoints of its own (both models' outputs, "<work_dir>/evaluate-layers"): a later
+// start whose evaluate stage is unfinished resumes after the last evaluate layer whose checkpoint
+// verifies (Load verifies and loads it, JobEvaluation::Resume; the evaluate layer tasks' outputs
+// are checked there, not with the other outputs), Attach requeues the done evaluate tasks after
+// it (the head and gate included) and logs the layer; without one, from layer 0.
 //
 // Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
 // completed with that stage's Record in the same transaction (CompleteTask).
@@ -112,7 +116,10 @@ class PreparedJob {
   PreparedJob() = default;
   absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
-  // Creates evaluation_ and requeues what EvaluateTasksToRedo names.
+  // Creates evaluation_ and finds where it resumes (Load; see above).
+  absl::Status LoadEvaluation();
+  // Applies the evaluate resume point (requeues, log) and restores evaluation_'s figures from the
+  // store (Attach).
   absl::Status StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
                                const std::function<void(const std::string&)>& log);
   // Claims spec_.output and spec_.materialize_bf16 (Load).
@@ -150,6 +157,8 @@ class PreparedJob {
   calibration::ResumePoint calibration_resume_;
   // A job's evaluate-stage state (stages/evaluate_stage.h); nullptr otherwise. Thread-safe.
   std::unique_ptr<evaluation::JobEvaluation> evaluation_;
+  // Where its evaluate stage resumes, found by Load on a later start; applied by Attach.
+  calibration::ResumePoint evaluation_resume_;
 };
 
 // Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).
@@ -164,8 +173,8 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path
 // The DONE tasks among `tasks` whose output file is missing, or whose size or SHA-256 differs
 // from the recorded ones, with the reason for each (one line). Tasks whose output is a directory
 // (export) or nothing are not checked here: they are redone when a task they depend on is; nor
-// are calibrate layer tasks, whose output is a layer checkpoint that is removed on purpose once a
-// later layer is checkpointed (the calibration's resume checks them).
+// are calibrate or evaluate layer tasks, whose output is a layer checkpoint that is removed on
+// purpose once a later layer is checkpointed (the stage's resume checks them).
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
     const std::vector<store::TaskRow>& tasks);
 

@@ -31,11 +31,14 @@ FIGURES = ["samples", "tokens", "numerics", "positions", "mean_kl", "p99_kl", "m
            "gate_message"]
 
 
-def spec_for(root, source, **evaluate):
+def spec_for(root, source, checkpoint_seconds=None, **evaluate):
     root.mkdir(parents=True, exist_ok=True)
     fields = {"evaluate": evaluate} if evaluate else {}
+    calibration = dict(CALIBRATION)
+    if checkpoint_seconds is not None:
+        calibration["checkpoint_seconds"] = checkpoint_seconds
     return write_spec(root / "spec.json", source["dir"], root / "out", weight_format="nvfp4",
-                      recipe="experts", calibration=CALIBRATION, **fields)
+                      recipe="experts", calibration=calibration, **fields)
 
 
 def stored(state):
@@ -59,6 +62,17 @@ def db(signal_sum, noise_sum):
 def evaluate_tasks(state):
     return [(row["name"], row["state"]) for (kind, _), row in task_rows(state).items()
             if kind == "evaluate"]
+
+
+def evaluate_attempts(state):
+    return {row["name"]: row["attempt"] for (kind, _), row in task_rows(state).items()
+            if kind == "evaluate"}
+
+
+def work_files(state):
+    """Whatever is left in the work directory (the jobs' own directories and their files)."""
+    work = state.parent / (state.name + ".work")
+    return sorted(str(p.relative_to(work)) for p in work.rglob("*")) if work.exists() else []
 
 
 def test_calibrated_job_evaluates_by_default_and_succeeds(qd, source, tmp_path):
@@ -126,11 +140,12 @@ def test_broken_gate_fails_after_storing_the_figures_of_quantd_evaluate(qd, sour
                 pytest.approx(layer[f"{kind}_sqnr_db"], rel=1e-12), (row, layer)
 
 
-def daemon_job(client, out, source):
+def daemon_job(client, out, source, **calibration):
     return client.submit(source=str(source["dir"]), output=str(out), recipe="experts",
                          weight_format="nvfp4",
                          calibration={"datasets": [client.pb.CalibrationDataset(
-                             path=str(DATA), samples=40)], "seq_len": 48, "min_seq_len": 16})
+                             path=str(DATA), samples=40)], "seq_len": 48, "min_seq_len": 16,
+                             **calibration})
 
 
 def report_of(client, job_id):
@@ -146,14 +161,14 @@ def figures_of(report):
              for l in report.layers])
 
 
-def run_in_daemon(qd, stubs, source, root, kill_at=None):
-    """A calibrating W4A4 job through the daemon, killed with SIGKILL at `kill_at` and restarted
-    when given; returns the final snapshot, all snapshots watched after the restart and the
-    report."""
+def run_in_daemon(qd, stubs, source, root, kill_at=None, **calibration):
+    """A calibrating W4A4 job (its `calibration` fields added) through the daemon, killed with
+    SIGKILL at `kill_at` and restarted when given; returns all snapshots watched after the restart
+    and the report."""
     d = Daemon(qd.binary, root / "state", env={"QUANTD_TEST_KILL_AT": kill_at or ""})
     try:
         d.start()
-        job = daemon_job(JobClient(stubs, d.channel()), root / "out", source)
+        job = daemon_job(JobClient(stubs, d.channel()), root / "out", source, **calibration)
         if kill_at:
             assert d.wait(180) == -signal.SIGKILL, d.log()
             d.env = {}
@@ -201,33 +216,59 @@ def test_daemon_reports_the_figures_of_a_calibrated_w4a4_job(stubs, daemon_refer
 
 
 # One worker runs the evaluate tasks in order (layer0, layer1, layer2, head, gate): killed right
-# after layer 1 was recorded, and half way through layer 2's tokens.
+# after layer 1 was recorded, and half way through layer 2's tokens. Every layer is checkpointed:
+# the restart resumes after layer 1.
 @pytest.mark.parametrize("kill_at", ["evaluate:2:done", "evaluate:3:mid"])
 def test_daemon_killed_inside_the_stage_resumes_to_the_same_figures(qd, stubs, source,
                                                                     daemon_reference, tmp_path,
                                                                     kill_at):
     pb = stubs[0]
-    seen, report = run_in_daemon(qd, stubs, source, tmp_path, kill_at)
+    seen, report = run_in_daemon(qd, stubs, source, tmp_path, kill_at, checkpoint_seconds=0)
     assert seen[-1].state == pb.SUCCEEDED, seen[-1]
     assert figures_of(report) == figures_of(daemon_reference[1])
+    state = tmp_path / "state" / "quantd.db"
+    attempts = evaluate_attempts(state)
+    assert (attempts["layer0"], attempts["layer1"]) == (1, 1), attempts
+    assert work_files(state) == []
 
 
-def test_run_killed_inside_the_stage_resumes_to_the_same_figures(qd, source, tmp_path):
-    def without_times(rows):
-        layers, figures = rows
-        return layers, {k: v for k, v in figures.items() if k not in ("seconds", "task_id")}
+def without_times(rows):
+    layers, figures = rows
+    return layers, {k: v for k, v in figures.items() if k not in ("seconds", "task_id")}
 
-    reference = tmp_path / "reference" / "state.db"
+
+@pytest.fixture(scope="module")
+def run_reference(qd, source, tmp_path_factory):
+    reference = tmp_path_factory.mktemp("evalstage-run") / "state.db"
     qd.run_ok("run", "--state", reference, *RUN_FLAGS, spec_for(reference.parent, source))
+    return stored(reference)
+
+
+# Killed right after layer 1 was recorded. Every layer checkpointed (0): the restart resumes after
+# layer 1, whose tasks up to it keep their first attempt. The default 300 s in a run this short
+# checkpoints nothing: the stage runs again from layer 0.
+@pytest.mark.parametrize("checkpoint_seconds,resumed,kept", [
+    (0, "evaluation resumes after layer 1: the checkpointed outputs of both models", 1),
+    (None, "to evaluate from layer 0", 2),
+])
+def test_run_killed_inside_the_stage_resumes_to_the_same_figures(qd, source, tmp_path,
+                                                                 run_reference,
+                                                                 checkpoint_seconds, resumed,
+                                                                 kept):
     state = tmp_path / "killed" / "state.db"
-    spec = spec_for(state.parent, source)
+    spec = spec_for(state.parent, source, checkpoint_seconds)
     proc = qd.run("run", "--state", state, *RUN_FLAGS, spec,
                   env_extra={"QUANTD_TEST_KILL_AT": "evaluate:2:done"})
     assert proc.returncode == -signal.SIGKILL, proc.stderr
+    if checkpoint_seconds == 0:
+        assert work_files(state) != []  # layer 1's checkpoint, at least
     proc = qd.run("run", "--state", state, *RUN_FLAGS, spec)
     assert proc.returncode == 0, proc.stderr
-    assert "to evaluate from layer 0" in proc.stderr
-    assert without_times(stored(state)) == without_times(stored(reference))
+    assert resumed in proc.stderr
+    attempts = evaluate_attempts(state)
+    assert (attempts["layer0"], attempts["layer1"]) == (kept, kept), attempts
+    assert without_times(stored(state)) == without_times(run_reference)
+    assert work_files(state) == []
 
 
 def test_a_job_planned_without_the_stage_resumes_on_its_plan(qd, source, tmp_path):

@@ -7,12 +7,17 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "server/evaluation/evaluate_task.h"
+#include "server/evaluation/job_evaluation.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage_registry.h"
@@ -183,16 +188,175 @@ store::TaskRow Row(int64_t id, const char* kind, store::TaskState state) {
   return t;
 }
 
-TEST(EvaluateTasksToRedoTest, EveryDoneTaskWhileTheStageIsUnfinished) {
-  using store::TaskState;
-  const std::vector<store::TaskRow> unfinished = {
-      Row(1, "export", TaskState::kDone), Row(2, "evaluate", TaskState::kDone),
-      Row(3, "evaluate", TaskState::kDone), Row(4, "evaluate", TaskState::kPending),
-      Row(5, "evaluate", TaskState::kFailed)};
-  EXPECT_EQ(EvaluateTasksToRedo(unfinished), (std::vector<int64_t>{2, 3}));
-  const std::vector<store::TaskRow> finished = {Row(1, "export", TaskState::kPending),
-                                                Row(2, "evaluate", TaskState::kDone)};
-  EXPECT_TRUE(EvaluateTasksToRedo(finished).empty());
+// One host batch of `sequences` x 2 tokens (hc_mult 1, hidden 2) whose values start at `first`.
+calibration::BatchActivations HostBatch(int64_t sequences, float first) {
+  calibration::BatchActivations b;
+  b.host.sequences = sequences;
+  b.host.seq_len = 2;
+  b.host.hc_mult = 1;
+  b.host.hidden_size = 2;
+  b.host.token_ids.assign(static_cast<size_t>(sequences * 2), 7);
+  for (int64_t i = 0; i < sequences * 4; ++i) b.host.streams.push_back(first + i);
+  b.tokens = b.host.tokens();
+  return b;
+}
+
+// The evaluate tasks of a 3-layer model as stored (ids 10.. in plan order), every one `state`.
+std::vector<store::TaskRow> EvaluateRows(store::TaskState state) {
+  std::vector<store::TaskRow> rows;
+  EvaluateTask t;
+  t.layers = 3;
+  t.samples = 2;
+  t.tokens = 4;
+  for (int64_t l = 0; l < 5; ++l) {
+    t.kind = l < 3 ? EvaluateTask::Kind::kLayer
+                   : (l == 3 ? EvaluateTask::Kind::kHead : EvaluateTask::Kind::kGate);
+    t.layer = l < 3 ? l : 0;
+    store::TaskRow row = Row(10 + l, "evaluate", state);
+    row.name = t.Name();
+    row.payload_json = ToJson(t);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+class EvaluateResumeTest : public testing::Test {
+ protected:
+  void SetUp() override { work_ = testing_util::TestDir(); }
+
+  std::unique_ptr<evaluation::JobEvaluation> NewJob(int64_t checkpoint_seconds = 0) {
+    auto job = evaluation::JobEvaluation::Create((work_ / "out").string(), work_.string(),
+                                                 checkpoint_seconds);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? std::move(*job) : nullptr;
+  }
+
+  // Runs layer `layer` of `job` as its task does (outputs valued from `first`) and records the
+  // checkpoint it wrote as the task's output in `row`.
+  void PutLayer(evaluation::JobEvaluation& job, int64_t layer, float first,
+                store::TaskRow& row) {
+    auto file = job.PutOutput(layer, {HostBatch(2, first), HostBatch(1, first + 100)},
+                              {HostBatch(2, first + 200), HostBatch(1, first + 300)});
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE(file->has_value());
+    row.output_path = (*file)->path;
+    row.output_bytes = static_cast<int64_t>((*file)->bytes);
+    row.output_sha256 = (*file)->sha256;
+    pipeline::TaskOutput out;
+    out.path = row.output_path;
+    job.OnTaskDone(row, out);
+  }
+
+  std::filesystem::path work_;
+};
+
+TEST_F(EvaluateResumeTest, ResumesAfterTheLastCheckpointedLayerWithBothModelsOutputs) {
+  std::vector<store::TaskRow> rows = EvaluateRows(store::TaskState::kPending);
+  {
+    std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+    for (int64_t l = 0; l < 2; ++l) {
+      rows[l].state = store::TaskState::kDone;
+      PutLayer(*job, l, 1000.0f * l, rows[l]);
+    }
+  }
+  // Only layer 1's checkpoint is kept (layer 0's went at layer 1's boundary).
+  EXPECT_FALSE(std::filesystem::exists(rows[0].output_path));
+  std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+  const calibration::ResumePoint point = job->Resume(rows);
+  EXPECT_FALSE(point.finished);
+  EXPECT_EQ(point.layer, 1);
+  EXPECT_TRUE(point.requeue.empty());
+  EXPECT_TRUE(point.rejected.empty());
+  const std::optional<evaluation::EvaluationBatches> out = job->Output(1);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_EQ(out->source->size(), 2u);
+  ASSERT_EQ(out->quantized->size(), 2u);
+  EXPECT_TRUE((*out->source)[0].spill_path.empty());  // in host memory, as the next layer needs
+  EXPECT_EQ((*out->source)[0].host.streams, HostBatch(2, 1000).host.streams);
+  EXPECT_EQ((*out->source)[1].host.streams, HostBatch(1, 1100).host.streams);
+  EXPECT_EQ((*out->quantized)[0].host.streams, HostBatch(2, 1200).host.streams);
+  EXPECT_EQ((*out->quantized)[1].host.streams, HostBatch(1, 1300).host.streams);
+  EXPECT_EQ((*out->quantized)[1].host.token_ids, HostBatch(1, 1300).host.token_ids);
+  EXPECT_EQ(out->tokens(), 6);
+}
+
+TEST_F(EvaluateResumeTest, EveryLayerDoneAndTheHeadNotResumesAfterTheLastLayer) {
+  std::vector<store::TaskRow> rows = EvaluateRows(store::TaskState::kPending);
+  {
+    std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+    for (int64_t l = 0; l < 3; ++l) {
+      rows[l].state = store::TaskState::kDone;
+      PutLayer(*job, l, 10.0f * l, rows[l]);
+    }
+  }
+  std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+  EXPECT_EQ(job->Resume(rows).layer, 2);
+  EXPECT_TRUE(job->Output(2).has_value());
+
+  // The head done, the gate not: the head runs again on layer 2's outputs (its figures were in
+  // the process that stopped).
+  rows[3].state = store::TaskState::kDone;
+  std::unique_ptr<evaluation::JobEvaluation> again = NewJob();
+  const calibration::ResumePoint point = again->Resume(rows);
+  EXPECT_EQ(point.layer, 2);
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{13}));
+
+  // Every task done: finished, every checkpoint removed.
+  rows[4].state = store::TaskState::kDone;
+  std::unique_ptr<evaluation::JobEvaluation> done = NewJob();
+  EXPECT_TRUE(done->Resume(rows).finished);
+  EXPECT_TRUE(std::filesystem::is_empty(done->checkpoints().dir()));
+}
+
+TEST_F(EvaluateResumeTest, ACorruptCheckpointIsNeverTrusted) {
+  std::vector<store::TaskRow> rows = EvaluateRows(store::TaskState::kPending);
+  {
+    std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+    for (int64_t l = 0; l < 2; ++l) {
+      rows[l].state = store::TaskState::kDone;
+      PutLayer(*job, l, 1.0f, rows[l]);
+    }
+  }
+  // A manifest of the same size but another content: its SHA-256 no longer matches.
+  std::string text;
+  {
+    std::ifstream in(rows[1].output_path);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text[text.find("\"slice\":0")] = ' ';
+  {
+    std::ofstream out(rows[1].output_path, std::ios::trunc);
+    out << text;
+  }
+  std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+  const calibration::ResumePoint point = job->Resume(rows);
+  EXPECT_EQ(point.layer, -1);  // layer 0's checkpoint was removed at layer 1's boundary
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{10, 11}));
+  // Layer 1 corrupt, then layer 0 gone (removed on purpose at layer 1's boundary).
+  ASSERT_EQ(point.rejected.size(), 2u);
+  EXPECT_EQ(point.rejected[0], "layer 1 slice 0: checkpoint not used: " + rows[1].output_path +
+                                   " does not have the recorded SHA-256");
+  EXPECT_EQ(point.rejected[1],
+            "layer 0 slice 0: checkpoint not used: " + rows[0].output_path + " is gone");
+  EXPECT_FALSE(job->Output(1).has_value());
+  EXPECT_TRUE(std::filesystem::is_empty(job->checkpoints().dir()));
+}
+
+TEST_F(EvaluateResumeTest, WithoutACheckpointTheStageRunsAgainFromLayer0) {
+  std::vector<store::TaskRow> rows = EvaluateRows(store::TaskState::kPending);
+  {
+    // A clock that never reaches the next boundary: nothing is checkpointed.
+    std::unique_ptr<evaluation::JobEvaluation> job = NewJob(/*checkpoint_seconds=*/300);
+    rows[0].state = store::TaskState::kDone;
+    auto file = job->PutOutput(0, {HostBatch(1, 0)}, {HostBatch(1, 1)});
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_FALSE(file->has_value());
+  }
+  std::unique_ptr<evaluation::JobEvaluation> job = NewJob();
+  const calibration::ResumePoint point = job->Resume(rows);
+  EXPECT_EQ(point.layer, -1);
+  EXPECT_EQ(point.requeue, (std::vector<int64_t>{10}));
+  EXPECT_TRUE(point.rejected.empty());
 }
 
 TEST(EvaluationReportTest, LayersAndFiguresFromTheRecordedRows) {

@@ -12,6 +12,7 @@
 #include "server/base/status_macros.h"
 #include "server/calibration/calibrate_layer.h"
 #include "server/calibration/job_calibration.h"
+#include "server/calibration/layer_checkpoint.h"
 #include "server/evaluation/evaluate_head.h"
 #include "server/evaluation/evaluate_layer.h"
 #include "server/evaluation/evaluate_task.h"
@@ -99,9 +100,20 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
                    evaluation::EvaluateLayer(*source, *quantized, task.layer, input, device,
                                              evaluation::ForwardNumerics(ctx.spec->calibration),
                                              Hooks(ctx)));
-  job->PutOutput(task.layer, std::move(step.source), std::move(step.quantized));
+  // A boundary's outputs go to disk as well (JobEvaluation, calibration/layer_checkpoint.h); the
+  // task's output is then the checkpoint's manifest, committed with its completion.
+  ASSIGN_OR_RETURN(const std::optional<calibration::CheckpointFile> file,
+                   job->PutOutput(task.layer, std::move(step.source), std::move(step.quantized),
+                                  [&ctx] {
+                                    if (ctx.add_progress) ctx.add_progress(0);
+                                  }));
   const evaluation::LayerQuality& q = step.quality;
   TaskOutput out;
+  if (file.has_value()) {
+    out.path = file->path;
+    out.bytes = file->bytes;
+    out.sha256 = file->sha256;
+  }
   out.evaluation_layer =
       store::EvaluationLayerRow{task.layer,           q.free_running.signal,
                                 q.free_running.noise, q.teacher_forced.signal,
@@ -181,20 +193,6 @@ absl::StatusOr<TaskOutput> RunGate(const StageContext& ctx) {
 }  // namespace
 
 bool NeedsEvaluation(const JobSpec& spec) { return NeedsCalibration(spec) && spec.evaluate.on(); }
-
-std::vector<int64_t> EvaluateTasksToRedo(const std::vector<store::TaskRow>& tasks) {
-  std::vector<int64_t> done;
-  bool unfinished = false;
-  for (const store::TaskRow& t : tasks) {
-    if (t.stage_kind != EvaluateStage::kKind) continue;
-    if (t.state == store::TaskState::kDone) {
-      done.push_back(t.id);
-    } else {
-      unfinished = true;
-    }
-  }
-  return unfinished ? done : std::vector<int64_t>();
-}
 
 absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput& input) const {
   const JobSpec& spec = *input.spec;

@@ -5,12 +5,20 @@
 //   - "layer<L>", one per decoder layer ("layer L+1 of N"): layer 0 after export and every verify
 //     task, layer L after layer L-1. Runs EvaluateLayer on the previous layer's outputs of both
 //     models (layer 0: the held-out samples embedded), keeps its outputs in the job's
-//     evaluation::JobEvaluation, and records the layer's SQNR with its completion;
+//     evaluation::JobEvaluation, and records the layer's SQNR with its completion. At a layer
+//     boundary (calibration.checkpoint_seconds, as for calibrate: 0 = every layer) both outputs
+//     are also checkpointed on disk, and the task's output is the checkpoint's manifest;
 //   - "head", after the last layer: both heads, the next-token figures and the gate's verdict,
 //     recorded with its completion whatever the verdict;
 //   - "gate", after the head: fails the job with reason kQualityGateReason, naming the figure and
 //     the worst layer, when spec.evaluate.gate is broken. The output stays on disk.
 // Task bytes are held-out tokens (every layer and the head move all of them), as for calibrate.
+//
+// A restart with the stage unfinished resumes after the last layer whose checkpoint verifies
+// (JobEvaluation::Resume; also when every layer is done and the head is not): the done tasks after
+// it run again (the head too, whose figures lived in the process that stopped), the tasks up to it
+// keep their recorded figures. Without such a layer the stage runs again from layer 0; either way
+// the figures equal an uninterrupted run's.
 //
 // The held-out samples are selected at planning (evaluation/held_out_samples.h): too few of them
 // fails the plan, not a task. Layer 0 selects them again and refuses to run when they changed.
@@ -33,12 +41,6 @@ inline constexpr std::string_view kQualityGateReason = "QUALITY_GATE";
 
 // Whether a job of `spec` plans the evaluate stage.
 bool NeedsEvaluation(const JobSpec& spec);
-
-// Where a new process resumes the evaluate stage: the ids of the done evaluate tasks among the
-// job's stored `tasks` that must run again. The activations between its layers lived only in the
-// process that stopped, so while the stage is unfinished every done task of it runs again (from
-// layer 0; each rerun replaces its recorded figures); none once the stage is finished.
-std::vector<int64_t> EvaluateTasksToRedo(const std::vector<store::TaskRow>& tasks);
 
 class EvaluateStage final : public Stage {
  public:

@@ -21,7 +21,7 @@ import pytest
 from safetensors import safe_open
 
 from conftest import REPO
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
 from run_helpers import job_row, task_rows, tree_hashes, write_spec
 
 DATA = REPO / "tests" / "data" / "calibration_sample.jsonl"
@@ -378,11 +378,6 @@ def daemon_reference(qd, source, tmp_path_factory):
 @pytest.fixture(scope="module")
 def deep_daemon_reference(qd, deep_source, tmp_path_factory):
     return run_daemon_reference(qd, deep_source, tmp_path_factory.mktemp("calstage-daemon-deep"))
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
 
 
 def test_daemon_calibrates(qd, source, stubs, daemon_reference, tmp_path):

@@ -21,7 +21,7 @@ import pytest
 from safetensors import safe_open
 
 from conftest import REPO
-from daemon import Daemon, grpc_stubs
+from daemon import Daemon
 from run_helpers import job_row, task_rows, tree_hashes, write_spec
 
 DATA = REPO / "tests" / "data" / "calibration_sample.jsonl"
@@ -380,11 +380,6 @@ def deep_daemon_reference(qd, deep_source, tmp_path_factory):
     return run_daemon_reference(qd, deep_source, tmp_path_factory.mktemp("calstage-daemon-deep"))
 
 
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    return grpc_stubs(tmp_path_factory.mktemp("stubs"))
-
-
 def test_daemon_calibrates(qd, source, stubs, daemon_reference, tmp_path):
     from test_daemon import Client  # the QuantService calls with deadlines
     pb = stubs[0]
@@ -403,14 +398,9 @@ def test_daemon_calibrates(qd, source, stubs, daemon_reference, tmp_path):
         assert {s.unit for s in calibrate} == {"tokens"}
         assert {s.step for s in calibrate} <= {"", "layer 1 of 3", "layer 2 of 3", "layer 3 of 3"}
         assert all(s.step == "" for s in calibrate if s.state != pb.StageProgress.RUNNING)
-        assert {s.unit for s in final.stages if s.kind != "calibrate"} == {"bytes"}
-        assert any(s.step for s in calibrate), calibrate
-
-
         assert {s.unit for s in final.stages if s.kind not in ("calibrate", "evaluate")} == \
             {"bytes"}
-        if not kill_at:
-            assert any(s.step for s in calibrate), calibrate
+        assert any(s.step for s in calibrate), calibrate
         d.stop()
     finally:
         d.close()

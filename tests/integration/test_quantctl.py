@@ -284,7 +284,7 @@ def test_calibration_keys_travel_through_the_daemon(qc, source, tmp_path):
         "numSamples": "6", "seqLen": "64", "minSeqLen": "0", "seed": "9", "addBos": False,
         "calibrateAllExperts": True, "mode": "data", "w2Input": "weighted",
         "expertAmax": "layer_max", "uncalibrated": "model_max", "numerics": "math",
-        "amaxOut": f"{cal}/amax.json"}
+        "amaxOut": f"{cal}/amax.json", "checkpointSeconds": "300"}
     assert submitted["spec"]["calibration"] == expected
     assert qc.json("get", job_id)["spec"]["calibration"] == expected
     # Unset keys come back as the defaults the daemon applied.
@@ -296,7 +296,7 @@ def test_calibration_keys_travel_through_the_daemon(qc, source, tmp_path):
         "amaxFile": "", "dataset": "", "datasets": [], "numSamples": "0", "seqLen": "512",
         "minSeqLen": "16", "seed": "0", "addBos": False, "calibrateAllExperts": False,
         "mode": "data", "w2Input": "max", "expertAmax": "per_expert", "uncalibrated": "layer_max",
-        "numerics": "official", "amaxOut": ""}
+        "numerics": "official", "amaxOut": "", "checkpointSeconds": "300"}
     for job in (job_id, other["id"]):
         qc.run_ok("delete", job)
 

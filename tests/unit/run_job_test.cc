@@ -521,7 +521,9 @@ TEST_F(RunnerTest, CancelPausesAfterRunningTasksAndTheNextRunFinishes) {
   EXPECT_EQ(Tasks(*store, "export")[0].state, store::TaskState::kPending);
   // The verify of a quantized shard may have run too: it waits for that shard only.
   int done = 0;
-  for (const store::TaskRow& t : *store->ListTasks(1)) done += t.state == store::TaskState::kDone;
+  const absl::StatusOr<std::vector<store::TaskRow>> tasks = store->ListTasks(1);
+  ASSERT_TRUE(tasks.ok()) << tasks.status();
+  for (const store::TaskRow& t : *tasks) done += t.state == store::TaskState::kDone;
   store.reset();
 
   cancel = false;

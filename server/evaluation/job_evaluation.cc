@@ -14,14 +14,6 @@
 namespace quantd::evaluation {
 namespace {
 
-// The stored task's payload when it is an evaluate task (pipeline::EvaluateStage::kKind).
-std::optional<EvaluateTask> EvaluateTaskOf(const store::TaskRow& row) {
-  if (row.stage_kind != "evaluate") return std::nullopt;
-  absl::StatusOr<EvaluateTask> task = ParseEvaluateTask(row.payload_json);
-  if (!task.ok()) return std::nullopt;  // the stage refuses it when it runs
-  return *std::move(task);
-}
-
 // The batches of a checkpoint (spilled: its files, verified by ResumeLayers) read into host
 // memory.
 absl::StatusOr<Batches> ReadIntoHost(const Batches& checkpointed) {
@@ -36,6 +28,13 @@ absl::StatusOr<Batches> ReadIntoHost(const Batches& checkpointed) {
 }
 
 }  // namespace
+
+std::optional<EvaluateTask> EvaluateTaskOf(const store::TaskRow& row) {
+  if (row.stage_kind != "evaluate") return std::nullopt;
+  absl::StatusOr<EvaluateTask> task = ParseEvaluateTask(row.payload_json);
+  if (!task.ok()) return std::nullopt;
+  return *std::move(task);
+}
 
 absl::StatusOr<std::unique_ptr<JobEvaluation>> JobEvaluation::Create(
     const std::string& output_dir, const std::string& work_dir, int64_t checkpoint_seconds,

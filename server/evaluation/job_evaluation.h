@@ -37,12 +37,18 @@
 #include "absl/synchronization/mutex.h"
 #include "server/calibration/activation_store.h"
 #include "server/calibration/layer_checkpoint.h"
+#include "server/evaluation/evaluate_task.h"
 #include "server/evaluation/evaluation_batches.h"
 #include "server/model/v4_weights.h"
 #include "server/pipeline/stage.h"
 #include "server/store/job_store.h"
 
 namespace quantd::evaluation {
+
+// The stored task's payload when it is an evaluate task (pipeline::EvaluateStage::kKind);
+// nullopt for another stage's task or a payload that does not parse (the stage refuses it when it
+// runs).
+std::optional<EvaluateTask> EvaluateTaskOf(const store::TaskRow& row);
 
 class JobEvaluation {
  public:

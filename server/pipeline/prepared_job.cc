@@ -85,9 +85,10 @@ bool IsCalibrateLayerTask(const store::TaskRow& t) {
 
 // The layer of `t` when it is an evaluate layer task (whose output is a layer checkpoint).
 std::optional<int64_t> EvaluateLayerOf(const store::TaskRow& t) {
-  if (t.stage_kind != EvaluateStage::kKind) return std::nullopt;
-  absl::StatusOr<evaluation::EvaluateTask> task = evaluation::ParseEvaluateTask(t.payload_json);
-  if (!task.ok() || task->kind != evaluation::EvaluateTask::Kind::kLayer) return std::nullopt;
+  const std::optional<evaluation::EvaluateTask> task = evaluation::EvaluateTaskOf(t);
+  if (!task.has_value() || task->kind != evaluation::EvaluateTask::Kind::kLayer) {
+    return std::nullopt;
+  }
   return task->layer;
 }
 
@@ -223,21 +224,23 @@ absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
     if (log) log(absl::StrCat("requeued ", requeued, " done task(s) to rebuild their output"));
   }
   ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
-  absl::StatusOr<std::vector<store::AmaxRow>> amax = store.ListAmax(job_id);
-  if (!amax.ok()) return amax.status();
+  ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store.ListAmax(job_id));
   if (NeedsCalibration(spec_)) {
-    ASSIGN_OR_RETURN(*amax, StartCalibration(store, job_id, now_ms, log));
+    // Its quantize tasks export from calibration_'s table; input_amax_ stays empty.
+    RETURN_IF_ERROR(StartCalibration(store, job_id, amax, now_ms, log));
+  } else {
+    for (const store::AmaxRow& row : amax) {
+      if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
+    }
   }
   if (NeedsEvaluation(spec_)) RETURN_IF_ERROR(StartEvaluation(store, job_id, now_ms, log));
-  for (const store::AmaxRow& row : *amax) {
-    if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
-  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
-    store::JobStore& store, int64_t job_id, int64_t now_ms,
-    const std::function<void(const std::string&)>& log) {
+absl::Status PreparedJob::StartCalibration(store::JobStore& store, int64_t job_id,
+                                           const std::vector<store::AmaxRow>& amax,
+                                           int64_t now_ms,
+                                           const std::function<void(const std::string&)>& log) {
   const calibration::ResumePoint& resume = calibration_resume_;
   for (const std::string& line : resume.rejected) {
     if (log) log(line);
@@ -257,9 +260,8 @@ absl::StatusOr<std::vector<store::AmaxRow>> PreparedJob::StartCalibration(
   // The rows of the tasks that stay DONE are the table so far. Those of the requeued tasks stay
   // in the store until their rerun replaces them; a rerun measures the same values again (the
   // same tokens, batches and inputs), so merging them now changes no amax.
-  ASSIGN_OR_RETURN(std::vector<store::AmaxRow> rows, store.ListAmax(job_id));
-  calibration_->Restore(rows, stored_tasks_);
-  return std::vector<store::AmaxRow>();
+  calibration_->Restore(amax, stored_tasks_);
+  return absl::OkStatus();
 }
 
 absl::Status PreparedJob::StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,

@@ -129,11 +129,12 @@ class PreparedJob {
                                                  const std::string& name) const;
   // Creates calibration_ and finds where it resumes (Load; see above).
   absl::Status LoadCalibration();
-  // Applies the resume point (requeues, log) and restores calibration_ from the store (Attach);
-  // returns the amax rows that input_amax_ takes (none: quantize tasks export from calibration_).
-  absl::StatusOr<std::vector<store::AmaxRow>> StartCalibration(
-      store::JobStore& store, int64_t job_id, int64_t now_ms,
-      const std::function<void(const std::string&)>& log);
+  // Applies the resume point (requeues, log) and restores calibration_ from the job's stored
+  // amax rows `amax` (Attach; a requeue leaves a task's rows in place until its rerun replaces
+  // them, so the rows read before it are the ones after).
+  absl::Status StartCalibration(store::JobStore& store, int64_t job_id,
+                                const std::vector<store::AmaxRow>& amax, int64_t now_ms,
+                                const std::function<void(const std::string&)>& log);
 
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
   JobSpec spec_;                                       // the job's spec

@@ -134,8 +134,7 @@ absl::Status PreparedJob::LoadCalibration() {
   if (!stored_.planned) return absl::OkStatus();
   // A tokens file gone or changed is rebuilt, and every layer task that depends on it with it
   // (Attach): nothing resumes.
-  std::set<int64_t> changed;
-  for (const auto& [id, reason] : changed_outputs_) changed.insert(id);
+  const std::set<int64_t> changed = ChangedTaskIds();
   std::vector<store::TaskRow> tasks = stored_.tasks;
   for (const store::TaskRow& t : stored_.tasks) {
     if (changed.count(t.id) == 0 ||
@@ -158,9 +157,14 @@ absl::Status PreparedJob::LoadEvaluation() {
   return absl::OkStatus();
 }
 
+std::set<int64_t> PreparedJob::ChangedTaskIds() const {
+  std::set<int64_t> ids;
+  for (const auto& [id, reason] : changed_outputs_) ids.insert(id);
+  return ids;
+}
+
 absl::Status PreparedJob::ClaimOutputDirs() {
-  std::set<int64_t> changed;
-  for (const auto& [id, reason] : changed_outputs_) changed.insert(id);
+  const std::set<int64_t> changed = ChangedTaskIds();
   struct Dir {
     const char* field;
     const std::string* path;
@@ -242,21 +246,16 @@ absl::Status PreparedJob::StartCalibration(store::JobStore& store, int64_t job_i
                                            int64_t now_ms,
                                            const std::function<void(const std::string&)>& log) {
   const calibration::ResumePoint& resume = calibration_resume_;
-  for (const std::string& line : resume.rejected) {
-    if (log) log(line);
-  }
   const std::string from =
       resume.layer < 0
           ? std::string("calibration resumes from layer 0: no usable layer checkpoint")
           : absl::StrCat("calibration resumes from layer ", resume.layer + 1,
                          ": the checkpointed outputs of layer ", resume.layer, " are verified");
-  if (!resume.requeue.empty()) {
-    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, resume.requeue, from, now_ms));
-    if (log) log(absl::StrCat("requeued ", requeued, " done task(s): ", from));
-    ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
-  } else if (stored_.planned && !resume.finished && log) {
-    log(from);
-  }
+  RETURN_IF_ERROR(ApplyResumePoint(
+      store, job_id, resume,
+      ResumeMessages{from, "done task(s): " + from,
+                     stored_.planned && !resume.finished ? from : std::string()},
+      now_ms, log));
   // The rows of the tasks that stay DONE are the table so far. Those of the requeued tasks stay
   // in the store until their rerun replaces them; a rerun measures the same values again (the
   // same tokens, batches and inputs), so merging them now changes no amax.
@@ -267,16 +266,18 @@ absl::Status PreparedJob::StartCalibration(store::JobStore& store, int64_t job_i
 absl::Status PreparedJob::StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
                                           const std::function<void(const std::string&)>& log) {
   const calibration::ResumePoint& resume = evaluation_resume_;
-  for (const std::string& line : resume.rejected) {
-    if (log) log(line);
-  }
   // A task up to the resume layer requeued meanwhile (an output it depends on is rebuilt): the
   // stage runs again from there, its requeue took the later tasks with it.
   for (const store::TaskRow& t : stored_tasks_) {
     const std::optional<int64_t> layer = EvaluateLayerOf(t);
     if (layer.has_value() && *layer <= resume.layer && t.state != store::TaskState::kDone) {
-      if (log) log("evaluation resumes from layer 0: the outputs it evaluates are rebuilt");
-      return absl::OkStatus();
+      calibration::ResumePoint rebuilt;
+      rebuilt.rejected = resume.rejected;
+      return ApplyResumePoint(
+          store, job_id, rebuilt,
+          ResumeMessages{"", "", "evaluation resumes from layer 0: the outputs it evaluates are "
+                                 "rebuilt"},
+          now_ms, log);
     }
   }
   const std::string from =
@@ -285,19 +286,34 @@ absl::Status PreparedJob::StartEvaluation(store::JobStore& store, int64_t job_id
                         "layers were held by the process that stopped)")
           : absl::StrCat("after layer ", resume.layer, ": the checkpointed outputs of both models "
                          "at layer ", resume.layer, " are verified");
-  if (!resume.requeue.empty()) {
-    ASSIGN_OR_RETURN(int requeued, store.RequeueDoneTasks(job_id, resume.requeue,
-                                                          "evaluation resumes " + from, now_ms));
-    if (log) log(absl::StrCat("requeued ", requeued, " task(s) to evaluate ", from));
-    ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
-  } else if (resume.layer >= 0 && log) {
-    log("evaluation resumes " + from);
-  }
+  RETURN_IF_ERROR(ApplyResumePoint(
+      store, job_id, resume,
+      ResumeMessages{"evaluation resumes " + from, "task(s) to evaluate " + from,
+                     resume.layer >= 0 ? "evaluation resumes " + from : std::string()},
+      now_ms, log));
   // The figures of the layer tasks that stay DONE (a task requeued meanwhile, e.g. with an
   // output rebuilt, reruns and replaces its own).
   ASSIGN_OR_RETURN(const std::vector<store::EvaluationLayerRow> rows,
                    store.ListEvaluationLayers(job_id));
   evaluation_->Restore(rows, stored_tasks_);
+  return absl::OkStatus();
+}
+
+absl::Status PreparedJob::ApplyResumePoint(store::JobStore& store, int64_t job_id,
+                                           const calibration::ResumePoint& resume,
+                                           const ResumeMessages& messages, int64_t now_ms,
+                                           const std::function<void(const std::string&)>& log) {
+  for (const std::string& line : resume.rejected) {
+    if (log) log(line);
+  }
+  if (resume.requeue.empty()) {
+    if (!messages.unchanged.empty() && log) log(messages.unchanged);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(int requeued,
+                   store.RequeueDoneTasks(job_id, resume.requeue, messages.reason, now_ms));
+  if (log) log(absl::StrCat("requeued ", requeued, " ", messages.requeued));
+  ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
   return absl::OkStatus();
 }
 

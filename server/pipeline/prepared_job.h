@@ -46,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,6 +123,8 @@ class PreparedJob {
   // store (Attach).
   absl::Status StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
                                const std::function<void(const std::string&)>& log);
+  // The ids of changed_outputs_.
+  std::set<int64_t> ChangedTaskIds() const;
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
   // StageContext::recorded_output: completed_ first, then the DONE rows of stored_tasks_.
@@ -134,6 +137,19 @@ class PreparedJob {
   // them, so the rows read before it are the ones after).
   absl::Status StartCalibration(store::JobStore& store, int64_t job_id,
                                 const std::vector<store::AmaxRow>& amax, int64_t now_ms,
+                                const std::function<void(const std::string&)>& log);
+
+  // What ApplyResumePoint stores and logs for one layer-wise stage.
+  struct ResumeMessages {
+    std::string reason;     // stored with the requeued tasks
+    std::string requeued;   // logged after "requeued <count> "
+    std::string unchanged;  // logged when nothing is requeued; "": nothing
+  };
+  // Applies a layer-wise stage's resume point (Attach): logs its rejected checkpoints, requeues
+  // resume.requeue and logs it (or logs messages.unchanged), and lists stored_tasks_ again.
+  absl::Status ApplyResumePoint(store::JobStore& store, int64_t job_id,
+                                const calibration::ResumePoint& resume,
+                                const ResumeMessages& messages, int64_t now_ms,
                                 const std::function<void(const std::string&)>& log);
 
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to

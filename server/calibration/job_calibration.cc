@@ -74,6 +74,17 @@ void JobCalibration::MergeRows(const std::vector<store::AmaxRow>& rows) {
   }
 }
 
+void JobCalibration::PutTaskRows(int64_t task_id, std::vector<store::AmaxRow> rows) {
+  auto [it, inserted] = task_amax_.try_emplace(task_id);
+  it->second = std::move(rows);
+  if (inserted) {
+    MergeRows(it->second);
+    return;
+  }
+  amax_.clear();
+  for (const auto& [id, task_rows] : task_amax_) MergeRows(task_rows);
+}
+
 ResumePoint JobCalibration::Resume(const std::vector<store::TaskRow>& tasks) {
   std::vector<LayerTask> layer_tasks;
   int64_t slices = 1;
@@ -87,10 +98,12 @@ ResumePoint JobCalibration::Resume(const std::vector<store::TaskRow>& tasks) {
   return ResumeLayers(layer_tasks, slices, *checkpoints_, *activations_);
 }
 
-void JobCalibration::Restore(const std::vector<store::AmaxRow>& rows,
+void JobCalibration::Restore(const std::vector<store::TaskAmaxRow>& rows,
                              const std::vector<store::TaskRow>& tasks) {
   absl::MutexLock lock(&mu_);
-  MergeRows(rows);
+  std::map<int64_t, std::vector<store::AmaxRow>> by_task;
+  for (const store::TaskAmaxRow& r : rows) by_task[r.task_id].push_back(r.amax);
+  for (auto& [task_id, task_rows] : by_task) PutTaskRows(task_id, std::move(task_rows));
   for (const store::TaskRow& t : tasks) {
     if (t.stage_kind != "calibrate" || t.state != store::TaskState::kDone) continue;
     absl::StatusOr<CalibrateTask> task = ParseCalibrateTask(t.payload_json);
@@ -113,9 +126,7 @@ void JobCalibration::OnTaskDone(const store::TaskRow& row,
       tokens_ = nullptr;  // a rerun wrote the file again: read it again
       break;
     case CalibrateTask::Kind::kLayer: {
-      // Rows of a rerun are the same values: the max is unchanged. Token counts here serve no
-      // export; the store keeps the exact ones (a rerun replaces its rows there).
-      MergeRows(amax);
+      PutTaskRows(row.id, amax);
       std::set<int64_t>& done = done_[task->layer];
       done.insert(task->slice);
       std::set<int64_t>& checkpointed = checkpointed_[task->layer];

@@ -6,8 +6,10 @@
 //   - the activations between layers (ActivationStore, host budget then spill files);
 //   - the layer checkpoints (layer_checkpoint.h, "<work_dir>/calibrate-layers"): the outputs of
 //     a layer kept on disk at a boundary, so that a restart resumes after it (Resume);
-//   - the amax measured so far: the rows of every finished calibrate task (as JobStore::ListAmax
-//     merges them), from which a quantize task exports the input amax of its finished layers.
+//   - the amax measured so far: the rows of every finished calibrate task, merged as
+//     JobStore::ListAmax merges them (max amax, summed tokens), from which a quantize task
+//     exports the input amax of its finished layers. A task that runs again replaces its rows,
+//     here as in the store, so its tokens are never counted twice.
 //
 // It is created by the source phase of a (re)start (PreparedJob::Load, off the store's thread: it
 // creates the work and spill directories, and Resume hashes checkpoints), then restored from the
@@ -70,12 +72,13 @@ class JobCalibration {
   // are put into activations(), the other checkpoints removed. The caller requeues
   // ResumePoint::requeue.
   ResumePoint Resume(const std::vector<store::TaskRow>& tasks);
-  // At (re)start: the amax rows already stored for the job (JobStore::ListAmax), and the done
-  // calibrate tasks (their payloads and outputs).
-  void Restore(const std::vector<store::AmaxRow>& rows,
+  // At (re)start: the tasks' amax rows already stored for the job (JobStore::ListTaskAmax; those
+  // of a requeued task stay until its rerun replaces them), and the done calibrate tasks (their
+  // payloads and outputs).
+  void Restore(const std::vector<store::TaskAmaxRow>& rows,
                const std::vector<store::TaskRow>& tasks) ABSL_LOCKS_EXCLUDED(mu_);
-  // A calibrate task's completion was committed with `amax` (its rows) and its output (a layer
-  // task's checkpoint manifest, or "").
+  // A calibrate task's completion was committed with `amax` (its rows, replacing those of an
+  // earlier run of the task) and its output (a layer task's checkpoint manifest, or "").
   void OnTaskDone(const store::TaskRow& task, const std::vector<store::AmaxRow>& amax,
                   const std::string& output_path, const std::string& output_sha256)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -87,7 +90,12 @@ class JobCalibration {
   JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
                  std::unique_ptr<ActivationStore> activations,
                  std::unique_ptr<LayerCheckpoints> checkpoints);
+  // Merges `rows` (kind "input") into amax_.
   void MergeRows(const std::vector<store::AmaxRow>& rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets task `task_id`'s rows: merged into amax_, or amax_ rebuilt when they replace earlier
+  // ones.
+  void PutTaskRows(int64_t task_id, std::vector<store::AmaxRow> rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const pipeline::JobSpec spec_;                      // the job's spec (source, calibration)
   const std::string work_dir_;                        // the job's own directory
@@ -99,7 +107,9 @@ class JobCalibration {
   std::unique_ptr<model::V4Checkpoint> ckpt_ ABSL_GUARDED_BY(mu_);  // opened on first use
   std::string tokens_sha256_ ABSL_GUARDED_BY(mu_);  // recorded by the tokens task; "" before
   std::shared_ptr<const SampleIds> tokens_ ABSL_GUARDED_BY(mu_);  // read on first use
-  // Module row (kind "input") -> {max amax, summed tokens} over the finished tasks.
+  // Task id -> the rows of its last run.
+  std::map<int64_t, std::vector<store::AmaxRow>> task_amax_ ABSL_GUARDED_BY(mu_);
+  // Module row (kind "input") -> {max amax, summed tokens} over task_amax_.
   std::map<std::string, store::AmaxRow> amax_ ABSL_GUARDED_BY(mu_);
   // Layer -> its slices done in this process (or before it, from Restore).
   std::map<int64_t, std::set<int64_t>> done_ ABSL_GUARDED_BY(mu_);

@@ -228,11 +228,11 @@ absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
     if (log) log(absl::StrCat("requeued ", requeued, " done task(s) to rebuild their output"));
   }
   ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
-  ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store.ListAmax(job_id));
   if (NeedsCalibration(spec_)) {
     // Its quantize tasks export from calibration_'s table; input_amax_ stays empty.
-    RETURN_IF_ERROR(StartCalibration(store, job_id, amax, now_ms, log));
+    RETURN_IF_ERROR(StartCalibration(store, job_id, now_ms, log));
   } else {
+    ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store.ListAmax(job_id));
     for (const store::AmaxRow& row : amax) {
       if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
     }
@@ -242,7 +242,6 @@ absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
 }
 
 absl::Status PreparedJob::StartCalibration(store::JobStore& store, int64_t job_id,
-                                           const std::vector<store::AmaxRow>& amax,
                                            int64_t now_ms,
                                            const std::function<void(const std::string&)>& log) {
   const calibration::ResumePoint& resume = calibration_resume_;
@@ -258,7 +257,9 @@ absl::Status PreparedJob::StartCalibration(store::JobStore& store, int64_t job_i
       now_ms, log));
   // The rows of the tasks that stay DONE are the table so far. Those of the requeued tasks stay
   // in the store until their rerun replaces them; a rerun measures the same values again (the
-  // same tokens, batches and inputs), so merging them now changes no amax.
+  // same tokens, batches and inputs), so restoring them now changes no amax, and the rerun's
+  // rows replace them in calibration_ as in the store.
+  ASSIGN_OR_RETURN(const std::vector<store::TaskAmaxRow> amax, store.ListTaskAmax(job_id));
   calibration_->Restore(amax, stored_tasks_);
   return absl::OkStatus();
 }

@@ -132,11 +132,9 @@ class PreparedJob {
                                                  const std::string& name) const;
   // Creates calibration_ and finds where it resumes (Load; see above).
   absl::Status LoadCalibration();
-  // Applies the resume point (requeues, log) and restores calibration_ from the job's stored
-  // amax rows `amax` (Attach; a requeue leaves a task's rows in place until its rerun replaces
-  // them, so the rows read before it are the ones after).
-  absl::Status StartCalibration(store::JobStore& store, int64_t job_id,
-                                const std::vector<store::AmaxRow>& amax, int64_t now_ms,
+  // Applies the resume point (requeues, log) and restores calibration_ from the tasks' stored
+  // amax rows (Attach; a requeue leaves a task's rows in place until its rerun replaces them).
+  absl::Status StartCalibration(store::JobStore& store, int64_t job_id, int64_t now_ms,
                                 const std::function<void(const std::string&)>& log);
 
   // What ApplyResumePoint stores and logs for one layer-wise stage.

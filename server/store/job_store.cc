@@ -813,6 +813,23 @@ absl::StatusOr<std::vector<AmaxRow>> JobStore::ListAmax(int64_t job_id) {
   return out;
 }
 
+absl::StatusOr<std::vector<TaskAmaxRow>> JobStore::ListTaskAmax(int64_t job_id) {
+  absl::StatusOr<Statement> st = db_->Prepare(
+      "SELECT task_id, module, kind, value, samples FROM task_amax WHERE job_id = ? "
+      "ORDER BY task_id, module, kind");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  std::vector<TaskAmaxRow> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back(TaskAmaxRow{st->ColumnInt(0), AmaxRow{st->ColumnText(1), st->ColumnText(2),
+                                                        st->ColumnDouble(3), st->ColumnInt(4)}});
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<TensorStatsRow>> JobStore::ListTensorStats(int64_t job_id) {
   absl::StatusOr<Statement> st = db_->Prepare(
       "SELECT tensor, rel_rmse, sqnr_db, max_abs_err FROM tensor_stats WHERE job_id = ? "

@@ -132,6 +132,12 @@ struct AmaxRow {
   int64_t samples = 0;
 };
 
+// One task's amax contribution as stored (TaskRecord::PutTaskAmax).
+struct TaskAmaxRow {
+  int64_t task_id = 0;
+  AmaxRow amax;
+};
+
 struct TensorStatsRow {
   std::string tensor;
   double rel_rmse = 0;
@@ -301,6 +307,8 @@ class JobStore {
   absl::Status MergeAmax(int64_t job_id, const std::vector<AmaxRow>& rows);
   // The job's amax: its job-level rows max-merged with every task's contribution (TaskRecord).
   absl::StatusOr<std::vector<AmaxRow>> ListAmax(int64_t job_id);
+  // The job's task contributions alone (TaskRecord::PutTaskAmax), by task id then module, kind.
+  absl::StatusOr<std::vector<TaskAmaxRow>> ListTaskAmax(int64_t job_id);
   absl::StatusOr<std::vector<TensorStatsRow>> ListTensorStats(int64_t job_id);
   // The job's per-layer evaluation figures, by layer.
   absl::StatusOr<std::vector<EvaluationLayerRow>> ListEvaluationLayers(int64_t job_id);

@@ -380,6 +380,42 @@ TEST_F(LayerCheckpointTest, JobKeepsAtMostTwoBoundariesAndNoneOnceCalibrated) {
   EXPECT_TRUE(Names(layers).empty());
 }
 
+// A restart requeues layer 0 slice 1 (task 12): its stored rows stay until its rerun replaces
+// them, in the job's table as in the store, so its tokens count once.
+TEST_F(LayerCheckpointTest, RestoredRowsOfARerunTaskAreReplacedNotAdded) {
+  auto job = JobCalibration::Create(pipeline::JobSpec(), dir_, 0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const auto layer_task = [](int64_t id, int64_t slice, store::TaskState state) {
+    CalibrateTask t;
+    t.kind = CalibrateTask::Kind::kLayer;
+    t.layer = 0;
+    t.layers = 2;
+    t.slice = slice;
+    t.slices = 2;
+    store::TaskRow row;
+    row.id = id;
+    row.stage_kind = "calibrate";
+    row.payload_json = ToJson(t);
+    row.state = state;
+    return row;
+  };
+  const std::string module = "layers.0.attn.wq_a";
+  const store::TaskRow done = layer_task(11, 0, store::TaskState::kDone);
+  const store::TaskRow requeued = layer_task(12, 1, store::TaskState::kPending);
+  (*job)->Restore({{11, {module, "input", 2.0, 10}}, {12, {module, "input", 3.0, 6}}},
+                  {done, requeued});
+  EXPECT_EQ((*job)->Table().entries().at(module).amax, 3.0f);
+  EXPECT_EQ((*job)->Table().entries().at(module).tokens, 16);
+  // The rerun measures the same rows: 10 + 6 tokens, not 10 + 6 + 6.
+  (*job)->OnTaskDone(requeued, {{module, "input", 3.0, 6}}, "", "");
+  EXPECT_EQ((*job)->Table().entries().at(module).amax, 3.0f);
+  EXPECT_EQ((*job)->Table().entries().at(module).tokens, 16);
+  // Another run's rows replace the earlier ones whole: the max falls back to task 11's.
+  (*job)->OnTaskDone(requeued, {{module, "input", 1.0, 4}}, "", "");
+  EXPECT_EQ((*job)->Table().entries().at(module).amax, 2.0f);
+  EXPECT_EQ((*job)->Table().entries().at(module).tokens, 14);
+}
+
 TEST(AmaxRowsTest, RoundTripKeepsBothW2Inputs) {
   AmaxTable table;
   table.AddSlice("layer 1 slice 0 of 1");

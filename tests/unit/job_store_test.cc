@@ -434,6 +434,17 @@ TEST_F(JobStoreTest, TaskAmaxIsReplacedWhenTheTaskRunsAgain) {
   EXPECT_EQ((*rows)[0].samples, 7);  // counted once, not 14
   EXPECT_EQ((*rows)[1].module, "n");
   EXPECT_EQ((*rows)[1].samples, 7);
+  // The task's own contribution, without the job-level row of the amax file.
+  auto task_rows = store_->ListTaskAmax(id);
+  ASSERT_TRUE(task_rows.ok());
+  ASSERT_EQ(task_rows->size(), 2u);
+  EXPECT_EQ((*task_rows)[0].task_id, l.task_id);
+  EXPECT_EQ((*task_rows)[0].amax.module, "m");
+  EXPECT_EQ((*task_rows)[0].amax.value, 3.0);
+  EXPECT_EQ((*task_rows)[0].amax.samples, 7);
+  EXPECT_EQ((*task_rows)[1].task_id, l.task_id);
+  EXPECT_EQ((*task_rows)[1].amax.module, "n");
+  EXPECT_EQ((*task_rows)[1].amax.kind, "kv");
 }
 
 TEST_F(JobStoreTest, EvaluationFiguresRoundTripAndARerunReplacesThem) {

@@ -246,6 +246,8 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
     absl::StatusOr<std::vector<store::TaskPlan>> tasks = stage->Plan(input);
     if (!tasks.ok()) return tasks.status();
     if (tasks->empty()) continue;
+    ASSIGN_OR_RETURN(const uint64_t checkpoint_bytes, stage->CheckpointBytes(input, *tasks));
+    plan.checkpoint_bytes += checkpoint_bytes;
     plan.stages.push_back({std::string(stage->kind()), std::move(*tasks)});
   }
   return plan;
@@ -263,10 +265,24 @@ absl::StatusOr<uint64_t> FreeDiskBytes(const std::string& dir) {
 
 }  // namespace
 
-absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan) {
+absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan, const std::string& work_dir) {
   absl::StatusOr<uint64_t> out_free = FreeDiskBytes(spec.output);
   if (!out_free.ok()) return out_free.status();
   uint64_t needed_on_output = plan.output_bytes;
+  std::string with_checkpoints;  // what the output's figure includes besides the output
+  if (plan.checkpoint_bytes > 0) {
+    ASSIGN_OR_RETURN(const uint64_t work_free, FreeDiskBytes(work_dir));
+    const std::string checkpoints =
+        absl::StrCat("the layer checkpoints of calibration and evaluation need about ",
+                     plan.checkpoint_bytes, " bytes in ", work_dir);
+    if (work_free == *out_free) {
+      needed_on_output += plan.checkpoint_bytes;  // most likely the same file system
+      with_checkpoints = absl::StrCat(" (", checkpoints, ")");
+    } else if (work_free < plan.checkpoint_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(checkpoints, " but it has ", work_free, " free"));
+    }
+  }
   if (!spec.materialize_bf16.empty()) {
     absl::StatusOr<uint64_t> bf16_free = FreeDiskBytes(spec.materialize_bf16);
     if (!bf16_free.ok()) return bf16_free.status();
@@ -280,8 +296,8 @@ absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan) {
   }
   if (*out_free < needed_on_output) {
     return absl::ResourceExhaustedError(absl::StrCat("the output needs about ", needed_on_output,
-                                                     " bytes but ", spec.output, " has ",
-                                                     *out_free, " free"));
+                                                     " bytes", with_checkpoints, " but ",
+                                                     spec.output, " has ", *out_free, " free"));
   }
   return absl::OkStatus();
 }

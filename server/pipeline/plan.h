@@ -91,6 +91,9 @@ struct Plan {
   uint64_t source_bytes = 0;  // bytes of all source shards' tensors
   uint64_t output_bytes = 0;  // estimated bytes of the NVFP4 checkpoint
   uint64_t bf16_bytes = 0;    // estimated bytes of the BF16 copy (0 without materialize_bf16)
+  // Bytes the layer checkpoints of its stages (Stage::CheckpointBytes) take at most in the job's
+  // work directory (0 when the job neither calibrates nor evaluates).
+  uint64_t checkpoint_bytes = 0;
   RecipePlan recipe;          // what the recipe selected
 };
 
@@ -108,8 +111,9 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
 absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const TensorInventory& inventory);
 
-// Refuses, with the numbers, when the output (and BF16 copy) would not fit.
-absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan);
+// Refuses, with the numbers, when the output (and BF16 copy, and the layer checkpoints in
+// `work_dir`, the job's work directory) would not fit.
+absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan, const std::string& work_dir);
 
 }  // namespace quantd::pipeline
 

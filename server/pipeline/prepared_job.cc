@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
       ASSIGN_OR_RETURN(job->file_amax_,
                        LoadAmaxFile(spec.calibration.amax_file, job->inventory_));
     }
-    RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_));
+    RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_, job->stored_.work_dir));
   }
   RETURN_IF_ERROR(job->ClaimOutputDirs());
   if (NeedsCalibration(spec)) RETURN_IF_ERROR(job->LoadCalibration());

@@ -135,6 +135,13 @@ class Stage {
                               const TaskOutput& /*output*/) const {
     return absl::OkStatus();
   }
+
+  // Bytes the stage's layer checkpoints (calibration/layer_checkpoint.h) take at most at once in
+  // the job's work directory, for `tasks`, its Plan(input). Default: it keeps none.
+  virtual absl::StatusOr<uint64_t> CheckpointBytes(
+      const PlanInput& /*input*/, const std::vector<store::TaskPlan>& /*tasks*/) const {
+    return 0;
+  }
 };
 
 }  // namespace quantd::pipeline

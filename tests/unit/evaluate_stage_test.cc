@@ -108,6 +108,47 @@ TEST_F(EvaluatePlanTest, OnByDefaultOneTaskPerLayerInAChainThenHeadAndGate) {
   EXPECT_EQ(t[4].bytes_total, 0);
 }
 
+// The layer checkpoints take two boundaries of every calibration token (one model) and of every
+// held-out token (both models), a token being hc_mult x hidden_size float32; the first start's disk
+// check counts them in the job's work directory.
+TEST_F(EvaluatePlanTest, CheckpointBytesAreTwoBoundariesOfEveryTokenAndTheDiskCheckCountsThem) {
+  const fixture::FixtureConfig config =
+      fixture::MakeConfig(fixture::Arch::kDeepseekV4, fixture::Preset::kTiny);
+  const uint64_t token_bytes = config.hc_mult * config.hidden_size * sizeof(float);
+  absl::StatusOr<Plan> plan = PlanWith("");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const store::TaskPlan& tokens_task = StageOf(*plan, "calibrate")->tasks.front();
+  ASSERT_EQ(tokens_task.name, "tokens");
+  const uint64_t calibration_tokens = tokens_task.bytes_total;
+  const store::TaskPlan& layer0_task = StageOf(*plan, EvaluateStage::kKind)->tasks.front();
+  absl::StatusOr<EvaluateTask> layer0 = evaluation::ParseEvaluateTask(layer0_task.payload_json);
+  ASSERT_TRUE(layer0.ok()) << layer0.status();
+  const uint64_t held_out_tokens = layer0->tokens;
+  ASSERT_GT(calibration_tokens, 0u);
+  ASSERT_GT(held_out_tokens, 0u);
+  EXPECT_EQ(plan->checkpoint_bytes,
+            2 * calibration_tokens * token_bytes + 2 * 2 * held_out_tokens * token_bytes);
+  absl::StatusOr<Plan> without = PlanWith(", \"evaluate\": {\"enabled\": false}");
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->checkpoint_bytes, 2 * calibration_tokens * token_bytes);
+
+  JobSpec spec;
+  spec.output = dir_.string() + "-out";
+  const std::string work_dir = dir_.string() + "/work";  // the output's file system
+  EXPECT_TRUE(CheckDiskSpace(spec, *plan, work_dir).ok());
+  // The same output with checkpoints that cannot fit: refused, saying what they need and where.
+  Plan over = *plan;
+  over.checkpoint_bytes = uint64_t{1} << 62;
+  const absl::Status s = CheckDiskSpace(spec, over, work_dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  const std::string expected = "the output needs about " +
+                               std::to_string(plan->output_bytes + (uint64_t{1} << 62)) +
+                               " bytes (the layer checkpoints of calibration and evaluation need "
+                               "about " + std::to_string(uint64_t{1} << 62) + " bytes in " +
+                               work_dir + ") but " + spec.output + " has ";
+  EXPECT_EQ(s.message().substr(0, expected.size()), expected) << s.message();
+}
+
 TEST_F(EvaluatePlanTest, ExplicitSampleCountIsKeptOrRefusedNamingTheFile) {
   absl::StatusOr<Plan> two = PlanWith(", \"evaluate\": {\"num_samples\": 2}");
   ASSERT_TRUE(two.ok()) << two.status();

@@ -217,6 +217,14 @@ absl::StatusOr<CalibrationLayout> PlanCalibrationLayout(const PlanInput& input) 
   return CalibrationLayout{config.num_hidden_layers, devices > 0 ? devices : kAutoSlices};
 }
 
+absl::StatusOr<uint64_t> LayerCheckpointBytes(const PlanInput& input, int64_t tokens,
+                                              int64_t models) {
+  ASSIGN_OR_RETURN(const model::V4Config config, SourceConfig(input));
+  constexpr int64_t kBoundaries = 2;
+  return static_cast<uint64_t>(kBoundaries * models * tokens * config.hc_mult *
+                               config.hidden_size * static_cast<int64_t>(sizeof(float)));
+}
+
 std::vector<store::TaskRef> CalibrateDependencies(const CalibrationLayout& layout,
                                                   const JobSpec& spec, const ShardTask& task) {
   std::set<int64_t> layers;
@@ -313,6 +321,17 @@ absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInpu
     tasks.push_back({t.Name(), ToJson(t), 0, "write calibration.amax_out", {}, previous});
   }
   return tasks;
+}
+
+absl::StatusOr<uint64_t> CalibrateStage::CheckpointBytes(
+    const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const {
+  for (const store::TaskPlan& t : tasks) {
+    absl::StatusOr<CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
+    if (task.ok() && task->kind == CalibrateTask::Kind::kTokens) {
+      return LayerCheckpointBytes(input, t.bytes_total, /*models=*/1);
+    }
+  }
+  return 0;
 }
 
 absl::StatusOr<TaskOutput> CalibrateStage::Run(const store::TaskRow& row, compute::Device& device,

@@ -47,6 +47,12 @@ struct CalibrationLayout {
 };
 absl::StatusOr<CalibrationLayout> PlanCalibrationLayout(const PlanInput& input);
 
+// Bytes the layer checkpoints of a layer-wise stage over the source model take at most on disk:
+// two boundaries (calibration/layer_checkpoint.h), each holding `tokens` token rows of hc_mult x
+// hidden_size float32 for each of `models` models.
+absl::StatusOr<uint64_t> LayerCheckpointBytes(const PlanInput& input, int64_t tokens,
+                                              int64_t models);
+
 // The calibrate tasks a quantize task of `task` waits for: every slice of each layer one of its
 // NVFP4 modules belongs to ("layers.<L>."); of every layer when a module lies outside the decoder
 // layers or calibration.uncalibrated is model_max (the fill needs the whole model).
@@ -66,6 +72,9 @@ class CalibrateStage final : public Stage {
 
   std::string_view kind() const override { return kKind; }
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
+  // Two boundaries of every calibration token (the tokens task's count).
+  absl::StatusOr<uint64_t> CheckpointBytes(
+      const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const override;
   // Needs ctx.calibration (the job's calibration::JobCalibration).
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;

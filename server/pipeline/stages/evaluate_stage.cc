@@ -232,6 +232,14 @@ absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput
   return tasks;
 }
 
+absl::StatusOr<uint64_t> EvaluateStage::CheckpointBytes(
+    const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const {
+  if (tasks.empty()) return 0;
+  ASSIGN_OR_RETURN(const EvaluateTask task,
+                   evaluation::ParseEvaluateTask(tasks.front().payload_json));
+  return LayerCheckpointBytes(input, task.tokens, /*models=*/2);
+}
+
 absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& row, compute::Device& device,
                                               const StageContext& ctx) const {
   ASSIGN_OR_RETURN(const EvaluateTask task, evaluation::ParseEvaluateTask(row.payload_json));

@@ -50,6 +50,9 @@ class EvaluateStage final : public Stage {
   // InvalidArgument when evaluate.enabled is true for a job that does not calibrate on data, or
   // the data holds too few held-out samples (evaluation/held_out_samples.h).
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
+  // Two boundaries of every held-out token, for both models.
+  absl::StatusOr<uint64_t> CheckpointBytes(
+      const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const override;
   // Needs ctx.calibration (the source model) and ctx.evaluation.
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;

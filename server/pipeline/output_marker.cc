@@ -150,10 +150,12 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
     return absl::FailedPreconditionError(
         absl::StrCat(field, ": cannot open ", path, ": ", strerror(errno)));
   }
-  // From here on, a refusal closes the file and removes it when this call created it.
+  // From here on, a refusal closes the file and removes it when this call created it, then the
+  // directory when this call created it and it is empty again.
   const auto refuse = [&](const std::string& message) {
     close(fd);
     if (created) unlink(path.c_str());
+    if (created_dir) rmdir(dir.c_str());  // fails, harmlessly, unless it is empty
     return absl::FailedPreconditionError(absl::StrCat(field, ": ", message));
   };
   struct stat st;

@@ -62,7 +62,8 @@ class OutputMarker {
   static constexpr uint64_t kMaxMarkerBytes = 16 << 20;
 
   // Claims `dir` (absolute, canonical) for `job`. `field` ("output", "materialize_bf16") names
-  // the directory in errors, which are FailedPrecondition.
+  // the directory in errors, which are FailedPrecondition. A refusal removes the marker this call
+  // created, then `dir` when this call created it and it is empty.
   static absl::StatusOr<std::unique_ptr<OutputMarker>> Claim(const std::string& field,
                                                              const std::string& dir,
                                                              const JobIdentity& job,

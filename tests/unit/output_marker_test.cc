@@ -2,6 +2,8 @@
 #include "server/pipeline/output_marker.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,27 @@ namespace fs = std::filesystem;
 using OutputMarkerTest = testing_util::TempDirTest;
 
 void Touch(const std::string& path) { std::ofstream(path) << "user data"; }
+
+// While it lives, this process may write no byte to a file (RLIMIT_FSIZE 0, SIGXFSZ ignored): a
+// write fails with EFBIG.
+class NoFileWrites {
+ public:
+  NoFileWrites() {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    rlimit none = saved_;
+    none.rlim_cur = 0;
+    setrlimit(RLIMIT_FSIZE, &none);
+    saved_handler_ = signal(SIGXFSZ, SIG_IGN);
+  }
+  ~NoFileWrites() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    signal(SIGXFSZ, saved_handler_);
+  }
+
+ private:
+  rlimit saved_;
+  sighandler_t saved_handler_;
+};
 
 TEST_F(OutputMarkerTest, AbsentOrEmptyDirectoryIsClaimedAndResumable) {
   const std::string out = dir_ + "/out";
@@ -62,6 +85,26 @@ TEST_F(OutputMarkerTest, WithdrawUndoesOnlyWhatTheClaimCreated) {
   (*marker)->Withdraw();
   marker->reset();
   EXPECT_TRUE(fs::is_regular_file(resumed + "/.quantd-job"));
+}
+
+TEST_F(OutputMarkerTest, ARefusedClaimRemovesOnlyTheDirectoryItCreated) {
+  const JobIdentity job{3, 1000, "/state/quantd.db"};
+  const std::string created = dir_ + "/created";
+  const std::string existing = dir_ + "/existing";
+  fs::create_directories(existing);
+  {
+    NoFileWrites no_writes;  // the marker cannot be written: Claim refuses after creating both
+    auto marker = OutputMarker::Claim("output", created, job, false);
+    EXPECT_EQ(marker.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(marker.status().message(),
+              "output: " + created + "/.quantd-job: write failed: File too large");
+    marker = OutputMarker::Claim("output", existing, job, false);
+    EXPECT_EQ(marker.status().message(),
+              "output: " + existing + "/.quantd-job: write failed: File too large");
+  }
+  EXPECT_FALSE(fs::exists(created));
+  EXPECT_TRUE(fs::is_directory(existing));
+  EXPECT_TRUE(fs::is_empty(existing));
 }
 
 TEST_F(OutputMarkerTest, OneWriterAtATime) {

@@ -62,7 +62,7 @@ def test_dashboard_structure():
     for wanted in ("Jobs by state", "Queue depth", "Stage progress", "Throughput", "ETA",
                    "Stage duration", "Task retries by reason", "Job failures by reason",
                    "Device busy ratio", "Device memory used", "RPC rate", "RPC error ratio",
-                   "Calibration", "Disk free"):
+                   "Calibration", "Evaluation tokens/s", "Disk free"):
         assert wanted in titles, wanted
     for title, expr, _ in dashboard_expressions():
         # Every query follows the instance picker (`up` and time() included).

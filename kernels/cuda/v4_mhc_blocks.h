@@ -24,9 +24,9 @@ cudaError_t LaunchHcScaleMixes(const float* streams, int64_t tokens, int64_t wid
                                float* mixes, int64_t mix_width, const Launch& launch);
 
 // hc_head's stream weights: pre[t, j] = sigmoid(mixes[t, j] * scale[0] + base[j]) + eps over
-// mixes [tokens, hc] (scaled), scale [1] and base [hc] in device memory. The sigmoid's expf makes
-// it within 8 * 2^-24 relative of the CPU's (as ClampedSwiglu: 2 + 1 ulp for expf, half an ulp
-// for the division on each side), not bit-exact.
+// mixes [tokens, hc] (scaled), scale [1] and base [hc] in device memory. The argument is the
+// CPU's bits; expf differs by at most 2 + 1 ulp (CUDA, host), 1 + e, the division and + eps by
+// one more ulp each: within 12 * 2^-24 relative of the CPU's, not bit-exact.
 cudaError_t LaunchHcHeadPre(const float* mixes, const float* scale, const float* base,
                             int64_t tokens, int64_t hc, float eps, float* pre,
                             const Launch& launch);

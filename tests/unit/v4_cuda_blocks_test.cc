@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/v4_blocks.h"
+#include "tests/unit/cuda_test_util.h"
 #endif
 
 namespace quantd::model {
@@ -33,34 +34,7 @@ using kernels::cuda::DeviceResults;
 using kernels::cuda::kNoBad;
 using kernels::cuda::Launch;
 
-int DeviceCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-// A device copy of a host vector, freed with it.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(const std::vector<T>& host) : size_(host.size()) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceVector() { cudaFree(data_); }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  T* get() const { return data_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(size_);
-    EXPECT_EQ(cudaMemcpy(host.data(), data_, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-
- private:
-  size_t bytes() const { return size_ * sizeof(T); }
-  size_t size_;
-  T* data_ = nullptr;
-};
+using testing_util::DeviceVector;
 
 std::vector<float> RandomFloats(size_t n, float scale, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -84,7 +58,7 @@ void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& wan
 class V4CudaBlocksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    if (testing_util::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&results_), sizeof(DeviceResults)),
               cudaSuccess);

@@ -24,6 +24,9 @@ constexpr int64_t kAttentionSharedTarget = 100 * 1024;
 constexpr int64_t kSoftmaxBlock = 64;
 // Largest Hadamard row: n floats of shared memory within the default 48 KiB.
 constexpr int64_t kMaxHadamardN = 8192;
+// Threads per block of the picks (one per query): small blocks spread a few thousand queries
+// over every SM.
+constexpr int kSelectThreads = 32;
 
 // The key list's geometry, the same for every query (v4_attention_sparse.cc).
 struct AttentionShape {
@@ -372,6 +375,7 @@ cudaError_t LaunchHadamardRows(float* x, int64_t rows, int64_t n, bool round_bf1
 
 cudaError_t LaunchSimulateIndexerFp4(float* x, int64_t rows, int64_t n, DeviceResults* results,
                                      const Launch& launch) {
+  if (n % 32 != 0) return cudaErrorInvalidValue;  // whole FP4 blocks
   cudaError_t e = LaunchHadamardRows(x, rows, n, /*round_bf16=*/true, launch);
   if (e != cudaSuccess) return e;
   return LaunchSimulateFp4Act(x, rows, n, n, results, launch);
@@ -398,7 +402,9 @@ cudaError_t LaunchSelectTopEntries(const float* scores, int64_t first_position, 
     return cudaErrorInvalidValue;
   }
   if (queries <= 0 || k == 0) return cudaSuccess;
-  SelectTopEntriesKernel<<<GridFor(queries, launch), kThreads, 0, launch.stream>>>(
+  const int64_t wanted = (queries + kSelectThreads - 1) / kSelectThreads;
+  const int blocks = static_cast<int>(wanted < launch.max_blocks ? wanted : launch.max_blocks);
+  SelectTopEntriesKernel<<<blocks, kSelectThreads, 0, launch.stream>>>(
       scores, first_position, queries, entries, ratio, k, static_cast<ScoredEntry*>(scratch),
       picks);
   return cudaGetLastError();

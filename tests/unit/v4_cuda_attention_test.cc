@@ -475,6 +475,9 @@ TEST_F(V4CudaAttentionTest, SimulateIndexerFp4IsBitExactAndReportsTheFirstNonFin
             cudaSuccess);
   Sync();
   EXPECT_EQ(FirstBad(), static_cast<unsigned long long>(7 * n));
+  // A row of 16: no whole FP4 block.
+  EXPECT_EQ(kernels::cuda::LaunchSimulateIndexerFp4(bad.get(), 1, 16, results_, launch_),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(V4CudaAttentionTest, IndexerScoresAreBitExactAndWriteOnlyVisibleEntries) {

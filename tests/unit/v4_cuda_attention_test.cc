@@ -31,7 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/v4_attention_blocks.h"
-#include "tests/unit/cuda_test_util.h"
+#include "tests/unit/v4_cuda_test_util.h"
 #endif
 
 namespace quantd::model {
@@ -171,26 +171,8 @@ using kernels::cuda::DeviceResults;
 using kernels::cuda::kNoBad;
 using kernels::cuda::Launch;
 using testing_util::DeviceVector;
-
-std::vector<float> RandomFloats(size_t n, float mean, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(mean, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// Bit-for-bit equality, naming the first differing index.
-template <typename T>
-void ExpectSameBits(const std::vector<T>& got, const std::vector<T>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      ADD_FAILURE() << "index " << i << ": got " << got[i] << ", want " << want[i];
-      return;
-    }
-  }
-}
+using testing_util::ExpectSameBits;
+using testing_util::RandomFloats;
 
 class V4CudaAttentionTest : public ::testing::Test {
  protected:
@@ -257,7 +239,8 @@ AttentionInputs MakeAttentionInputs(const AttentionCase& c, uint32_t seed) {
   a.q = RandomQuarters(c.seq_len * c.heads * c.head_dim, seed + 1);
   a.kv = RandomQuarters(c.seq_len * c.head_dim, seed + 2);
   a.compressed = RandomQuarters(std::max<int64_t>(entries, 1) * c.head_dim, seed + 3);
-  a.sink = RandomFloats(c.heads, 3.0f, 1.0f, seed + 4);
+  a.sink = RandomFloats(c.heads, 1.0f, seed + 4);
+  for (float& s : a.sink) s += 3.0f;
   if (c.picks_per_query > 0) {
     a.picks.assign(c.seq_len * c.picks_per_query, -1);
     for (int64_t t = 0; t < c.seq_len; ++t) {
@@ -439,7 +422,7 @@ TEST_F(V4CudaAttentionTest, SparseAttentionRejectsWhatItCannotServe) {
 TEST_F(V4CudaAttentionTest, HadamardRowsIsBitExact) {
   for (int64_t n : {1, 2, 64, 128, 512}) {
     const int64_t rows = 37;
-    std::vector<float> want = RandomFloats(rows * n, 0.0f, 2.0f, 30);
+    std::vector<float> want = RandomFloats(rows * n, 2.0f, 30);
     DeviceVector<float> dx(want);
     HadamardRows(want.data(), rows, n);
     ASSERT_EQ(kernels::cuda::LaunchHadamardRows(dx.get(), rows, n, /*round_bf16=*/false, launch_),
@@ -454,7 +437,7 @@ TEST_F(V4CudaAttentionTest, HadamardRowsIsBitExact) {
 
 TEST_F(V4CudaAttentionTest, SimulateIndexerFp4IsBitExactAndReportsTheFirstNonFinite) {
   const int64_t rows = 64 * 5, n = 128;  // 5 tokens of V4's 64 indexer heads of 128
-  std::vector<float> x = RandomFloats(rows * n, 0.0f, 1.5f, 31);
+  std::vector<float> x = RandomFloats(rows * n, 1.5f, 31);
   for (int64_t c = 0; c < n; ++c) x[9 * n + c] *= 1e-30f;  // a row below the FP4 amax floor
   std::vector<float> want = x;
   ASSERT_TRUE(SimulateIndexerFp4(want.data(), rows, n, HostThreads{}).ok());
@@ -483,8 +466,8 @@ TEST_F(V4CudaAttentionTest, SimulateIndexerFp4IsBitExactAndReportsTheFirstNonFin
 TEST_F(V4CudaAttentionTest, IndexerScoresAreBitExactAndWriteOnlyVisibleEntries) {
   const int64_t queries = 37, heads = 64, dim = 128, entries = 50, ratio = 4;
   const int64_t first_position = 150;  // the queries see 37 .. 46 entries of 50
-  const std::vector<float> dots = RandomFloats(queries * heads * entries, 0.0f, 3.0f, 32);
-  std::vector<float> weights = RandomFloats(queries * heads, 0.0f, 1.0f, 33);
+  const std::vector<float> dots = RandomFloats(queries * heads * entries, 3.0f, 32);
+  std::vector<float> weights = RandomFloats(queries * heads, 1.0f, 33);
   const float unwritten = 12345.0f;
   for (const Numerics numerics : {Numerics::kOfficial, Numerics::kMath}) {
     const bool official = numerics == Numerics::kOfficial;
@@ -537,8 +520,9 @@ TEST_F(V4CudaAttentionTest, SelectTopEntriesPicksAsTheCpu) {
 TEST_F(V4CudaAttentionTest, IndexerScoresThenPicksMatchTheCpu) {
   const int64_t queries = 64, heads = 64, dim = 128, entries = 128, ratio = 4, k = 100;
   const int64_t first_position = 400;  // the queries see 100 .. 116 entries
-  std::vector<float> dots = RandomFloats(queries * heads * entries, -1.0f, 1.0f, 35);
-  std::vector<float> weights = RandomFloats(queries * heads, 0.0f, 1.0f, 36);
+  std::vector<float> dots = RandomFloats(queries * heads * entries, 1.0f, 35);
+  for (float& d : dots) d -= 1.0f;  // mostly negative: many all-zero (tied) scores
+  std::vector<float> weights = RandomFloats(queries * heads, 1.0f, 36);
   for (float& v : weights) v = formats::RoundToBf16(v * 0.0110485f);
   std::vector<float> scores(queries * entries, 0.0f);
   IndexerScores(Numerics::kOfficial, dots.data(), weights.data(), queries, heads, dim, entries,

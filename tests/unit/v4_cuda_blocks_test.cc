@@ -4,10 +4,8 @@
 // within a tolerance derived from expf's error otherwise (clamped SwiGLU, Sinkhorn). Skips
 // without a CUDA device; builds without CUDA have no such blocks and skip as well.
 #include <stdint.h>
-#include <string.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,7 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/v4_blocks.h"
-#include "tests/unit/cuda_test_util.h"
+#include "tests/unit/v4_cuda_test_util.h"
 #endif
 
 namespace quantd::model {
@@ -35,25 +33,8 @@ using kernels::cuda::kNoBad;
 using kernels::cuda::Launch;
 
 using testing_util::DeviceVector;
-
-std::vector<float> RandomFloats(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// Bit-for-bit equality, naming the first differing index.
-void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (memcmp(&got[i], &want[i], 4) != 0) {
-      ADD_FAILURE() << "index " << i << ": got " << got[i] << ", want " << want[i];
-      return;
-    }
-  }
-}
+using testing_util::ExpectSameBits;
+using testing_util::RandomFloats;
 
 class V4CudaBlocksTest : public ::testing::Test {
  protected:

@@ -38,6 +38,18 @@ struct AttentionShape {
   float scale;              // head_dim^-0.5
 };
 
+// The key list's geometry of `args` (heads_per_block and groups left to the plan).
+AttentionShape ShapeOf(const SparseAttentionArgs& args) {
+  AttentionShape sh{};
+  sh.window_slots = args.seq_len < args.window ? args.seq_len : args.window;
+  const int64_t compressed_slots =
+      args.ratio == 0 ? 0 : (args.picks != nullptr ? args.picks_per_query : args.entries);
+  sh.slots = sh.window_slots + compressed_slots;
+  sh.softmax_blocks = (sh.slots + kSoftmaxBlock - 1) / kSoftmaxBlock;
+  sh.scale = 1.0f / sqrtf(static_cast<float>(args.head_dim));  // the CPU's scale, IEEE sqrt
+  return sh;
+}
+
 // Shared floats of one attention block: the key rows, then per head its q, its scores (then
 // P weights), its divisor and, official, its block maxima, factors and sums.
 int64_t AttentionSharedFloats(const AttentionShape& sh, int64_t head_dim, bool official,
@@ -321,25 +333,9 @@ cudaError_t LaunchSparseAttentionKernel(const SparseAttentionArgs& args, const A
 
 }  // namespace
 
-cudaError_t LaunchSparseAttention(const SparseAttentionArgs& args, bool official, float* o,
-                                  const Launch& launch) {
-  if (args.head_dim <= 0 || args.window < 1 || args.ratio < 0 || args.entries < 0 ||
-      args.seq_len < 0 || args.heads < 0 || args.seq_len > INT32_MAX ||
-      args.entries > INT32_MAX || (args.picks != nullptr && args.picks_per_query < 0)) {
-    return cudaErrorInvalidValue;
-  }
-  if (args.seq_len == 0 || args.heads == 0) return cudaSuccess;
-  AttentionShape sh;
-  sh.window_slots = args.seq_len < args.window ? args.seq_len : args.window;
-  const int64_t compressed_slots =
-      args.ratio == 0 ? 0 : (args.picks != nullptr ? args.picks_per_query : args.entries);
-  sh.slots = sh.window_slots + compressed_slots;
-  sh.softmax_blocks = (sh.slots + kSoftmaxBlock - 1) / kSoftmaxBlock;
-  sh.scale = 1.0f / sqrtf(static_cast<float>(args.head_dim));  // the CPU's scale, IEEE sqrt
-
-  int64_t limit = 0;
-  cudaError_t e = SharedLimit(&limit);
-  if (e != cudaSuccess) return e;
+SparseAttentionPlan PlanSparseAttention(const SparseAttentionArgs& args, bool official,
+                                        int64_t shared_limit) {
+  const AttentionShape sh = ShapeOf(args);
   const int64_t max_heads = args.heads < kMaxHeadsPerBlock ? args.heads : kMaxHeadsPerBlock;
   const auto heads_fitting = [&](int64_t bytes) {
     int64_t fit = 0;
@@ -349,16 +345,36 @@ cudaError_t LaunchSparseAttention(const SparseAttentionArgs& args, bool official
     }
     return fit;
   };
-  int64_t fit = heads_fitting(kAttentionSharedTarget < limit ? kAttentionSharedTarget : limit);
-  if (fit == 0) fit = heads_fitting(limit);
-  if (fit == 0) return cudaErrorInvalidValue;
-  // Balanced groups: ceil(heads / fit) groups of (nearly) equal size.
-  sh.groups = (args.heads + fit - 1) / fit;
-  sh.heads_per_block = (args.heads + sh.groups - 1) / sh.groups;
-  const int64_t shared_bytes =
-      4 * AttentionSharedFloats(sh, args.head_dim, official, sh.heads_per_block);
-  return official ? LaunchSparseAttentionKernel<true>(args, sh, shared_bytes, o, launch)
-                  : LaunchSparseAttentionKernel<false>(args, sh, shared_bytes, o, launch);
+  int64_t fit = heads_fitting(kAttentionSharedTarget < shared_limit ? kAttentionSharedTarget
+                                                                    : shared_limit);
+  if (fit == 0) fit = heads_fitting(shared_limit);
+  if (fit == 0) return {};
+  // Balanced groups: ceil(heads / fit) groups of (nearly) equal size, none larger than fit.
+  SparseAttentionPlan plan;
+  plan.groups = (args.heads + fit - 1) / fit;
+  plan.heads_per_block = (args.heads + plan.groups - 1) / plan.groups;
+  plan.shared_bytes = 4 * AttentionSharedFloats(sh, args.head_dim, official, plan.heads_per_block);
+  return plan;
+}
+
+cudaError_t LaunchSparseAttention(const SparseAttentionArgs& args, bool official, float* o,
+                                  const Launch& launch) {
+  if (args.head_dim <= 0 || args.window < 1 || args.ratio < 0 || args.entries < 0 ||
+      args.seq_len < 0 || args.heads < 0 || args.seq_len > INT32_MAX ||
+      args.entries > INT32_MAX || (args.picks != nullptr && args.picks_per_query < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.seq_len == 0 || args.heads == 0) return cudaSuccess;
+  int64_t limit = 0;
+  cudaError_t e = SharedLimit(&limit);
+  if (e != cudaSuccess) return e;
+  const SparseAttentionPlan plan = PlanSparseAttention(args, official, limit);
+  if (plan.heads_per_block == 0) return cudaErrorInvalidValue;
+  AttentionShape sh = ShapeOf(args);
+  sh.heads_per_block = plan.heads_per_block;
+  sh.groups = plan.groups;
+  return official ? LaunchSparseAttentionKernel<true>(args, sh, plan.shared_bytes, o, launch)
+                  : LaunchSparseAttentionKernel<false>(args, sh, plan.shared_bytes, o, launch);
 }
 
 cudaError_t LaunchHadamardRows(float* x, int64_t rows, int64_t n, bool round_bf16,

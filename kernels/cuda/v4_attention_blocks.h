@@ -48,6 +48,16 @@ struct SparseAttentionArgs {
 cudaError_t LaunchSparseAttention(const SparseAttentionArgs& args, bool official, float* o,
                                   const Launch& launch);
 
+// How LaunchSparseAttention lays out valid `args` on a device whose per-block shared memory
+// limit (with opt-in) is `shared_limit` bytes; heads_per_block 0 when one head does not fit.
+struct SparseAttentionPlan {
+  int64_t heads_per_block = 0;  // query heads sharing one block's key loads
+  int64_t groups = 0;           // blocks per token: ceil(heads / heads_per_block)
+  int64_t shared_bytes = 0;     // dynamic shared memory per block
+};
+SparseAttentionPlan PlanSparseAttention(const SparseAttentionArgs& args, bool official,
+                                        int64_t shared_limit);
+
 // HadamardRows (v4_indexer.h) in place on x [rows, n], n a power of two up to 8192; with
 // `round_bf16` the result is rounded to BF16 (as SimulateIndexerFp4 does before its FP4 step).
 // The same butterflies in the same order: bit-exact.
@@ -55,10 +65,9 @@ cudaError_t LaunchHadamardRows(float* x, int64_t rows, int64_t n, bool round_bf1
                                const Launch& launch);
 
 // SimulateIndexerFp4 (v4_indexer.h) in place on x [rows, n], n a power of two and a multiple
-// of 32 (whole FP4 blocks) up to 8192: LaunchHadamardRows with BF16
-// rounding, then LaunchSimulateFp4Act (v4_blocks.h). Bit-exact. results->first_bad: the
-// smallest r * n + c of a non-finite value after the transform (kNoBad: none), where the CPU
-// block fails.
+// of 32 (whole FP4 blocks) up to 8192: LaunchHadamardRows with BF16 rounding, then
+// LaunchSimulateFp4Act (v4_blocks.h). Bit-exact. results->first_bad: the smallest r * n + c of
+// a non-finite value after the transform (kNoBad: none), where the CPU block fails.
 cudaError_t LaunchSimulateIndexerFp4(float* x, int64_t rows, int64_t n, DeviceResults* results,
                                      const Launch& launch);
 

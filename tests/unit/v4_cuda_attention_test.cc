@@ -174,6 +174,56 @@ using testing_util::DeviceVector;
 using testing_util::ExpectSameBits;
 using testing_util::RandomFloats;
 
+// The attention's block layouts at DeepSeek-V4 sizes for a 227 KiB per-block limit (sm_90,
+// sm_100): host arithmetic, so this runs without a device. Two CSA blocks fit on one SM (228
+// KiB, 1 KiB reserved per block).
+TEST(V4CudaAttentionPlanTest, LayoutsAtV4Sizes) {
+  using kernels::cuda::PlanSparseAttention;
+  const int64_t limit = 227 * 1024;
+  const int32_t no_pick = -1;  // the plan reads only whether there are picks
+  kernels::cuda::SparseAttentionArgs pro;
+  pro.seq_len = 8192;
+  pro.heads = 128;
+  pro.head_dim = 512;
+  pro.window = 128;
+  pro.ratio = 4;
+  pro.entries = 2048;
+  pro.picks = &no_pick;
+  pro.picks_per_query = 1024;
+  struct Want {
+    int64_t heads_per_block, groups, shared_bytes;
+  };
+  const auto expect = [](const kernels::cuda::SparseAttentionPlan& got, const Want& want) {
+    EXPECT_EQ(got.heads_per_block, want.heads_per_block);
+    EXPECT_EQ(got.groups, want.groups);
+    EXPECT_EQ(got.shared_bytes, want.shared_bytes);
+  };
+  // Pro CSA: 1152 slots, 18 softmax blocks; 4 * (1152 + 13 * (512 + 1152 + 1 + 54)).
+  expect(PlanSparseAttention(pro, true, limit), {13, 10, 93996});
+  expect(PlanSparseAttention(pro, false, limit), {13, 10, 91188});
+  EXPECT_LE(2 * (93996 + 1024), 228 * 1024);
+  // Below the 100 KiB target the limit decides: 8 heads of 1719 floats.
+  expect(PlanSparseAttention(pro, true, 64 * 1024), {8, 16, 59616});
+  // Flash CSA: 64 heads, 512 picks.
+  kernels::cuda::SparseAttentionArgs flash = pro;
+  flash.heads = 64;
+  flash.picks_per_query = 512;
+  expect(PlanSparseAttention(flash, true, limit), {16, 4, 78272});
+  // Pro HCA at 8192 tokens (64 entries), and at 2^20 tokens (8192 entries: one head per block).
+  kernels::cuda::SparseAttentionArgs hca = pro;
+  hca.ratio = 128;
+  hca.entries = 64;
+  hca.picks = nullptr;
+  hca.picks_per_query = 0;
+  expect(PlanSparseAttention(hca, true, limit), {16, 8, 46464});
+  hca.seq_len = int64_t{1} << 20;
+  hca.entries = 8192;
+  expect(PlanSparseAttention(hca, true, limit), {1, 128, 70172});
+  // One head's q alone beyond the limit.
+  hca.head_dim = int64_t{1} << 20;
+  EXPECT_EQ(PlanSparseAttention(hca, true, limit).heads_per_block, 0);
+}
+
 class V4CudaAttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {

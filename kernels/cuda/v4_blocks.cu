@@ -96,8 +96,6 @@ __global__ void ClampedSwigluKernel(float* g, const float* u, int64_t n, float l
   }
 }
 
-__device__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // One thread per token, the CPU's SplitSinkhorn step by step.
 __global__ void SplitSinkhornKernel(const float* mixes, const float* scale, const float* base,
                                     int64_t tokens, int64_t hc, int64_t iters, float eps,

@@ -117,19 +117,8 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
           absl::StrCat("Embed: token id at position ", t, " is outside [0, ", c.vocab_size, ")"));
     }
   }
-  const int64_t tokens = static_cast<int64_t>(ids.size());
-  ParallelRows(threads, tokens, 2 * copies * d, [&](int, int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* src = embed->data + static_cast<int64_t>(ids[t]) * d * 2;
-      float* row = out + t * stride;
-      for (int64_t i = 0; i < d; ++i) {
-        uint16_t b;
-        memcpy(&b, src + 2 * i, 2);
-        row[i] = formats::Bf16ToFloat(b);
-      }
-      for (int64_t j = 1; j < copies; ++j) memcpy(row + j * d, row, static_cast<size_t>(d) * 4);
-    }
-  });
+  EmbeddingRows(embed->data, d, ids.data(), static_cast<int64_t>(ids.size()), stride, copies, out,
+                threads);
   ReleasePages(ckpt, *embed);
   return absl::OkStatus();
 }
@@ -201,6 +190,22 @@ absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config
   out.streams.resize(in.streams.size());
   HcPost(ctx, config, mix, ffn.data(), mid.data(), tokens, out.streams.data());
   return out;
+}
+
+void EmbeddingRows(const uint8_t* table, int64_t d, const int32_t* ids, int64_t tokens,
+                   int64_t stride, int64_t copies, float* out, const HostThreads& threads) {
+  ParallelRows(threads, tokens, 2 * copies * d, [&](int, int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* src = table + static_cast<int64_t>(ids[t]) * d * 2;
+      float* row = out + t * stride;
+      for (int64_t i = 0; i < d; ++i) {
+        uint16_t b;
+        memcpy(&b, src + 2 * i, 2);
+        row[i] = formats::Bf16ToFloat(b);
+      }
+      for (int64_t j = 1; j < copies; ++j) memcpy(row + j * d, row, static_cast<size_t>(d) * 4);
+    }
+  });
 }
 
 absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_t> token_ids,

@@ -57,6 +57,12 @@ absl::StatusOr<V4Activations> Embed(const V4Checkpoint& ckpt, std::vector<int32_
                                     int64_t sequences, int64_t seq_len,
                                     const HostThreads& threads = {});
 
+// Embed's gather: row t of out (at out + t * stride) = the BF16 row ids[t] of `table`
+// ([vocab, d], little-endian bytes as the checkpoint holds them) as float32, copied to the
+// `copies` - 1 rows of d values after it. The ids must be in range (Embed checks them).
+void EmbeddingRows(const uint8_t* table, int64_t d, const int32_t* ids, int64_t tokens,
+                   int64_t stride, int64_t copies, float* out, const HostThreads& threads = {});
+
 struct V4HeadWeights {
   HyperConnectionWeights hc_head;  // hc_head_{fn,base,scale}
   std::vector<float> norm;         // norm.weight [d]

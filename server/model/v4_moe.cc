@@ -45,9 +45,7 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
     const int64_t d = e.w2.out_features();
     RETURN_IF_ERROR(ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kFloat32,
                                 {tokens, expert, nullptr, g.data()}));
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < d; ++c) out[r * d + c] *= weights[r];
-    }
+    ScaleRows(weights, rows, d, out, ctx.threads);
     ToModelDtype(ctx, out, rows * d);
     return absl::OkStatus();
   }
@@ -57,13 +55,7 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
     std::copy(g.begin(), g.end(), u.begin());
     ToModelDtype(ctx, u.data(), rows * inter);
   }
-  if (weights != nullptr) {
-    ParallelRows(ctx.threads, rows, inter, [&](int, int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        for (int64_t i = 0; i < inter; ++i) g[r * inter + i] = weights[r] * g[r * inter + i];
-      }
-    });
-  }
+  if (weights != nullptr) ScaleRows(weights, rows, inter, g.data(), ctx.threads);
   ToModelDtype(ctx, g.data(), rows * inter);
   return ApplyLinear(ctx, e.w2, g.data(), rows, out, LinearOutput::kModelDtype,
                      {tokens, expert, weights, show_unweighted ? u.data() : nullptr});
@@ -184,6 +176,46 @@ Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, 
   return r;
 }
 
+ExpertRows GroupByExpert(const Routing& routing, int64_t tokens, int64_t topk, int64_t experts) {
+  ExpertRows r;
+  r.tokens.resize(static_cast<size_t>(experts));
+  r.weights.resize(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < topk; ++k) {
+      const int32_t e = routing.experts[t * topk + k];
+      r.tokens[e].push_back(t);
+      r.weights[e].push_back(routing.weights[t * topk + k]);
+    }
+  }
+  return r;
+}
+
+void GatherRows(const float* x, int64_t d, const int64_t* rows, int64_t n, float* out,
+                const HostThreads& threads) {
+  ParallelRows(threads, n, d, [&](int, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) std::copy_n(x + rows[i] * d, d, out + i * d);
+  });
+}
+
+void ScaleRows(const float* weights, int64_t rows, int64_t cols, float* x,
+               const HostThreads& threads) {
+  ParallelRows(threads, rows, cols, [&](int, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < cols; ++i) x[r * cols + i] = weights[r] * x[r * cols + i];
+    }
+  });
+}
+
+void AddRows(const float* out, const int64_t* rows, int64_t n, int64_t d, float* sum,
+             const HostThreads& threads) {
+  ParallelRows(threads, n, 2 * d, [&](int, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* dst = sum + rows[i] * d;
+      for (int64_t c = 0; c < d; ++c) dst[c] += out[i * d + c];
+    }
+  });
+}
+
 absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
                         const float* x, int64_t tokens, const int32_t* token_ids, float* y) {
   const int64_t d = config.hidden_size, experts = config.n_routed_experts;
@@ -199,40 +231,24 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
   RETURN_IF_ERROR(ApplyLinear(ctx, w.gate, x, tokens, logits.data(), LinearOutput::kFloat32));
   const Routing routing = Route(config, w, logits.data(), tokens, token_ids, ctx.threads);
 
-  // Rows routed to each expert, in token order, with their weights.
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(experts));
-  std::vector<std::vector<float>> weights(static_cast<size_t>(experts));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t k = 0; k < topk; ++k) {
-      const int32_t e = routing.experts[t * topk + k];
-      rows[e].push_back(t);
-      weights[e].push_back(routing.weights[t * topk + k]);
-    }
-  }
+  const ExpertRows routed = GroupByExpert(routing, tokens, topk, experts);
   std::vector<float> sum(static_cast<size_t>(tokens * d), 0.0f);  // fp32 routed sum
   std::vector<float> xe, out;
   for (int64_t e = 0; e < experts; ++e) {
-    const int64_t n = static_cast<int64_t>(rows[e].size());
+    const int64_t n = static_cast<int64_t>(routed.tokens[e].size());
     if (n == 0) continue;
     xe.resize(static_cast<size_t>(n * d));
-    const int64_t* ids = rows[e].data();
-    ParallelRows(ctx.threads, n, d, [&](int, int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) std::copy_n(x + ids[i] * d, d, xe.data() + i * d);
-    });
+    const int64_t* ids = routed.tokens[e].data();
+    GatherRows(x, d, ids, n, xe.data(), ctx.threads);
     out.resize(xe.size());
     RETURN_IF_ERROR(ExpertForward(ctx, config, w.experts[e], xe.data(), n, ids,
-                                  static_cast<int>(e), weights[e].data(), out.data()));
+                                  static_cast<int>(e), routed.weights[e].data(), out.data()));
     // A token is routed to an expert at most once (distinct ids per row): no two rows share a
     // destination.
-    ParallelRows(ctx.threads, n, 2 * d, [&](int, int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        float* dst = sum.data() + ids[i] * d;
-        for (int64_t c = 0; c < d; ++c) dst[c] += out[i * d + c];
-      }
-    });
+    AddRows(out.data(), ids, n, d, sum.data(), ctx.threads);
   }
   if (ctx.observer != nullptr && ctx.observe_all_experts) {
-    RETURN_IF_ERROR(ObserveUnroutedRows(ctx, config, w, x, tokens, rows));
+    RETURN_IF_ERROR(ObserveUnroutedRows(ctx, config, w, x, tokens, routed.tokens));
   }
   RETURN_IF_ERROR(ExpertForward(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, y));
   ParallelRows(ctx.threads, tokens * d, 1, [&](int, int64_t begin, int64_t end) {

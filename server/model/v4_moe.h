@@ -54,6 +54,28 @@ Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, 
 // SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp.
 float ClampedSwiglu(float g, float u, float limit);
 
+// The steps of MoeForward between its GEMMs (public so that their CUDA twins can be tested
+// against them). The rows routed to each expert, in token order, with their routing weights.
+struct ExpertRows {
+  std::vector<std::vector<int64_t>> tokens;  // [experts][rows routed to the expert]
+  std::vector<std::vector<float>> weights;   // the same shape: the rows' routing weights
+};
+ExpertRows GroupByExpert(const Routing& routing, int64_t tokens, int64_t topk, int64_t experts);
+
+// out[i, :] = x[rows[i], :] for i < n; rows of d values.
+void GatherRows(const float* x, int64_t d, const int64_t* rows, int64_t n, float* out,
+                const HostThreads& threads);
+
+// x[r, c] = weights[r] * x[r, c] over x [rows, cols]: the routing weight on a routed expert's w2
+// input (or, W4A4, its output).
+void ScaleRows(const float* weights, int64_t rows, int64_t cols, float* x,
+               const HostThreads& threads);
+
+// sum[rows[i], :] += out[i, :] for i < n (rows distinct, d values each): one expert's output
+// into the fp32 routed sum. MoeForward adds the experts in ascending id order.
+void AddRows(const float* out, const int64_t* rows, int64_t n, int64_t d, float* sum,
+             const HostThreads& threads);
+
 // y[tokens, d] = MoE(x) for the ffn-normed input x [tokens, d] (model dtype) of the tokens
 // `token_ids` (used by hash layers). Output in the model dtype.
 absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,

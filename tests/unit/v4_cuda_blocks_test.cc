@@ -4,10 +4,8 @@
 // within a tolerance derived from expf's error otherwise (clamped SwiGLU, Sinkhorn). Skips
 // without a CUDA device; builds without CUDA have no such blocks and skip as well.
 #include <stdint.h>
-#include <string.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/v4_blocks.h"
+#include "tests/unit/v4_cuda_test_util.h"
 #endif
 
 namespace quantd::model {
@@ -33,58 +32,14 @@ using kernels::cuda::DeviceResults;
 using kernels::cuda::kNoBad;
 using kernels::cuda::Launch;
 
-int DeviceCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-// A device copy of a host vector, freed with it.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(const std::vector<T>& host) : size_(host.size()) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceVector() { cudaFree(data_); }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  T* get() const { return data_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(size_);
-    EXPECT_EQ(cudaMemcpy(host.data(), data_, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-
- private:
-  size_t bytes() const { return size_ * sizeof(T); }
-  size_t size_;
-  T* data_ = nullptr;
-};
-
-std::vector<float> RandomFloats(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// Bit-for-bit equality, naming the first differing index.
-void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (memcmp(&got[i], &want[i], 4) != 0) {
-      ADD_FAILURE() << "index " << i << ": got " << got[i] << ", want " << want[i];
-      return;
-    }
-  }
-}
+using testing_util::DeviceVector;
+using testing_util::ExpectSameBits;
+using testing_util::RandomFloats;
 
 class V4CudaBlocksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    if (testing_util::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&results_), sizeof(DeviceResults)),
               cudaSuccess);

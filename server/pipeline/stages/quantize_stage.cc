@@ -21,8 +21,10 @@
 namespace quantd::pipeline {
 namespace {
 
-// Output elements decoded and compared per chunk by AddStats: 16 MiB of float32 on each side.
-constexpr int64_t kStatsChunkElements = int64_t{1} << 22;
+// Elements per step on a backend with its own memory: each kernel launch has plenty of work, and
+// the step's decoded rows (8 MiB of BF16) and their float32 decoding for the statistics (16 MiB,
+// also staged in host memory) stay small next to a large tensor.
+constexpr int64_t kDeviceStepElements = int64_t{1} << 22;
 
 // Which tensor of an NVFP4 module an output tensor is: Nvfp4ModuleTensors' order, in both
 // export formats (values, block scales, global scale, input scale).
@@ -50,8 +52,8 @@ struct QuantizedModule {
 // quantizing each fusion group (or lone module) when its first tensor is due.
 class QuantizeRun {
  public:
-  QuantizeRun(const StageContext& ctx, const ShardTask& task)
-      : ctx_(ctx), task_(task), backend_(*ctx.backend) {}
+  QuantizeRun(const StageContext& ctx, const ShardTask& task, int64_t host_step_elements)
+      : ctx_(ctx), task_(task), backend_(*ctx.backend), host_step_elements_(host_step_elements) {}
 
   absl::StatusOr<TaskOutput> Run();
 
@@ -68,20 +70,31 @@ class QuantizeRun {
   absl::Status QuantizeDecoded(const std::vector<const SourceWeight*>& members);
   // Output buffers for `w`, registered in pending_.
   absl::StatusOr<kernels::Nvfp4Out> NewOutput(const SourceWeight& w);
-  // Appends to stats_ the error of `w`'s quantized values (pending_) against `ref`, the values it
-  // was quantized from (or, for a lossless cast, its source decoded as DecodeWeight decodes it).
-  absl::Status AddStats(const SourceWeight& w, const DenseWeight& ref);
+  // Rows of `w` per step, in whole FP8 blocks: about host_step_elements_ on a host backend;
+  // about kDeviceStepElements on a backend with its own memory.
+  int64_t RowsPerStep(const SourceWeight& w) const;
+  // Rows [r0, r1) of `w` decoded (DecodeWeightRows), and with `amax` their max |x| folded in.
+  // A step that fails (a NaN scale, a non-finite value) is done again over the whole tensor, so
+  // that the error names the element by its row in the tensor rather than in the step.
+  absl::StatusOr<DenseWeight> DecodeStep(const SourceWeight& w, int64_t r0, int64_t r1,
+                                         float* amax);
+  // Adds to *stats the error of rows [r0, r0 + ref.rows) of `w`'s quantized values (pending_)
+  // against `ref`, those rows as they were quantized from (or, for a lossless cast, as
+  // DecodeWeightRows decodes the source).
+  absl::Status AddStats(const SourceWeight& w, int64_t r0, const DenseWeight& ref,
+                        ErrorStats* stats);
 
   const StageContext& ctx_;                                        // spec, source, amax, hooks
   const ShardTask& task_;                                          // the shard to write
   kernels::Backend& backend_;                                      // where kernels run
+  const int64_t host_step_elements_;  // kQuantizeHostStepElements, unless a test asks for less
   std::map<std::string, SourceWeight> weights_;                    // module -> source tensors
   std::map<std::string, const std::vector<std::string>*> groups_;  // member -> its fusion group
   InputScales input_scales_;                                       // empty for W4A16
   std::vector<OutputEntry> entries_;                               // header order
   std::map<std::string, QuantizedModule> pending_;                 // quantized, not yet written
   std::vector<store::TensorStatsRow> stats_;                       // one per quantized module
-  std::vector<float> stats_rows_;  // AddStats: output rows decoded to float32, one chunk
+  std::vector<float> stats_rows_;  // AddStats: output rows decoded to float32, one step
   std::vector<uint8_t> staging_;  // host copy of backend output (backends on device memory)
 };
 
@@ -171,47 +184,67 @@ absl::StatusOr<kernels::Nvfp4Out> QuantizeRun::NewOutput(const SourceWeight& w) 
   return kernels::Nvfp4Out{slot.values.as<uint8_t>(), slot.scales.as<uint8_t>(), &slot.scale_2};
 }
 
-absl::Status QuantizeRun::AddStats(const SourceWeight& w, const DenseWeight& ref) {
+int64_t QuantizeRun::RowsPerStep(const SourceWeight& w) const {
+  const int64_t rows = w.module->out_features;
+  const int64_t elements = ComputesOnHost(backend_) ? host_step_elements_ : kDeviceStepElements;
+  const bool fp8 = w.module->format == TensorFormat::kFp8BlockE8m0 ||
+                   w.module->format == TensorFormat::kFp8BlockF32;
+  const int64_t unit = fp8 ? kernels::kFp8BlockSize : 1;
+  const int64_t units = std::max<int64_t>(1, elements / (unit * w.module->in_features));
+  return std::min(rows, units * unit);
+}
+
+absl::StatusOr<DenseWeight> QuantizeRun::DecodeStep(const SourceWeight& w, int64_t r0,
+                                                     int64_t r1, float* amax) {
+  const auto decode = [&](int64_t begin, int64_t end) -> absl::StatusOr<DenseWeight> {
+    ASSIGN_OR_RETURN(DenseWeight d, DecodeWeightRows(backend_, w, begin, end));
+    if (amax == nullptr) return d;
+    absl::StatusOr<float> a = backend_.AbsMax(d.tensor);
+    if (!a.ok()) return WeightError(w, a.status());
+    *amax = std::max(*amax, *a);
+    return d;
+  };
+  absl::StatusOr<DenseWeight> step = decode(r0, r1);
+  if (step.ok() || (r0 == 0 && r1 == w.module->out_features)) return step;
+  float whole_amax = 0.0f;
+  if (amax != nullptr) amax = &whole_amax;
+  absl::StatusOr<DenseWeight> whole = decode(0, w.module->out_features);
+  return whole.ok() ? step.status() : whole.status();
+}
+
+absl::Status QuantizeRun::AddStats(const SourceWeight& w, int64_t r0, const DenseWeight& ref,
+                                   ErrorStats* stats) {
   const QuantizedModule& q = pending_.at(w.module->name);
   // weight_scale_2 as readers get it back from the file: compressed-tensors stores its reciprocal.
   const bool modelopt = ctx_.spec->export_format == ExportFormat::kModelOpt;
   const float scale_2 = modelopt ? q.scale_2 : 1.0f / (1.0f / q.scale_2);
+  const int64_t rows = ref.tensor.rows;
+  const int64_t cols = ref.tensor.cols;
+  const size_t n = static_cast<size_t>(rows * cols);
   std::vector<uint8_t> ref_staging;
   absl::StatusOr<const void*> ref_host = ToHost(backend_, ref.tensor.data, ref.bytes, &ref_staging);
   if (!ref_host.ok()) return WeightError(w, ref_host.status());
-  const bool bf16 = ref.tensor.type == kernels::FloatType::kBF16;
-  const int64_t rows = ref.tensor.rows;
-  const int64_t cols = ref.tensor.cols;
-  const int64_t chunk_rows = std::max<int64_t>(1, kStatsChunkElements / cols);
-  const size_t chunk = static_cast<size_t>(std::min(rows, chunk_rows) * cols);
-  if (stats_rows_.size() < chunk) stats_rows_.resize(chunk);
+  if (stats_rows_.size() < n) stats_rows_.resize(n);
+  float* got = stats_rows_.data();
   kernels::Buffer device_rows;  // the decoded rows on a backend that computes on device memory
+  void* dst = got;
   if (!ComputesOnHost(backend_)) {
-    absl::StatusOr<kernels::Buffer> buffer = backend_.Allocate(chunk * sizeof(float));
+    absl::StatusOr<kernels::Buffer> buffer = backend_.Allocate(n * sizeof(float));
     if (!buffer.ok()) return WeightError(w, buffer.status());
     device_rows = std::move(*buffer);
+    dst = device_rows.data();
   }
-  float* got = stats_rows_.data();
-  ErrorStats stats;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
-    const int64_t r1 = std::min(rows, r0 + chunk_rows);
-    const int64_t n = (r1 - r0) * cols;
-    const kernels::Nvfp4Tensor out{q.values.as<uint8_t>() + r0 * cols / 2,
-                                   q.scales.as<uint8_t>() + r0 * cols / kernels::kNvfp4BlockSize,
-                                   scale_2, r1 - r0, cols};
-    void* dst = device_rows.data() != nullptr ? device_rows.data() : got;
-    absl::Status s = backend_.Nvfp4Dequant(out, {dst, kernels::FloatType::kF32});
-    if (s.ok() && dst != got) {
-      s = backend_.CopyToHost(got, dst, static_cast<size_t>(n) * sizeof(float));
-    }
-    if (!s.ok()) return WeightError(w, s);
-    if (bf16) {
-      stats.AddBf16(static_cast<const uint16_t*>(*ref_host) + r0 * cols, got, n);
-    } else {
-      stats.Add(static_cast<const float*>(*ref_host) + r0 * cols, got, n);
-    }
+  const kernels::Nvfp4Tensor out{q.values.as<uint8_t>() + r0 * cols / 2,
+                                 q.scales.as<uint8_t>() + r0 * cols / kernels::kNvfp4BlockSize,
+                                 scale_2, rows, cols};
+  absl::Status s = backend_.Nvfp4Dequant(out, {dst, kernels::FloatType::kF32});
+  if (s.ok() && dst != got) s = backend_.CopyToHost(got, dst, n * sizeof(float));
+  if (!s.ok()) return WeightError(w, s);
+  if (ref.tensor.type == kernels::FloatType::kBF16) {
+    stats->AddBf16(static_cast<const uint16_t*>(*ref_host), got, static_cast<int64_t>(n));
+  } else {
+    stats->Add(static_cast<const float*>(*ref_host), got, static_cast<int64_t>(n));
   }
-  stats_.push_back(stats.Row(w.weight->name));
   return absl::OkStatus();
 }
 
@@ -227,37 +260,53 @@ absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& m
     sources.push_back(std::move(*src));
   }
   for (size_t i = 0; i < members.size(); ++i) {
-    absl::StatusOr<kernels::Nvfp4Out> out = NewOutput(*members[i]);
+    const SourceWeight& w = *members[i];
+    absl::StatusOr<kernels::Nvfp4Out> out = NewOutput(w);
     if (!out.ok()) return out.status();
     // The count of requantized 16-blocks has no field in TaskOutput yet.
     absl::StatusOr<int64_t> requantized = backend_.Mxfp4ToNvfp4(sources[i].tensor, kmax, *out);
-    if (!requantized.ok()) return WeightError(*members[i], requantized.status());
-    absl::StatusOr<DenseWeight> decoded = DecodeWeight(backend_, *members[i]);
-    if (!decoded.ok()) return decoded.status();
-    if (absl::Status s = AddStats(*members[i], *decoded); !s.ok()) return s;
+    if (!requantized.ok()) return WeightError(w, requantized.status());
+    ErrorStats stats;
+    const int64_t rows = w.module->out_features;
+    for (int64_t r0 = 0, step = RowsPerStep(w); r0 < rows; r0 += step) {
+      ASSIGN_OR_RETURN(const DenseWeight decoded,
+                       DecodeStep(w, r0, std::min(rows, r0 + step), nullptr));
+      RETURN_IF_ERROR(AddStats(w, r0, decoded, &stats));
+    }
+    stats_.push_back(stats.Row(w.weight->name));
   }
   return absl::OkStatus();
 }
 
 absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>& members) {
-  std::vector<DenseWeight> dense;
+  // The group's amax first (its members share weight_scale_2), then each member quantized and
+  // compared step by step; a step's rows are decoded again rather than kept, so no member is
+  // ever held decoded in whole.
   float amax = 0.0f;
   for (const SourceWeight* w : members) {
-    absl::StatusOr<DenseWeight> d = DecodeWeight(backend_, *w);
-    if (!d.ok()) return d.status();
-    absl::StatusOr<float> a = backend_.AbsMax(d->tensor);
-    if (!a.ok()) return WeightError(*w, a.status());
-    amax = std::max(amax, *a);
-    dense.push_back(std::move(*d));
-  }
-  for (size_t i = 0; i < members.size(); ++i) {
-    absl::StatusOr<kernels::Nvfp4Out> out = NewOutput(*members[i]);
-    if (!out.ok()) return out.status();
-    if (absl::Status s = backend_.Nvfp4Quantize(dense[i].tensor, amax, *out); !s.ok()) {
-      return WeightError(*members[i], s);
+    const int64_t rows = w->module->out_features;
+    for (int64_t r0 = 0, step = RowsPerStep(*w); r0 < rows; r0 += step) {
+      RETURN_IF_ERROR(DecodeStep(*w, r0, std::min(rows, r0 + step), &amax).status());
     }
-    if (absl::Status s = AddStats(*members[i], dense[i]); !s.ok()) return s;
-    dense[i] = DenseWeight();  // release the decoded values early
+  }
+  for (const SourceWeight* w : members) {
+    absl::StatusOr<kernels::Nvfp4Out> out = NewOutput(*w);
+    if (!out.ok()) return out.status();
+    ErrorStats stats;
+    const int64_t rows = w->module->out_features;
+    const int64_t cols = w->module->in_features;
+    for (int64_t r0 = 0, step = RowsPerStep(*w); r0 < rows; r0 += step) {
+      ASSIGN_OR_RETURN(const DenseWeight d,
+                       DecodeStep(*w, r0, std::min(rows, r0 + step), nullptr));
+      const kernels::Nvfp4Out rows_out{out->data + r0 * cols / 2,
+                                       out->scales + r0 * cols / kernels::kNvfp4BlockSize,
+                                       out->scale_2};
+      if (absl::Status s = backend_.Nvfp4Quantize(d.tensor, amax, rows_out); !s.ok()) {
+        return WeightError(*w, s);
+      }
+      RETURN_IF_ERROR(AddStats(*w, r0, d, &stats));
+    }
+    stats_.push_back(stats.Row(w->weight->name));
   }
   return absl::OkStatus();
 }
@@ -374,8 +423,13 @@ absl::Status QuantizeStage::Record(store::TaskRecord& txn, const store::TaskRow&
   return txn.PutTensorStats(output.stats);
 }
 
-absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task) {
-  return QuantizeRun(ctx, task).Run();
+absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task,
+                                           int64_t host_step_elements) {
+  if (host_step_elements <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_step_elements ", host_step_elements, " is not positive"));
+  }
+  return QuantizeRun(ctx, task, host_step_elements).Run();
 }
 
 }  // namespace quantd::pipeline

@@ -34,9 +34,16 @@ class QuantizeStage final : public Stage {
                       const TaskOutput& output) const override;
 };
 
+// Elements per step of a host backend's quantize pipeline: each module is decoded, quantized and
+// compared with its decoded output this many elements at a time (whole FP8 blocks), so the step
+// stays in a core's L2 cache. The bytes written do not depend on it.
+inline constexpr int64_t kQuantizeHostStepElements = int64_t{1} << 17;
+
 // The body of a quantize task: the shard's file and one statistics row per quantized module
-// (named after its source weight tensor).
-absl::StatusOr<TaskOutput> RunQuantizeTask(const StageContext& ctx, const ShardTask& task);
+// (named after its source weight tensor). `host_step_elements` > 0 (tests take small steps).
+absl::StatusOr<TaskOutput> RunQuantizeTask(
+    const StageContext& ctx, const ShardTask& task,
+    int64_t host_step_elements = kQuantizeHostStepElements);
 
 }  // namespace quantd::pipeline
 

@@ -150,39 +150,74 @@ absl::StatusOr<const void*> ToHost(kernels::Backend& backend, const void* data, 
   return static_cast<const void*>(staging->data());
 }
 
-absl::StatusOr<BackendMxfp4> StageMxfp4(kernels::Backend& backend, const SourceWeight& w) {
+namespace {
+
+// StageMxfp4 for rows [row_begin, row_end) (whole tensors: 0, out_features).
+absl::StatusOr<BackendMxfp4> StageMxfp4Rows(kernels::Backend& backend, const SourceWeight& w,
+                                            int64_t row_begin, int64_t row_end) {
+  const int64_t cols = w.module->in_features;
+  const size_t rows = static_cast<size_t>(row_end - row_begin);
+  const size_t data_bytes = rows * static_cast<size_t>(cols / 2);
+  const size_t scale_bytes = rows * static_cast<size_t>(cols / kernels::kMxfp4BlockSize);
   BackendMxfp4 out;
-  absl::StatusOr<const void*> data =
-      ToBackend(backend, w.weight->data, w.weight->size, 1, &out.data_holder);
+  absl::StatusOr<const void*> data = ToBackend(
+      backend, w.weight->data + row_begin * (cols / 2), data_bytes, 1, &out.data_holder);
   if (!data.ok()) return WeightError(w, data.status());
   absl::StatusOr<const void*> scales =
-      ToBackend(backend, w.scale->data, w.scale->size, 1, &out.scales_holder);
+      ToBackend(backend, w.scale->data + row_begin * (cols / kernels::kMxfp4BlockSize),
+                scale_bytes, 1, &out.scales_holder);
   if (!scales.ok()) return WeightError(w, scales.status());
   out.tensor.data = static_cast<const uint8_t*>(*data);
   out.tensor.scales = static_cast<const uint8_t*>(*scales);
-  out.tensor.rows = w.module->out_features;
-  out.tensor.cols = w.module->in_features;
+  out.tensor.rows = row_end - row_begin;
+  out.tensor.cols = cols;
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<BackendMxfp4> StageMxfp4(kernels::Backend& backend, const SourceWeight& w) {
+  return StageMxfp4Rows(backend, w, 0, w.module->out_features);
+}
+
 absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w) {
+  return DecodeWeightRows(backend, w, 0, w.module->out_features);
+}
+
+absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const SourceWeight& w,
+                                             int64_t row_begin, int64_t row_end) {
   const LinearModule& m = *w.module;
+  const int64_t cols = m.in_features;
+  const bool fp8 =
+      m.format == TensorFormat::kFp8BlockE8m0 || m.format == TensorFormat::kFp8BlockF32;
+  const auto whole_fp8_blocks = [&](int64_t row) {
+    return row % kernels::kFp8BlockSize == 0 || row == m.out_features;
+  };
+  if (row_begin < 0 || row_end < row_begin || row_end > m.out_features ||
+      (fp8 && (row_begin % kernels::kFp8BlockSize != 0 || !whole_fp8_blocks(row_end)))) {
+    return WeightError(w, absl::InvalidArgumentError(absl::StrCat(
+                              "rows [", row_begin, ", ", row_end, ") of ", m.out_features,
+                              " cannot be decoded on their own")));
+  }
+  const int64_t rows = row_end - row_begin;
   DenseWeight out;
-  out.tensor.rows = m.out_features;
-  out.tensor.cols = m.in_features;
+  out.tensor.rows = rows;
+  out.tensor.cols = cols;
   if (m.format == TensorFormat::kBf16 || m.format == TensorFormat::kF32) {
     const bool bf16 = m.format == TensorFormat::kBf16;
+    const size_t elem = bf16 ? 2 : 4;
     out.tensor.type = bf16 ? kernels::FloatType::kBF16 : kernels::FloatType::kF32;
-    out.bytes = w.weight->size;
+    out.bytes = static_cast<size_t>(rows * cols) * elem;
     absl::StatusOr<const void*> data =
-        ToBackend(backend, w.weight->data, w.weight->size, bf16 ? 2 : 4, &out.holder);
+        ToBackend(backend, w.weight->data + static_cast<size_t>(row_begin * cols) * elem,
+                  out.bytes, elem, &out.holder);
     if (!data.ok()) return WeightError(w, data.status());
     out.tensor.data = *data;
     return out;
   }
 
   out.tensor.type = kernels::FloatType::kBF16;
-  out.bytes = static_cast<size_t>(m.out_features * m.in_features) * 2;
+  out.bytes = static_cast<size_t>(rows * cols) * 2;
   absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(out.bytes);
   if (!buffer.ok()) return WeightError(w, buffer.status());
   out.holder = std::move(*buffer);
@@ -190,24 +225,30 @@ absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const Source
   const kernels::DenseOut dst{out.holder.data(), kernels::FloatType::kBF16};
   absl::Status status;
   if (m.format == TensorFormat::kMxfp4) {
-    absl::StatusOr<BackendMxfp4> src = StageMxfp4(backend, w);
+    absl::StatusOr<BackendMxfp4> src = StageMxfp4Rows(backend, w, row_begin, row_end);
     if (!src.ok()) return src.status();
     status = backend.Mxfp4Dequant(src->tensor, dst);
   } else {
     const bool e8m0 = m.format == TensorFormat::kFp8BlockE8m0;
+    const size_t scale_elem = e8m0 ? 1 : 4;
+    const size_t scales_per_block_row = static_cast<size_t>(CeilDiv(cols, kernels::kFp8BlockSize));
+    const size_t block_row_begin = static_cast<size_t>(row_begin / kernels::kFp8BlockSize);
+    const size_t block_rows = static_cast<size_t>(CeilDiv(rows, kernels::kFp8BlockSize));
     kernels::Buffer data_holder, scales_holder;
     absl::StatusOr<const void*> data =
-        ToBackend(backend, w.weight->data, w.weight->size, 1, &data_holder);
+        ToBackend(backend, w.weight->data + static_cast<size_t>(row_begin * cols),
+                  static_cast<size_t>(rows * cols), 1, &data_holder);
     if (!data.ok()) return WeightError(w, data.status());
-    absl::StatusOr<const void*> scales =
-        ToBackend(backend, w.scale->data, w.scale->size, e8m0 ? 1 : 4, &scales_holder);
+    absl::StatusOr<const void*> scales = ToBackend(
+        backend, w.scale->data + block_row_begin * scales_per_block_row * scale_elem,
+        block_rows * scales_per_block_row * scale_elem, scale_elem, &scales_holder);
     if (!scales.ok()) return WeightError(w, scales.status());
     kernels::Fp8BlockTensor src;
     src.data = static_cast<const uint8_t*>(*data);
     src.scales = *scales;
     src.scale_type = e8m0 ? kernels::Fp8ScaleType::kE8M0 : kernels::Fp8ScaleType::kF32;
-    src.rows = m.out_features;
-    src.cols = m.in_features;
+    src.rows = rows;
+    src.cols = cols;
     status = backend.Fp8BlockDequant(src, dst);
   }
   if (!status.ok()) return WeightError(w, status);

@@ -75,6 +75,11 @@ struct DenseWeight {
   size_t bytes = 0;             // of tensor.data
 };
 absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w);
+// The same for rows [row_begin, row_end) of the weight only. An FP8-block weight is decoded in
+// whole blocks: row_begin must be a multiple of kernels::kFp8BlockSize, and so must row_end
+// unless it is the last row (InvalidArgument otherwise).
+absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const SourceWeight& w,
+                                             int64_t row_begin, int64_t row_end);
 
 // DecodeWeight's values readable from host memory (in place on a host backend).
 struct HostWeight {

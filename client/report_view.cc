@@ -158,6 +158,11 @@ std::string FormatReport(const v1::JobReport& r, bool terminal) {
     absl::StrAppend(&out, absl::StrFormat("  %d tensors  min SQNR %.2f dB  mean SQNR %.2f dB\n",
                                           r.tensors_total(), r.min_sqnr_db(), r.mean_sqnr_db()));
   }
+  if (r.modules_without_statistics() > 0) {
+    absl::StrAppend(&out, "  ", r.modules_without_statistics(),
+                    " modules without statistics (quantized by an earlier release): their SQNR "
+                    "is not in these figures\n");
+  }
   if (r.tensors_size() > 0) {
     std::vector<std::vector<std::string>> rows = {{"TENSOR", "REL RMSE", "SQNR dB", "MAX ABS ERR"}};
     for (const v1::TensorStats& t : r.tensors()) {

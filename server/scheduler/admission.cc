@@ -2,7 +2,10 @@
 // next, planning a started job off the strand, and how a job ends. Everything here runs on the
 // strand.
 #include <algorithm>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +13,7 @@
 #include "server/base/status_macros.h"
 #include "server/pipeline/prepared_job.h"
 #include "server/pipeline/stage.h"
+#include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/calibration_report.h"
 #include "server/scheduler/evaluation_report.h"
@@ -157,6 +161,29 @@ absl::Status Scheduler::Impl::DoDelete(int64_t job_id) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The NVFP4 modules of the DONE quantize tasks among `tasks` whose weight has no row in `stats`.
+int64_t ModulesWithoutStatistics(const std::vector<store::TaskRow>& tasks,
+                                 const std::vector<store::TensorStatsRow>& stats) {
+  std::set<std::string> with_stats;
+  for (const store::TensorStatsRow& s : stats) with_stats.insert(s.tensor);
+  int64_t without = 0;
+  for (const store::TaskRow& t : tasks) {
+    if (t.stage_kind != pipeline::QuantizeStage::kKind || t.state != store::TaskState::kDone) {
+      continue;
+    }
+    absl::StatusOr<pipeline::ShardTask> shard = pipeline::ParseShardTask(t.payload_json);
+    if (!shard.ok()) continue;  // the plan check refuses it when the job runs
+    for (const std::string& module : shard->modules) {
+      without += with_stats.count(module + ".weight") == 0;
+    }
+  }
+  return without;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int worst) {
   absl::StatusOr<store::JobRow> row = report_store_->GetJob(job_id);
   if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
@@ -184,6 +211,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
     t->set_max_abs_err(s.max_abs_err);
   }
   ASSIGN_OR_RETURN(std::vector<store::TaskRow> tasks, report_store_->ListTasks(job_id));
+  report.set_modules_without_statistics(ModulesWithoutStatistics(tasks, stats));
   for (const store::TaskRow& t : tasks) {
     if (t.stage_kind != pipeline::VerifyStage::kKind) continue;
     if (t.state != store::TaskState::kDone && t.state != store::TaskState::kFailed) continue;

@@ -24,6 +24,7 @@
 #include "server/fixture/fixture.h"
 #include "server/pipeline/stages/verify_rules.h"
 #include "server/store/job_store.h"
+#include "server/store/sqlite_db.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::api {
@@ -298,10 +299,23 @@ TEST_F(ApiTest, JobRunsToSucceededAndWatchSeesItsStatesInOrder) {
   ASSERT_EQ(all.rules_size(), shards);
   for (const v1::RuleCheck& rule : all.rules()) EXPECT_TRUE(rule.passed()) << rule.name();
   EXPECT_EQ(all.layers_size(), 0);  // W4A16: no input amax
+  EXPECT_EQ(all.modules_without_statistics(), 0);
   v1::JobReport worst;
   ASSERT_TRUE(Report(id, 3, &worst).status.ok());
   ASSERT_EQ(worst.tensors_size(), 3);
   EXPECT_EQ(worst.tensors(2).tensor(), all.tensors(2).tensor());
+
+  // Two modules quantized by an earlier release, which recorded no statistics: the report counts
+  // them instead of leaving them out silently.
+  auto db = store::SqliteDb::Open(dir_ + "/quantd.db");
+  ASSERT_TRUE(db.ok()) << db.status();
+  ASSERT_TRUE((*db)->Exec("DELETE FROM tensor_stats WHERE tensor IN ('" + all.tensors(0).tensor() +
+                          "', '" + all.tensors(1).tensor() + "')")
+                  .ok());
+  v1::JobReport upgraded;
+  ASSERT_TRUE(Report(id, 0, &upgraded).status.ok());
+  EXPECT_EQ(upgraded.tensors_total(), all.tensors_total() - 2);
+  EXPECT_EQ(upgraded.modules_without_statistics(), 2);
 }
 
 TEST_F(ApiTest, SubmitIsIdempotentOnRequestId) {

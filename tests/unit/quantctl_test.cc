@@ -238,6 +238,24 @@ TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {
             "        index: b.weight missing\n");
 }
 
+TEST(ReportViewTest, CountsTheModulesWithoutStatistics) {
+  v1::JobReport r;
+  r.set_job_id(9);
+  r.set_state(v1::SUCCEEDED);
+  r.set_tensors_total(46);
+  r.set_min_sqnr_db(18.5149);
+  r.set_mean_sqnr_db(19.874);
+  r.set_modules_without_statistics(2);
+  EXPECT_EQ(FormatReport(r, false),
+            "job 9 SUCCEEDED  46 tensors  min SQNR 18.51 dB  mean SQNR 19.87 dB\n"
+            "  2 modules without statistics (quantized by an earlier release): their SQNR is "
+            "not in these figures\n"
+            "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
+}
+
 TEST(ReportViewTest, SaysWhatIsNotThereYet) {
   v1::JobReport r;
   r.set_job_id(8);

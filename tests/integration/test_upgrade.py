@@ -5,12 +5,14 @@ run; the tasks the old release finished are not redone. That release wrote no .q
 its output directories are adopted only while they hold nothing but the job's finished outputs.
 """
 
+import json
 import shutil
 
 import pytest
 import sqlite3
 from pathlib import Path
 
+from daemon import Daemon
 from run_helpers import MARKER, job_row, task_rows, tree_hashes
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "upgrade_v1"
@@ -106,3 +108,30 @@ def test_a_version_1_output_with_other_files_is_not_adopted(qd, reference, tmp_p
             "SHA-256), so quantd does not adopt the directory") in proc.stderr, proc.stderr
     assert tree_hashes(run / "out") == files
     assert not (run / "out" / MARKER).exists()
+
+
+def test_the_report_counts_the_modules_the_old_release_quantized_without_statistics(
+        qd, stubs, tmp_path):
+    """The old release's verify stage computed the error statistics, this one's quantize does: the
+    two quantize tasks it finished have none, and the report counts their modules instead of
+    leaving their SQNR out silently."""
+    pb, pb_grpc = stubs
+    state = tmp_path / "state"
+    state.mkdir()
+    shutil.copy(DATA / "v1_paused_mid_quantize.db", state / "quantd.db")
+    con = sqlite3.connect(str(state / "quantd.db"))
+    try:
+        payloads = con.execute(
+            "SELECT t.payload_json FROM tasks t JOIN stages s ON s.id = t.stage_id "
+            "WHERE s.kind = 'quantize' AND t.state = 'DONE'").fetchall()
+    finally:
+        con.close()
+    assert len(payloads) == 2
+    modules = sum(len(json.loads(p)["modules"]) for (p,) in payloads)
+    assert modules > 0
+    with Daemon(qd.binary, state) as daemon:
+        stub = pb_grpc.QuantServiceStub(daemon.channel())
+        report = stub.GetJobReport(pb.GetJobReportRequest(id=1), timeout=10)
+    assert report.state == pb.PAUSED
+    assert report.tensors_total == 0
+    assert report.modules_without_statistics == modules

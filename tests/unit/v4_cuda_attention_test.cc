@@ -13,7 +13,6 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>

@@ -14,9 +14,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 #include "server/checkpoint/mapped_region_guard.h"
+#include "server/checkpoint/sha256.h"
 
 namespace quantd::checkpoint {
 namespace {
@@ -344,11 +346,30 @@ absl::Status SafetensorsFile::Parse() {
 }
 
 void SafetensorsFile::ReleasePages(const TensorView& view) const {
-  if (!mapped_ || view.data < base_ || view.data + view.size > base_ + size_) return;
+  ReleaseRange(view.data, view.size);
+}
+
+void SafetensorsFile::ReleaseRange(const uint8_t* data, uint64_t size) const {
+  if (!mapped_ || data < base_ || data + size > base_ + size_) return;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(view.data) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(view.data) + view.size) / page * page;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) / page * page;
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+absl::StatusOr<std::string> SafetensorsFile::Sha256(
+    const std::function<absl::Status(uint64_t)>& on_chunk) const {
+  constexpr uint64_t kChunkBytes = 64ull << 20;
+  checkpoint::Sha256 hash;
+  for (uint64_t done = 0; done < size_;) {
+    const uint64_t n = std::min(kChunkBytes, size_ - done);
+    hash.Update(base_ + done, n);
+    ReleaseRange(base_ + done, n);
+    done += n;
+    if (on_chunk) RETURN_IF_ERROR(on_chunk(n));
+  }
+  RETURN_IF_ERROR(CheckIntact());
+  return hash.HexDigest();
 }
 
 }  // namespace quantd::checkpoint

@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,11 +70,18 @@ class SafetensorsFile {
   // read again from the file if touched later), so streaming through a large shard keeps the
   // resident set small. A no-op for FromBytes() images and views of other files.
   void ReleasePages(const TensorView& view) const;
+  // SHA-256 of the whole file (header and data) as this object reads it: through its mapping,
+  // with no copy, in chunks whose pages are dropped once hashed. `on_chunk` as Sha256File's
+  // (sha256.h). CheckIntact's DataLoss when the file shrank under the read.
+  absl::StatusOr<std::string> Sha256(
+      const std::function<absl::Status(uint64_t)>& on_chunk = {}) const;
 
  private:
   SafetensorsFile() = default;
   // Validates the image at base_/size_ and fills tensors_, by_name_ and metadata_.
   absl::Status Parse();
+  // ReleasePages for [data, data + size), a range of the mapping.
+  void ReleaseRange(const uint8_t* data, uint64_t size) const;
 
   std::string path_;                              // file path, for error messages
   const uint8_t* base_ = nullptr;                 // start of the mapping (or caller's bytes)

@@ -12,7 +12,8 @@
 #   unit_cuda      the CUDA unit tests, run as binaries (ctest files hold build-machine paths):
 #                  the CUDA backend, cuBLAS (gemm_test), the V4 CUDA blocks against the CPU
 #                  blocks, the backend-agnostic kernel tests and the device seam, the V4 router,
-#                  MoE combine, compressor pooling, mHC pre/head and embedding CUDA blocks
+#                  MoE combine, compressor pooling, mHC pre/head and embedding CUDA blocks, the
+#                  V4 attention CUDA blocks (sparse attention, indexer)
 #   kernels_bench  tests/bench/run_kernels_bench.sh (conversion kernels, CPU and CUDA)
 #   forward_cublas quantd_v4_forward_bench --table cublas: the forward's products on cuBLAS
 #   forward_cpu    quantd_v4_forward_bench --table small4: the CPU forward on this machine's cores
@@ -39,7 +40,8 @@ step() {
 unit_cuda() {
   local rc=0 t
   for t in "cuda_backend_test:*" "gemm_test:Cublas*" "v4_cuda_blocks_test:*" \
-           "backend_test:*" "device_test:*" "v4_cuda_moe_test:*"; do
+           "backend_test:*" "device_test:*" "v4_cuda_moe_test:*" \
+           "v4_cuda_attention_test:*"; do
     local bin="$build/tests/${t%%:*}"
     echo "== $bin --gtest_filter=${t#*:}"
     "$bin" --gtest_filter="${t#*:}" --gtest_brief=1 || rc=1

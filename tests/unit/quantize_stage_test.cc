@@ -523,19 +523,20 @@ TEST_P(QuantizeStageTest, CorruptScaleFailsNamingShardTensorAndElement) {
     // names the element by its row in the tensor every way.
     std::vector<JobSpec> specs = {spec};
     if (IsV4()) specs.push_back(Spec("out", ", \"expert_cast\": \"requantize\""));
-    for (const JobSpec& run_spec : specs)
-    for (const int64_t step : {kQuantizeHostStepElements, int64_t{512}}) {
-      SCOPED_TRACE(absl::StrCat(run_spec.expert_cast == ExpertCast::kLossless ? "cast" : "requantize",
-                                " step ", step));
-      auto out = RunQuantizeTask(Context(run_spec, &amax), *task, step);
-      ASSERT_FALSE(out.ok());
-      EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_EQ(out.status().message(),
-                shard + ": tensor " + module + ".weight: " +
-                    (IsV4() ? "NaN E8M0 scale at [5, 64]"
-                            : "non-finite or non-positive F32 scale at [128, 256]"));
-      EXPECT_FALSE(fs::exists(base_ / "out" / task->shard));
-      EXPECT_FALSE(fs::exists(base_ / "out" / (task->shard + ".tmp")));
+    for (const JobSpec& run_spec : specs) {
+      const bool cast = run_spec.expert_cast == ExpertCast::kLossless;
+      for (const int64_t step : {kQuantizeHostStepElements, int64_t{512}}) {
+        SCOPED_TRACE(absl::StrCat(cast ? "cast" : "requantize", " step ", step));
+        auto out = RunQuantizeTask(Context(run_spec, &amax), *task, step);
+        ASSERT_FALSE(out.ok());
+        EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(out.status().message(),
+                  shard + ": tensor " + module + ".weight: " +
+                      (IsV4() ? "NaN E8M0 scale at [5, 64]"
+                              : "non-finite or non-positive F32 scale at [128, 256]"));
+        EXPECT_FALSE(fs::exists(base_ / "out" / task->shard));
+        EXPECT_FALSE(fs::exists(base_ / "out" / (task->shard + ".tmp")));
+      }
     }
     return;
   }

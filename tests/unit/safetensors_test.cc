@@ -142,6 +142,48 @@ TEST_F(SafetensorsReaderFile, OpenRejectsEmptyFileAndDirectory) {
   EXPECT_EQ(file.status().message(), dir + ": is a directory; only regular files are read");
 }
 
+TEST_F(SafetensorsReaderFile, Sha256ReadsTheWholeFileThroughTheMapping) {
+  // 65 MiB of data: two chunks of the mapped read, the second partial.
+  const std::string path = dir_ + "/big.safetensors";
+  const size_t n = (65u << 20) + 3;
+  std::vector<uint8_t> bytes(n);
+  std::mt19937 rng(7);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  {
+    auto writer = SafetensorsWriter::Create(path, {{"w", Dtype::kU8, {static_cast<int64_t>(n)}}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->WriteTensor("w", bytes.data(), n).ok());
+    ASSERT_TRUE((*writer)->Finish().ok());
+  }
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<uint64_t> chunks;
+  absl::StatusOr<std::string> mapped = (*file)->Sha256([&](uint64_t c) {
+    chunks.push_back(c);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(*mapped, *Sha256File(path));
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0], uint64_t{64} << 20);
+  EXPECT_EQ(chunks[0] + chunks[1], (*file)->file_size());
+  // The pages dropped after hashing are read again from the file: the same digest.
+  EXPECT_EQ(*(*file)->Sha256(), *mapped);
+
+  // A chunk callback's error stops the read and comes back as it is.
+  absl::StatusOr<std::string> stopped =
+      (*file)->Sha256([](uint64_t) { return absl::CancelledError("stop"); });
+  EXPECT_EQ(stopped.status(), absl::CancelledError("stop"));
+
+  // A file that shrinks under the read: DataLoss naming it, not a SIGBUS.
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+  absl::StatusOr<std::string> shrunk = (*file)->Sha256();
+  EXPECT_EQ(shrunk.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(std::string(shrunk.status().message()).rfind(path + ": the file shrank below its ", 0),
+            0u)
+      << shrunk.status();
+}
+
 // ---- hostile inputs: one test per rejected case ----
 
 TEST(SafetensorsHostile, FileShorterThanLengthPrefix) {

@@ -21,6 +21,11 @@
 namespace quantd::pipeline {
 namespace {
 
+// Elements per step on a backend with its own memory: each kernel launch has plenty of work, and
+// the step's decoded rows (8 MiB of BF16) and their float32 decoding for the statistics (16 MiB,
+// also staged in host memory) stay small next to a large tensor.
+constexpr int64_t kDeviceStepElements = int64_t{1} << 22;
+
 // Which tensor of an NVFP4 module an output tensor is: Nvfp4ModuleTensors' order, in both
 // export formats (values, block scales, global scale, input scale).
 enum class Part { kValues = 0, kBlockScales = 1, kGlobalScale = 2, kInputScale = 3 };
@@ -65,8 +70,8 @@ class QuantizeRun {
   absl::Status QuantizeDecoded(const std::vector<const SourceWeight*>& members);
   // Output buffers for `w`, registered in pending_.
   absl::StatusOr<kernels::Nvfp4Out> NewOutput(const SourceWeight& w);
-  // Rows of `w` per step: about host_step_elements_ on a host backend, in whole FP8 blocks; all of
-  // them on a backend with its own memory (one launch and one copy per kernel).
+  // Rows of `w` per step, in whole FP8 blocks: about host_step_elements_ on a host backend;
+  // about kDeviceStepElements on a backend with its own memory.
   int64_t RowsPerStep(const SourceWeight& w) const;
   // Rows [r0, r1) of `w` decoded (DecodeWeightRows), and with `amax` their max |x| folded in.
   // A step that fails (a NaN scale, a non-finite value) is done again over the whole tensor, so
@@ -181,12 +186,11 @@ absl::StatusOr<kernels::Nvfp4Out> QuantizeRun::NewOutput(const SourceWeight& w) 
 
 int64_t QuantizeRun::RowsPerStep(const SourceWeight& w) const {
   const int64_t rows = w.module->out_features;
-  if (!ComputesOnHost(backend_)) return rows;
+  const int64_t elements = ComputesOnHost(backend_) ? host_step_elements_ : kDeviceStepElements;
   const bool fp8 = w.module->format == TensorFormat::kFp8BlockE8m0 ||
                    w.module->format == TensorFormat::kFp8BlockF32;
   const int64_t unit = fp8 ? kernels::kFp8BlockSize : 1;
-  const int64_t units =
-      std::max<int64_t>(1, host_step_elements_ / (unit * w.module->in_features));
+  const int64_t units = std::max<int64_t>(1, elements / (unit * w.module->in_features));
   return std::min(rows, units * unit);
 }
 

@@ -188,7 +188,8 @@ absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const So
                                              int64_t row_begin, int64_t row_end) {
   const LinearModule& m = *w.module;
   const int64_t cols = m.in_features;
-  const bool fp8 = m.format == TensorFormat::kFp8BlockE8m0 || m.format == TensorFormat::kFp8BlockF32;
+  const bool fp8 =
+      m.format == TensorFormat::kFp8BlockE8m0 || m.format == TensorFormat::kFp8BlockF32;
   const auto whole_fp8_blocks = [&](int64_t row) {
     return row % kernels::kFp8BlockSize == 0 || row == m.out_features;
   };

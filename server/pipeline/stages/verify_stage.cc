@@ -13,7 +13,6 @@
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/safetensors_reader.h"
-#include "server/checkpoint/sha256.h"
 #include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/stages/shard_io.h"
 #include "server/pipeline/stages/verify_rules.h"
@@ -90,10 +89,12 @@ absl::Status CheckBf16Module(const StageContext& ctx, const std::string& module,
   return absl::OkStatus();
 }
 
-// Reads the whole file at `path` back and checks it is byte for byte what the quantize task of
-// its shard recorded (size and SHA-256), with progress in proportion to the bytes read.
+// Reads the whole shard back through its mapping (the same bytes the rules were checked on) and
+// checks it is byte for byte what the quantize task of its shard recorded (size and SHA-256),
+// with progress in proportion to the bytes read.
 absl::Status CheckRecordedBytes(const StageContext& ctx, const ShardTask& task,
-                                const std::string& path, uint64_t source_bytes) {
+                                const checkpoint::SafetensorsFile& shard, uint64_t source_bytes) {
+  const std::string& path = shard.path();
   const std::optional<RecordedOutput> recorded =
       ctx.recorded_output ? ctx.recorded_output(QuantizeStage::kKind, task.shard) : std::nullopt;
   if (!recorded.has_value()) {
@@ -102,16 +103,15 @@ absl::Status CheckRecordedBytes(const StageContext& ctx, const ShardTask& task,
   }
   uint64_t read = 0, reported = 0;
   const uint64_t size = recorded->bytes > 0 ? static_cast<uint64_t>(recorded->bytes) : 1;
-  ASSIGN_OR_RETURN(const std::string sha256,
-                   checkpoint::Sha256File(path, [&](uint64_t n) -> absl::Status {
-                     RETURN_IF_ERROR(CheckCancelled(ctx, task.shard));
-                     read += n;
-                     const uint64_t due = static_cast<uint64_t>(
-                         static_cast<double>(source_bytes) * std::min(read, size) / size);
-                     AddProgress(ctx, due - reported);
-                     reported = due;
-                     return absl::OkStatus();
-                   }));
+  ASSIGN_OR_RETURN(const std::string sha256, shard.Sha256([&](uint64_t n) -> absl::Status {
+    RETURN_IF_ERROR(CheckCancelled(ctx, task.shard));
+    read += n;
+    const uint64_t due =
+        static_cast<uint64_t>(static_cast<double>(source_bytes) * std::min(read, size) / size);
+    AddProgress(ctx, due - reported);
+    reported = due;
+    return absl::OkStatus();
+  }));
   if (read != static_cast<uint64_t>(recorded->bytes) || sha256 != recorded->sha256) {
     return absl::DataLossError(absl::StrCat(
         path, ": read back, its ", read, " bytes are not the ", recorded->bytes,
@@ -200,7 +200,7 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     if (src != nullptr) source_bytes += src->size;
   }
   for (const TensorView& v : (*shard)->tensors()) (*shard)->ReleasePages(v);
-  RETURN_IF_ERROR(CheckRecordedBytes(ctx, task, path, source_bytes));
+  RETURN_IF_ERROR(CheckRecordedBytes(ctx, task, **shard, source_bytes));
   return TaskOutput();
 }
 

@@ -110,6 +110,7 @@ absl::StatusOr<V4DeviceLayerWeights> UploadLayer(const DeviceForwardContext& ctx
   const std::string p = absl::StrCat("layers.", layer.layer, ".");
   V4DeviceLayerWeights d;
   d.layer = layer.layer;
+  d.cuda_index = ctx.cuda_index;
   ASSIGN_OR_RETURN(d.hc_attn, UploadHc(ctx, layer.hc_attn, p + "hc_attn_"));
   ASSIGN_OR_RETURN(d.hc_ffn, UploadHc(ctx, layer.hc_ffn, p + "hc_ffn_"));
   ASSIGN_OR_RETURN(d.attn_norm, UploadArray(ctx, layer.attn_norm, p + "attn_norm.weight"));

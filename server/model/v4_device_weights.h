@@ -68,6 +68,7 @@ struct DeviceMoe {  // MoeWeights
 
 struct V4DeviceLayerWeights {  // V4LayerWeights
   int64_t layer = 0;
+  int cuda_index = 0;  // the device they are on
   DeviceHyperConnection hc_attn, hc_ffn;
   DeviceArray<float> attn_norm, ffn_norm;
   DeviceAttention attn;

@@ -44,7 +44,19 @@ absl::StatusOr<DeviceForwardContext> MakeDeviceForwardContext(compute::Device& d
       device.backend().Allocate(sizeof(kernels::cuda::DeviceResults));
   if (!results.ok()) return results.status();
   ctx.results_buffer = std::move(*results);
+  ctx.scratch = std::make_unique<DeviceScratch>();
   return ctx;
+}
+
+absl::StatusOr<void*> DeviceScratch::Get(compute::Device& device, Slot slot, size_t bytes) {
+  kernels::Buffer& b = slots_[slot];
+  if (b.data() == nullptr || b.size() < bytes) {
+    b = kernels::Buffer();  // free first: the old and the new need not fit together
+    absl::StatusOr<kernels::Buffer> fresh = device.backend().Allocate(bytes);
+    if (!fresh.ok()) return fresh.status();
+    b = std::move(*fresh);
+  }
+  return b.data();
 }
 
 absl::Status UseDevice(const DeviceForwardContext& ctx) {

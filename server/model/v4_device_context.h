@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,20 @@ class DeviceArray {
   int64_t size_ = 0;        // values of T in it
 };
 
+// Device memory reused from one product to the next (grow-only), so that the operand steps of
+// ApplyLinearOnDevice (activation simulation, BF16 narrowing or F32 widening) do not allocate and
+// free (cudaFree waits for the whole device) on every call. One slot per step of a product.
+class DeviceScratch {
+ public:
+  enum Slot { kSimulated = 0, kOperand = 1 };
+  // At least `bytes` of slot `slot` on `device`; a smaller one is freed and reallocated (its
+  // previous contents are not kept). The memory is valid until the next Get of the same slot.
+  absl::StatusOr<void*> Get(compute::Device& device, Slot slot, size_t bytes);
+
+ private:
+  kernels::Buffer slots_[2];  // indexed by Slot
+};
+
 struct DeviceForwardContext {
   compute::Device* device = nullptr;  // "cuda:N"; its backend allocates, its Gemm multiplies
   int cuda_index = 0;                 // N
@@ -49,6 +64,7 @@ struct DeviceForwardContext {
   Numerics numerics = Numerics::kOfficial;
   Observer* observer = nullptr;  // may be nullptr; called with host copies (see v4_linear_cuda.h)
   bool observe_all_experts = false;  // ForwardContext::observe_all_experts
+  std::unique_ptr<DeviceScratch> scratch;  // the products' operand memory
   // The scalars the kernels hand back, one launcher at a time: results_buffer's memory.
   kernels::Buffer results_buffer;
   kernels::cuda::DeviceResults* results() const {

@@ -124,6 +124,13 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
   return absl::OkStatus();
 }
 
+// FailedPrecondition for the host-only entries when ctx runs on a CUDA device.
+absl::Status CheckHostContext(const ForwardContext& ctx, const char* what) {
+  if (ctx.device == nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " runs on the host; the device forward covers the decoder layers"));
+}
+
 }  // namespace
 
 absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
@@ -136,13 +143,6 @@ absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
         " and hidden_size ", c.hidden_size));
   }
   return absl::OkStatus();
-}
-
-// FailedPrecondition for the host-only entries when ctx runs on a CUDA device.
-absl::Status CheckHostContext(const ForwardContext& ctx, const char* what) {
-  if (ctx.device == nullptr) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, " runs on the host; the device forward covers the decoder layers"));
 }
 
 absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numerics numerics,

@@ -48,21 +48,23 @@ absl::Status DeviceMatMulNT(const DeviceForwardContext& ctx, const float* x, int
   kernels::DenseTensor xt{x, kernels::FloatType::kF32, m, k};
   if (w.type == kernels::FloatType::kF32) return ctx.gemm->MatMulNT(xt, w, out, false);
   if (ctx.official()) {
-    ASSIGN_OR_RETURN(DeviceArray<uint16_t> narrow, AllocateArray<uint16_t>(ctx, m * k));
-    RETURN_IF_ERROR(LaunchStatus(kernels::cuda::LaunchNarrowToBf16(x, m * k, narrow.data(),
-                                                                   ctx.launch),
+    ASSIGN_OR_RETURN(void* narrow, ctx.scratch->Get(*ctx.device, DeviceScratch::kOperand,
+                                                    static_cast<size_t>(m * k) * 2));
+    RETURN_IF_ERROR(LaunchStatus(kernels::cuda::LaunchNarrowToBf16(
+                                     x, m * k, static_cast<uint16_t*>(narrow), ctx.launch),
                                  what + " input to BF16"));
-    xt.data = narrow.data();
+    xt.data = narrow;
     xt.type = kernels::FloatType::kBF16;
     return ctx.gemm->MatMulNT(xt, w, out, false);
   }
-  ASSIGN_OR_RETURN(DeviceArray<float> wide, AllocateArray<float>(ctx, n * k));
+  ASSIGN_OR_RETURN(void* wide, ctx.scratch->Get(*ctx.device, DeviceScratch::kOperand,
+                                                static_cast<size_t>(n * k) * 4));
   RETURN_IF_ERROR(LaunchStatus(
-      kernels::cuda::LaunchWidenBf16(static_cast<const uint16_t*>(w.data), n * k, wide.data(),
-                                     ctx.launch),
+      kernels::cuda::LaunchWidenBf16(static_cast<const uint16_t*>(w.data), n * k,
+                                     static_cast<float*>(wide), ctx.launch),
       what + " weight to F32"));
   kernels::DenseTensor wt = w;
-  wt.data = wide.data();
+  wt.data = wide;
   wt.type = kernels::FloatType::kF32;
   return ctx.gemm->MatMulNT(xt, wt, out, false);
 }
@@ -73,15 +75,15 @@ absl::Status ApplyLinearOnDevice(const DeviceForwardContext& ctx, const DeviceLi
   const int64_t in = w.in_features();
   RETURN_IF_ERROR(ObserveLinearInput(ctx, w.module, x, rows, in, facts));
   if (rows <= 0) return absl::OkStatus();
-  DeviceArray<float> simulated;
-  const float* operand = x;
+  float* simulated = nullptr;  // the simulated copy of x, when there is a simulation
   if ((ctx.official() && w.quantized_source) || w.input_scale > 0.0f) {
-    ASSIGN_OR_RETURN(simulated, AllocateArray<float>(ctx, rows * in));
-    RETURN_IF_ERROR(LaunchStatus(
-        cudaMemcpyAsync(simulated.data(), x, static_cast<size_t>(rows * in) * sizeof(float),
-                        cudaMemcpyDeviceToDevice, ctx.launch.stream),
-        w.module + " input"));
-    operand = simulated.data();
+    const size_t bytes = static_cast<size_t>(rows * in) * sizeof(float);
+    ASSIGN_OR_RETURN(void* scratch,
+                     ctx.scratch->Get(*ctx.device, DeviceScratch::kSimulated, bytes));
+    simulated = static_cast<float*>(scratch);
+    RETURN_IF_ERROR(LaunchStatus(cudaMemcpyAsync(simulated, x, bytes, cudaMemcpyDeviceToDevice,
+                                                 ctx.launch.stream),
+                                 w.module + " input"));
   }
   if (ctx.official() && w.quantized_source) {
     if (in % kActQuantBlock != 0) {
@@ -90,7 +92,7 @@ absl::Status ApplyLinearOnDevice(const DeviceForwardContext& ctx, const DeviceLi
           "] needs whole blocks of ", kActQuantBlock));
     }
     RETURN_IF_ERROR(LaunchStatus(
-        kernels::cuda::LaunchSimulateFp8Act(simulated.data(), rows, in, in, kActQuantBlock,
+        kernels::cuda::LaunchSimulateFp8Act(simulated, rows, in, in, kActQuantBlock,
                                             ctx.results(), ctx.launch),
         w.module + " input"));
     ASSIGN_OR_RETURN(const uint64_t bad, FirstBad(ctx, w.module + " input"));
@@ -103,15 +105,16 @@ absl::Status ApplyLinearOnDevice(const DeviceForwardContext& ctx, const DeviceLi
     // NVFP4 W4A4: the runtime's activation quantization has no device twin yet; it runs on a
     // host copy (kernels/nvfp4_fake_quant.h), bit-identical to the host forward's.
     ASSIGN_OR_RETURN(std::vector<float> host,
-                     DownloadArray<float>(simulated.data(), rows * in, w.module + " input"));
+                     DownloadArray<float>(simulated, rows * in, w.module + " input"));
     if (absl::Status s = kernels::Nvfp4FakeQuantRows(host.data(), rows, in, in, w.input_scale);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
     }
     RETURN_IF_ERROR(
-        CopyToDevice(host.data(), host.size() * sizeof(float), simulated.data(), w.module));
+        CopyToDevice(host.data(), host.size() * sizeof(float), simulated, w.module));
   }
-  RETURN_IF_ERROR(DeviceMatMulNT(ctx, operand, rows, w.view, out, w.module));
+  RETURN_IF_ERROR(
+      DeviceMatMulNT(ctx, simulated != nullptr ? simulated : x, rows, w.view, out, w.module));
   if (output == LinearOutput::kModelDtype) {
     RETURN_IF_ERROR(ToModelDtypeOnDevice(ctx, out, rows * w.out_features()));
   }

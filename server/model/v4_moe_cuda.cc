@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,16 +26,23 @@ struct DeviceExpertRows {
   std::vector<float> host_weights;       // with an observer: weights on the host
 };
 
+// The experts' intermediate values, allocated once per MoE for the largest expert call:
+// g and u [rows, inter] each.
+struct ExpertScratch {
+  DeviceArray<float> g, u;
+};
+
 // One expert on n gathered rows xe [n, d] -> out [n, d]: w2(wt * swiglu(w1 xe, w3 xe)).
 // `weights` (device) and `host_weights` are nullptr for the shared expert; `tokens` (host) is
-// the observer's.
+// the observer's. `scratch` holds n * inter values in each array.
 absl::Status ExpertForwardOnDevice(const DeviceForwardContext& ctx, const V4Config& config,
                                    const DeviceExpert& e, const float* xe, int64_t n,
                                    const int64_t* tokens, int expert, const float* weights,
-                                   const float* host_weights, float* out) {
+                                   const float* host_weights, const ExpertScratch& scratch,
+                                   float* out) {
   const int64_t inter = e.w1.out_features(), d = e.w2.out_features();
-  ASSIGN_OR_RETURN(DeviceArray<float> g, AllocateArray<float>(ctx, n * inter));
-  ASSIGN_OR_RETURN(DeviceArray<float> u, AllocateArray<float>(ctx, n * inter));
+  const DeviceArray<float>& g = scratch.g;
+  const DeviceArray<float>& u = scratch.u;
   const DeviceLinearRows facts{tokens, expert, nullptr, nullptr};
   RETURN_IF_ERROR(
       ApplyLinearOnDevice(ctx, e.w1, xe, n, g.data(), LinearOutput::kModelDtype, facts));
@@ -181,6 +189,17 @@ absl::Status MoeForwardOnDevice(const DeviceForwardContext& ctx, const V4Config&
   const int64_t d = config.hidden_size, experts = config.n_routed_experts;
   ASSIGN_OR_RETURN(DeviceExpertRows routed, RouteAndGroup(ctx, config, w, x, tokens, token_ids));
   ASSIGN_OR_RETURN(DeviceArray<float> sum, AllocateArray<float>(ctx, tokens * d));
+  // Scratch for the largest call: the shared expert's tokens rows, or a routed expert's.
+  int64_t most_rows = 0, widest = w.shared.w1.out_features();
+  for (int64_t e = 0; e < experts; ++e) {
+    most_rows = std::max(most_rows, routed.offsets[e + 1] - routed.offsets[e]);
+    widest = std::max(widest, w.experts[static_cast<size_t>(e)].w1.out_features());
+  }
+  ExpertScratch scratch;
+  ASSIGN_OR_RETURN(scratch.g, AllocateArray<float>(ctx, tokens * widest));
+  ASSIGN_OR_RETURN(scratch.u, AllocateArray<float>(ctx, tokens * widest));
+  ASSIGN_OR_RETURN(DeviceArray<float> xe, AllocateArray<float>(ctx, most_rows * d));
+  ASSIGN_OR_RETURN(DeviceArray<float> out, AllocateArray<float>(ctx, most_rows * d));
   RETURN_IF_ERROR(LaunchStatus(
       cudaMemsetAsync(sum.data(), 0, static_cast<size_t>(tokens * d) * sizeof(float),
                       ctx.launch.stream),
@@ -190,15 +209,13 @@ absl::Status MoeForwardOnDevice(const DeviceForwardContext& ctx, const V4Config&
     if (n == 0) continue;
     const DeviceExpert& ew = w.experts[static_cast<size_t>(e)];
     const int64_t* rows = routed.rows.data() + first;
-    ASSIGN_OR_RETURN(DeviceArray<float> xe, AllocateArray<float>(ctx, n * d));
     RETURN_IF_ERROR(LaunchStatus(cuda::LaunchGatherRows(x, d, rows, n, xe.data(), ctx.launch),
                                  ew.w1.module + " gather"));
-    ASSIGN_OR_RETURN(DeviceArray<float> out, AllocateArray<float>(ctx, n * d));
     const bool observed = ctx.observer != nullptr;
     RETURN_IF_ERROR(ExpertForwardOnDevice(
         ctx, config, ew, xe.data(), n, observed ? routed.host_rows.data() + first : nullptr,
         static_cast<int>(e), routed.weights.data() + first,
-        observed ? routed.host_weights.data() + first : nullptr, out.data()));
+        observed ? routed.host_weights.data() + first : nullptr, scratch, out.data()));
     RETURN_IF_ERROR(LaunchStatus(cuda::LaunchAddRows(out.data(), rows, n, d, sum.data(), ctx.launch),
                                  ew.w2.module + " routed sum"));
   }
@@ -206,7 +223,8 @@ absl::Status MoeForwardOnDevice(const DeviceForwardContext& ctx, const V4Config&
     RETURN_IF_ERROR(ObserveUnroutedRowsOnDevice(ctx, config, w, x, tokens, routed));
   }
   RETURN_IF_ERROR(
-      ExpertForwardOnDevice(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, nullptr, y));
+      ExpertForwardOnDevice(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, nullptr,
+                            scratch, y));
   return LaunchStatus(cuda::LaunchAddRoutedSum(sum.data(), tokens * d, ctx.official(), y, ctx.launch),
                       w.gate.module + " routed sum");
 }

@@ -32,7 +32,7 @@ cudaError_t LaunchNormalizeHeads(bool official, float eps, float* q, int64_t row
                                  const Launch& launch) {
   if (rows <= 0 || dim <= 0) return cudaSuccess;
   NormalizeHeadsKernel<<<GridFor(rows, launch), kThreads, 0, launch.stream>>>(official, eps, q,
-                                                                             rows, dim);
+                                                                              rows, dim);
   return cudaGetLastError();
 }
 

@@ -52,10 +52,10 @@ absl::StatusOr<DeviceRope> UploadRope(const DeviceForwardContext& ctx, const Rop
 absl::Status Rope(const DeviceForwardContext& ctx, const DeviceRope& rope,
                   const DeviceArray<int64_t>& positions, bool inverse, float* x, int64_t rows,
                   int64_t heads, int64_t head_dim, const std::string& what) {
-  return LaunchStatus(cuda::LaunchRope(rope.cos.data(), rope.sin.data(), rope.pairs,
-                                       positions.data(), inverse, x, rows, heads, head_dim,
-                                       ctx.launch),
-                      what + " RoPE");
+  return LaunchStatus(
+      cuda::LaunchRope(rope.cos.data(), rope.sin.data(), rope.pairs, positions.data(), inverse, x,
+                       rows, heads, head_dim, ctx.launch),
+      what + " RoPE");
 }
 
 absl::Status RmsNormOnDevice(const DeviceForwardContext& ctx, float* x, int64_t rows, int64_t n,
@@ -84,14 +84,14 @@ absl::Status ObserveKv(const DeviceForwardContext& ctx, const std::string& modul
 absl::Status SimulateKvFp8(const DeviceForwardContext& ctx, const std::string& module, float* kv,
                            int64_t rows, int64_t dim, int64_t rope_dim) {
   const int64_t nope = dim - rope_dim;
-  RETURN_IF_ERROR(LaunchStatus(cuda::LaunchSimulateFp8Act(kv, rows, nope, dim, kKvQuantBlock,
-                                                          ctx.results(), ctx.launch),
-                               module + " FP8 simulation"));
+  RETURN_IF_ERROR(LaunchStatus(
+      cuda::LaunchSimulateFp8Act(kv, rows, nope, dim, kKvQuantBlock, ctx.results(), ctx.launch),
+      module + " FP8 simulation"));
   ASSIGN_OR_RETURN(const uint64_t bad, FirstBad(ctx, module));
   if (bad == cuda::kNoBad) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      module, ": activation quantization: non-finite value at [", bad / nope, ", ", bad % nope,
-      "]"));
+  return absl::InvalidArgumentError(absl::StrCat(module,
+                                                 ": activation quantization: non-finite value at [",
+                                                 bad / nope, ", ", bad % nope, "]"));
 }
 
 // Positions 0, step, 2 * step, ... of `rows` rows, restarting every `period` rows.
@@ -112,8 +112,7 @@ absl::StatusOr<DeviceArray<float>> CompressorOnDevice(const DeviceForwardContext
   const int64_t projected = w.wkv.out_features();
   ASSIGN_OR_RETURN(DeviceArray<float> kv, AllocateArray<float>(ctx, tokens * projected));
   ASSIGN_OR_RETURN(DeviceArray<float> score, AllocateArray<float>(ctx, tokens * projected));
-  RETURN_IF_ERROR(
-      ApplyLinearOnDevice(ctx, w.wkv, x, tokens, kv.data(), LinearOutput::kFloat32));
+  RETURN_IF_ERROR(ApplyLinearOnDevice(ctx, w.wkv, x, tokens, kv.data(), LinearOutput::kFloat32));
   RETURN_IF_ERROR(
       ApplyLinearOnDevice(ctx, w.wgate, x, tokens, score.data(), LinearOutput::kFloat32));
   const int64_t windows = seq_len / ratio, entries = sequences * windows;
@@ -134,9 +133,9 @@ absl::StatusOr<DeviceArray<float>> CompressorOnDevice(const DeviceForwardContext
 // The official indexer simulation (SimulateIndexerFp4) of rows [rows, n] in place.
 absl::Status IndexerFp4(const DeviceForwardContext& ctx, float* x, int64_t rows, int64_t n,
                         const std::string& what) {
-  RETURN_IF_ERROR(LaunchStatus(cuda::LaunchSimulateIndexerFp4(x, rows, n, ctx.results(),
-                                                              ctx.launch),
-                               what + " FP4 simulation"));
+  RETURN_IF_ERROR(
+      LaunchStatus(cuda::LaunchSimulateIndexerFp4(x, rows, n, ctx.results(), ctx.launch),
+                   what + " FP4 simulation"));
   ASSIGN_OR_RETURN(const uint64_t bad, FirstBad(ctx, what));
   if (bad == cuda::kNoBad) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -149,9 +148,9 @@ struct DevicePicks {
   int64_t k = 0;
   DeviceArray<int32_t> entries;
 };
-absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx,
-                                            const V4Config& config, const DeviceIndexer& w,
-                                            int64_t ratio, const DeviceRope& rope,
+absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx, const V4Config& config,
+                                            const DeviceIndexer& w, int64_t ratio,
+                                            const DeviceRope& rope,
                                             const DeviceArray<int64_t>& positions, const float* x,
                                             int64_t sequences, int64_t seq_len, const float* qr) {
   const int64_t tokens = sequences * seq_len;
@@ -175,11 +174,10 @@ absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx,
   RETURN_IF_ERROR(ApplyLinearOnDevice(ctx, w.weights_proj, x, tokens, weights.data()));
   // RunIndexer's head weights: official bf16(w * (dim^-0.5 * heads^-0.5)), math w * heads^-0.5,
   // as ScaleRows over one row (the same product, then the same rounding).
-  const float scale =
-      ctx.official()
-          ? static_cast<float>(std::pow(static_cast<double>(dim), -0.5) *
-                               std::pow(static_cast<double>(heads), -0.5))
-          : 1.0f / std::sqrt(static_cast<float>(heads));
+  const float scale = ctx.official()
+                          ? static_cast<float>(std::pow(static_cast<double>(dim), -0.5) *
+                                               std::pow(static_cast<double>(heads), -0.5))
+                          : 1.0f / std::sqrt(static_cast<float>(heads));
   ASSIGN_OR_RETURN(DeviceArray<float> scale_d,
                    UploadArray(ctx, std::vector<float>{scale}, "indexer head scale"));
   RETURN_IF_ERROR(LaunchStatus(cuda::LaunchScaleRows(scale_d.data(), 1, tokens * heads,
@@ -190,8 +188,7 @@ absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx,
   picks.k = std::min(config.index_topk, entries);
   if (picks.k == 0) return picks;
   ASSIGN_OR_RETURN(picks.entries, AllocateArray<int32_t>(ctx, tokens * picks.k));
-  const int64_t chunk =
-      std::clamp<int64_t>(kIndexerDotValues / (heads * entries), 1, seq_len);
+  const int64_t chunk = std::clamp<int64_t>(kIndexerDotValues / (heads * entries), 1, seq_len);
   ASSIGN_OR_RETURN(DeviceArray<float> dots, AllocateArray<float>(ctx, chunk * heads * entries));
   ASSIGN_OR_RETURN(DeviceArray<float> scores, AllocateArray<float>(ctx, chunk * entries));
   ASSIGN_OR_RETURN(DeviceArray<uint8_t> scratch,
@@ -217,12 +214,11 @@ absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx,
                                     weights.data() + (b * seq_len + t0) * heads, queries, heads,
                                     dim, entries, t0, ratio, scores.data(), ctx.launch),
           w.wq_b.module + " scores"));
-      RETURN_IF_ERROR(LaunchStatus(
-          cuda::LaunchSelectTopEntries(scores.data(), t0, queries, entries, ratio, picks.k,
-                                       scratch.data(),
-                                       picks.entries.data() + (b * seq_len + t0) * picks.k,
-                                       ctx.launch),
-          w.wq_b.module + " top-k"));
+      RETURN_IF_ERROR(
+          LaunchStatus(cuda::LaunchSelectTopEntries(
+                           scores.data(), t0, queries, entries, ratio, picks.k, scratch.data(),
+                           picks.entries.data() + (b * seq_len + t0) * picks.k, ctx.launch),
+                       w.wq_b.module + " top-k"));
     }
   }
   return picks;
@@ -240,20 +236,20 @@ absl::Status GroupedOutputAOnDevice(const DeviceForwardContext& ctx, const V4Con
   ASSIGN_OR_RETURN(DeviceArray<float> part, AllocateArray<float>(ctx, tokens * rank));
   const size_t weight_bytes = wo_a.view.type == kernels::FloatType::kBF16 ? 2 : 4;
   for (int64_t g = 0; g < groups; ++g) {
-    RETURN_IF_ERROR(LaunchStatus(
-        cudaMemcpy2DAsync(slice.data(), width * sizeof(float), o + g * width,
-                          groups * width * sizeof(float), width * sizeof(float), tokens,
-                          cudaMemcpyDeviceToDevice, ctx.launch.stream),
-        wo_a.module + " group input"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cudaMemcpy2DAsync(slice.data(), width * sizeof(float), o + g * width,
+                                       groups * width * sizeof(float), width * sizeof(float),
+                                       tokens, cudaMemcpyDeviceToDevice, ctx.launch.stream),
+                     wo_a.module + " group input"));
     kernels::DenseTensor w = wo_a.view;
     w.data = static_cast<const char*>(wo_a.view.data) + g * rank * width * weight_bytes;
     w.rows = rank;
     RETURN_IF_ERROR(DeviceMatMulNT(ctx, slice.data(), tokens, w, part.data(), wo_a.module));
-    RETURN_IF_ERROR(LaunchStatus(
-        cudaMemcpy2DAsync(u + g * rank, groups * rank * sizeof(float), part.data(),
-                          rank * sizeof(float), rank * sizeof(float), tokens,
-                          cudaMemcpyDeviceToDevice, ctx.launch.stream),
-        wo_a.module + " group output"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cudaMemcpy2DAsync(u + g * rank, groups * rank * sizeof(float), part.data(),
+                                       rank * sizeof(float), rank * sizeof(float), tokens,
+                                       cudaMemcpyDeviceToDevice, ctx.launch.stream),
+                     wo_a.module + " group output"));
   }
   return ToModelDtypeOnDevice(ctx, u, tokens * groups * rank);
 }
@@ -261,9 +257,8 @@ absl::Status GroupedOutputAOnDevice(const DeviceForwardContext& ctx, const V4Con
 }  // namespace
 
 absl::Status AttentionForwardOnDevice(const DeviceForwardContext& ctx, const V4Config& config,
-                                      int64_t layer, const DeviceAttention& weights,
-                                      const float* x, int64_t sequences, int64_t seq_len,
-                                      float* out) {
+                                      int64_t layer, const DeviceAttention& weights, const float* x,
+                                      int64_t sequences, int64_t seq_len, float* out) {
   const int64_t ratio = config.CompressRatio(layer);
   if (ctx.official()) RETURN_IF_ERROR(CheckOfficialShapes(config, ratio));
   const int64_t tokens = sequences * seq_len;
@@ -283,9 +278,9 @@ absl::Status AttentionForwardOnDevice(const DeviceForwardContext& ctx, const V4C
                                   prefix + "q_norm"));
   ASSIGN_OR_RETURN(DeviceArray<float> q, AllocateArray<float>(ctx, tokens * heads * dim));
   RETURN_IF_ERROR(ApplyLinearOnDevice(ctx, weights.wq_b, qr.data(), tokens, q.data()));
-  RETURN_IF_ERROR(LaunchStatus(cuda::LaunchNormalizeHeads(ctx.official(), eps, q.data(),
-                                                          tokens * heads, dim, ctx.launch),
-                               prefix + "q head norm"));
+  RETURN_IF_ERROR(LaunchStatus(
+      cuda::LaunchNormalizeHeads(ctx.official(), eps, q.data(), tokens * heads, dim, ctx.launch),
+      prefix + "q head norm"));
   RETURN_IF_ERROR(Rope(ctx, rope, positions, false, q.data(), tokens, heads, dim, prefix + "q"));
   RETURN_IF_ERROR(ToModelDtypeOnDevice(ctx, q.data(), tokens * heads * dim));
 
@@ -306,8 +301,8 @@ absl::Status AttentionForwardOnDevice(const DeviceForwardContext& ctx, const V4C
   DevicePicks picks;
   const int64_t entries = ratio == 0 ? 0 : seq_len / ratio;
   if (ratio != 0) {
-    ASSIGN_OR_RETURN(compressed, CompressorOnDevice(ctx, *weights.compressor, ratio, dim, eps,
-                                                    rope, x, sequences, seq_len));
+    ASSIGN_OR_RETURN(compressed, CompressorOnDevice(ctx, *weights.compressor, ratio, dim, eps, rope,
+                                                    x, sequences, seq_len));
     RETURN_IF_ERROR(
         ObserveKv(ctx, prefix + "compressor", compressed.data(), sequences * entries, dim));
     if (ctx.official() && entries > 0) {
@@ -337,10 +332,10 @@ absl::Status AttentionForwardOnDevice(const DeviceForwardContext& ctx, const V4C
     in.head_dim = dim;
     in.window = config.sliding_window;
     in.ratio = ratio;
-    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchSparseAttention(in, ctx.official(),
-                                                             o.data() + b * seq_len * heads * dim,
-                                                             ctx.launch),
-                                 prefix + "sparse attention"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cuda::LaunchSparseAttention(in, ctx.official(),
+                                                 o.data() + b * seq_len * heads * dim, ctx.launch),
+                     prefix + "sparse attention"));
   }
   RETURN_IF_ERROR(Rope(ctx, rope, positions, true, o.data(), tokens, heads, dim, prefix + "o"));
   RETURN_IF_ERROR(ToModelDtypeOnDevice(ctx, o.data(), tokens * heads * dim));

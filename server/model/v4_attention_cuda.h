@@ -21,9 +21,8 @@ namespace quantd::model {
 // have passed ValidateAttentionWeights (UploadLayer checks them). InvalidArgument as
 // AttentionForward for shapes the official simulation cannot block or a non-finite activation.
 absl::Status AttentionForwardOnDevice(const DeviceForwardContext& ctx, const V4Config& config,
-                                      int64_t layer, const DeviceAttention& weights,
-                                      const float* x, int64_t sequences, int64_t seq_len,
-                                      float* out);
+                                      int64_t layer, const DeviceAttention& weights, const float* x,
+                                      int64_t sequences, int64_t seq_len, float* out);
 
 }  // namespace quantd::model
 

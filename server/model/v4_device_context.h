@@ -63,7 +63,7 @@ struct DeviceForwardContext {
   kernels::Gemm* gemm = nullptr;      // device->gemm(), cuBLAS
   Numerics numerics = Numerics::kOfficial;
   Observer* observer = nullptr;  // may be nullptr; called with host copies (see v4_linear_cuda.h)
-  bool observe_all_experts = false;  // ForwardContext::observe_all_experts
+  bool observe_all_experts = false;        // ForwardContext::observe_all_experts
   std::unique_ptr<DeviceScratch> scratch;  // the products' operand memory
   // The scalars the kernels hand back, one launcher at a time: results_buffer's memory.
   kernels::Buffer results_buffer;

@@ -25,8 +25,7 @@ absl::StatusOr<std::shared_ptr<const V4DeviceLayerWeights>> MakeLayerResident(
 // RunLayer with a device context (ctx.device) and device-resident weights (layer.device).
 // FailedPrecondition when one of them is missing.
 absl::StatusOr<V4Activations> RunDeviceLayer(const ForwardContext& ctx, const V4Config& config,
-                                             const V4LayerWeights& layer,
-                                             const V4Activations& in);
+                                             const V4LayerWeights& layer, const V4Activations& in);
 
 }  // namespace quantd::model
 

@@ -26,8 +26,7 @@ absl::StatusOr<std::shared_ptr<const V4DeviceLayerWeights>> MakeLayerResident(
 }
 
 absl::StatusOr<V4Activations> RunDeviceLayer(const ForwardContext& ctx, const V4Config& config,
-                                             const V4LayerWeights& layer,
-                                             const V4Activations& in) {
+                                             const V4LayerWeights& layer, const V4Activations& in) {
   (void)ctx;
   (void)config;
   (void)layer;

@@ -103,8 +103,7 @@ absl::StatusOr<DeviceMoe> UploadMoe(const DeviceForwardContext& ctx, MoeWeights&
 }  // namespace
 
 absl::StatusOr<V4DeviceLayerWeights> UploadLayer(const DeviceForwardContext& ctx,
-                                                 const V4Config& config,
-                                                 V4LayerWeights layer) {
+                                                 const V4Config& config, V4LayerWeights layer) {
   RETURN_IF_ERROR(ValidateAttentionWeights(config, layer.layer, layer.attn));
   RETURN_IF_ERROR(UseDevice(ctx));
   const std::string p = absl::StrCat("layers.", layer.layer, ".");

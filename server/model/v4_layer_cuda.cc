@@ -30,9 +30,8 @@ absl::StatusOr<DeviceHcMix> HcPreOnDevice(const DeviceForwardContext& ctx, const
   ASSIGN_OR_RETURN(DeviceArray<float> mixes, AllocateArray<float>(ctx, tokens * mix_width));
   const kernels::DenseTensor fn{w.fn.data(), kernels::FloatType::kF32, mix_width, width};
   RETURN_IF_ERROR(DeviceMatMulNT(ctx, streams, tokens, fn, mixes.data(), what + "fn"));
-  RETURN_IF_ERROR(LaunchStatus(cuda::LaunchHcScaleMixes(streams, tokens, width,
-                                                        config.rms_norm_eps, mixes.data(),
-                                                        mix_width, ctx.launch),
+  RETURN_IF_ERROR(LaunchStatus(cuda::LaunchHcScaleMixes(streams, tokens, width, config.rms_norm_eps,
+                                                        mixes.data(), mix_width, ctx.launch),
                                what + " mixes"));
   DeviceHcMix mix;
   ASSIGN_OR_RETURN(mix.pre, AllocateArray<float>(ctx, tokens * hc));
@@ -43,9 +42,9 @@ absl::StatusOr<DeviceHcMix> HcPreOnDevice(const DeviceForwardContext& ctx, const
                                 config.hc_sinkhorn_iters, config.hc_eps, mix.pre.data(),
                                 mix.post.data(), mix.comb.data(), ctx.launch),
       what + " Sinkhorn"));
-  RETURN_IF_ERROR(LaunchStatus(cuda::LaunchHcCollapse(mix.pre.data(), streams, tokens, hc, d,
-                                                      ctx.official(), y, ctx.launch),
-                               what + " collapse"));
+  RETURN_IF_ERROR(LaunchStatus(
+      cuda::LaunchHcCollapse(mix.pre.data(), streams, tokens, hc, d, ctx.official(), y, ctx.launch),
+      what + " collapse"));
   return mix;
 }
 
@@ -75,9 +74,9 @@ absl::StatusOr<V4Activations> RunLayerOnDevice(const DeviceForwardContext& ctx,
                                                const V4Activations& in) {
   RETURN_IF_ERROR(CheckActivations(config, in));
   if (layer.cuda_index != ctx.cuda_index) {
-    return absl::FailedPreconditionError(absl::StrCat("layer ", layer.layer, " is on cuda:",
-                                                      layer.cuda_index, ", the context on ",
-                                                      ctx.device->name()));
+    return absl::FailedPreconditionError(absl::StrCat("layer ", layer.layer,
+                                                      " is on cuda:", layer.cuda_index,
+                                                      ", the context on ", ctx.device->name()));
   }
   RETURN_IF_ERROR(UseDevice(ctx));
   const int64_t tokens = in.tokens(), d = config.hidden_size;
@@ -94,11 +93,11 @@ absl::StatusOr<V4Activations> RunLayerOnDevice(const DeviceForwardContext& ctx,
   RETURN_IF_ERROR(AttentionForwardOnDevice(ctx, config, layer.layer, layer.attn, x.data(),
                                            in.sequences, in.seq_len, attn.data()));
   ASSIGN_OR_RETURN(DeviceArray<float> mid, AllocateArray<float>(ctx, n));
-  RETURN_IF_ERROR(HcPostOnDevice(ctx, config, mix, attn.data(), streams.data(), tokens,
-                                 mid.data(), p + "attn"));
+  RETURN_IF_ERROR(HcPostOnDevice(ctx, config, mix, attn.data(), streams.data(), tokens, mid.data(),
+                                 p + "attn"));
 
-  ASSIGN_OR_RETURN(mix, HcPreOnDevice(ctx, config, layer.hc_ffn, mid.data(), tokens, x.data(),
-                                      p + "hc_ffn_"));
+  ASSIGN_OR_RETURN(
+      mix, HcPreOnDevice(ctx, config, layer.hc_ffn, mid.data(), tokens, x.data(), p + "hc_ffn_"));
   RETURN_IF_ERROR(RmsNormOnDevice(ctx, config, x.data(), tokens, layer.ffn_norm, p + "ffn_norm"));
   DeviceArray<float>& ffn = attn;  // the attention output is spent: reuse its memory
   RETURN_IF_ERROR(

@@ -50,19 +50,19 @@ absl::Status DeviceMatMulNT(const DeviceForwardContext& ctx, const float* x, int
   if (ctx.official()) {
     ASSIGN_OR_RETURN(void* narrow, ctx.scratch->Get(*ctx.device, DeviceScratch::kOperand,
                                                     static_cast<size_t>(m * k) * 2));
-    RETURN_IF_ERROR(LaunchStatus(kernels::cuda::LaunchNarrowToBf16(
-                                     x, m * k, static_cast<uint16_t*>(narrow), ctx.launch),
-                                 what + " input to BF16"));
+    RETURN_IF_ERROR(LaunchStatus(
+        kernels::cuda::LaunchNarrowToBf16(x, m * k, static_cast<uint16_t*>(narrow), ctx.launch),
+        what + " input to BF16"));
     xt.data = narrow;
     xt.type = kernels::FloatType::kBF16;
     return ctx.gemm->MatMulNT(xt, w, out, false);
   }
   ASSIGN_OR_RETURN(void* wide, ctx.scratch->Get(*ctx.device, DeviceScratch::kOperand,
                                                 static_cast<size_t>(n * k) * 4));
-  RETURN_IF_ERROR(LaunchStatus(
-      kernels::cuda::LaunchWidenBf16(static_cast<const uint16_t*>(w.data), n * k,
-                                     static_cast<float*>(wide), ctx.launch),
-      what + " weight to F32"));
+  RETURN_IF_ERROR(
+      LaunchStatus(kernels::cuda::LaunchWidenBf16(static_cast<const uint16_t*>(w.data), n * k,
+                                                  static_cast<float*>(wide), ctx.launch),
+                   what + " weight to F32"));
   kernels::DenseTensor wt = w;
   wt.data = wide;
   wt.type = kernels::FloatType::kF32;
@@ -81,25 +81,25 @@ absl::Status ApplyLinearOnDevice(const DeviceForwardContext& ctx, const DeviceLi
     ASSIGN_OR_RETURN(void* scratch,
                      ctx.scratch->Get(*ctx.device, DeviceScratch::kSimulated, bytes));
     simulated = static_cast<float*>(scratch);
-    RETURN_IF_ERROR(LaunchStatus(cudaMemcpyAsync(simulated, x, bytes, cudaMemcpyDeviceToDevice,
-                                                 ctx.launch.stream),
-                                 w.module + " input"));
+    RETURN_IF_ERROR(LaunchStatus(
+        cudaMemcpyAsync(simulated, x, bytes, cudaMemcpyDeviceToDevice, ctx.launch.stream),
+        w.module + " input"));
   }
   if (ctx.official() && w.quantized_source) {
     if (in % kActQuantBlock != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          w.module, " input: activation quantization of [", rows, ", ", in,
-          "] needs whole blocks of ", kActQuantBlock));
+      return absl::InvalidArgumentError(
+          absl::StrCat(w.module, " input: activation quantization of [", rows, ", ", in,
+                       "] needs whole blocks of ", kActQuantBlock));
     }
-    RETURN_IF_ERROR(LaunchStatus(
-        kernels::cuda::LaunchSimulateFp8Act(simulated, rows, in, in, kActQuantBlock,
-                                            ctx.results(), ctx.launch),
-        w.module + " input"));
+    RETURN_IF_ERROR(
+        LaunchStatus(kernels::cuda::LaunchSimulateFp8Act(simulated, rows, in, in, kActQuantBlock,
+                                                         ctx.results(), ctx.launch),
+                     w.module + " input"));
     ASSIGN_OR_RETURN(const uint64_t bad, FirstBad(ctx, w.module + " input"));
     if (bad != kernels::cuda::kNoBad) {
       return absl::InvalidArgumentError(
-          absl::StrCat(w.module, " input: activation quantization: non-finite value at [",
-                       bad / in, ", ", bad % in, "]"));
+          absl::StrCat(w.module, " input: activation quantization: non-finite value at [", bad / in,
+                       ", ", bad % in, "]"));
     }
   } else if (w.input_scale > 0.0f) {
     // NVFP4 W4A4: the runtime's activation quantization has no device twin yet; it runs on a
@@ -110,8 +110,7 @@ absl::Status ApplyLinearOnDevice(const DeviceForwardContext& ctx, const DeviceLi
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(w.module, " input: ", s.message()));
     }
-    RETURN_IF_ERROR(
-        CopyToDevice(host.data(), host.size() * sizeof(float), simulated, w.module));
+    RETURN_IF_ERROR(CopyToDevice(host.data(), host.size() * sizeof(float), simulated, w.module));
   }
   RETURN_IF_ERROR(
       DeviceMatMulNT(ctx, simulated != nullptr ? simulated : x, rows, w.view, out, w.module));

@@ -25,10 +25,10 @@ namespace quantd::model {
 // LinearRows for a device call: the host-side facts the observer gets, and the unweighted w2
 // input in device memory (copied to the host only when observed).
 struct DeviceLinearRows {
-  const int64_t* tokens = nullptr;          // host; LinearInput::tokens
-  int expert = -1;                          // LinearInput::expert
-  const float* routing_weights = nullptr;   // host; LinearInput::routing_weights
-  const float* unweighted = nullptr;        // device; LinearInput::unweighted_x
+  const int64_t* tokens = nullptr;         // host; LinearInput::tokens
+  int expert = -1;                         // LinearInput::expert
+  const float* routing_weights = nullptr;  // host; LinearInput::routing_weights
+  const float* unweighted = nullptr;       // device; LinearInput::unweighted_x
 };
 
 // out[rows, w.out_features()] = x[rows, w.in_features()] · w^T, x and out device buffers; x is

@@ -19,11 +19,11 @@ namespace cuda = kernels::cuda;
 // The rows routed to each expert, on the device (the kernels' operands) and, where the host needs
 // them, on the host.
 struct DeviceExpertRows {
-  std::vector<int64_t> offsets;          // host, [experts + 1]
-  DeviceArray<int64_t> rows;             // [tokens * topk], expert-major, tokens ascending
-  DeviceArray<float> weights;            // the rows' routing weights
-  std::vector<int64_t> host_rows;        // with an observer: rows on the host
-  std::vector<float> host_weights;       // with an observer: weights on the host
+  std::vector<int64_t> offsets;     // host, [experts + 1]
+  DeviceArray<int64_t> rows;        // [tokens * topk], expert-major, tokens ascending
+  DeviceArray<float> weights;       // the rows' routing weights
+  std::vector<int64_t> host_rows;   // with an observer: rows on the host
+  std::vector<float> host_weights;  // with an observer: weights on the host
 };
 
 // The experts' intermediate values, allocated once per MoE for the largest expert call:
@@ -70,9 +70,9 @@ absl::Status ExpertForwardOnDevice(const DeviceForwardContext& ctx, const V4Conf
     RETURN_IF_ERROR(ToModelDtypeOnDevice(ctx, u.data(), n * inter));
   }
   if (weights != nullptr) {
-    RETURN_IF_ERROR(LaunchStatus(
-        cuda::LaunchScaleRows(weights, n, inter, ctx.official(), g.data(), ctx.launch),
-        e.w2.module + " routing weights"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cuda::LaunchScaleRows(weights, n, inter, ctx.official(), g.data(), ctx.launch),
+                     e.w2.module + " routing weights"));
   } else {
     RETURN_IF_ERROR(ToModelDtypeOnDevice(ctx, g.data(), n * inter));
   }
@@ -95,22 +95,20 @@ absl::StatusOr<DeviceExpertRows> RouteAndGroup(const DeviceForwardContext& ctx,
   if (w.hash) {
     RETURN_IF_ERROR(LaunchStatus(
         cuda::LaunchRouteByHash(logits.data(), tokens, experts, token_ids, w.tid2eid.data(),
-                                config.vocab_size, topk,
-                                config.routed_scaling_factor, ids.data(),
+                                config.vocab_size, topk, config.routed_scaling_factor, ids.data(),
                                 weights.data(), ctx.results(), ctx.launch),
         module + " routing"));
     ASSIGN_OR_RETURN(const uint64_t bad, FirstBad(ctx, module + " routing"));
     if (bad != cuda::kNoBad) {
-      return absl::InvalidArgumentError(absl::StrCat("MoE of ", module, ": token ", bad,
-                                                     " has an id outside [0, ", config.vocab_size,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MoE of ", module, ": token ", bad, " has an id outside [0, ", config.vocab_size, ")"));
     }
   } else {
-    RETURN_IF_ERROR(LaunchStatus(
-        cuda::LaunchRouteByScore(logits.data(), tokens, experts, w.bias.data(), topk,
-                                 config.routed_scaling_factor, ids.data(),
-                                 weights.data(), ctx.results(), ctx.launch),
-        module + " routing"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cuda::LaunchRouteByScore(logits.data(), tokens, experts, w.bias.data(), topk,
+                                              config.routed_scaling_factor, ids.data(),
+                                              weights.data(), ctx.results(), ctx.launch),
+                     module + " routing"));
     ASSIGN_OR_RETURN(const uint64_t bad, FirstBad(ctx, module + " routing"));
     if (bad != cuda::kNoBad) {
       return absl::InvalidArgumentError(absl::StrCat("MoE of ", module, ": token ", bad / experts,
@@ -162,8 +160,9 @@ absl::Status ObserveUnroutedRowsOnDevice(const DeviceForwardContext& ctx, const 
     const int64_t inter = ew.w1.out_features();
     ASSIGN_OR_RETURN(DeviceArray<int64_t> rows, UploadArray(ctx, others, ew.w1.module + " rows"));
     ASSIGN_OR_RETURN(DeviceArray<float> xe, AllocateArray<float>(ctx, n * d));
-    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchGatherRows(x, d, rows.data(), n, xe.data(), ctx.launch),
-                                 ew.w1.module + " gather"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cuda::LaunchGatherRows(x, d, rows.data(), n, xe.data(), ctx.launch),
+                     ew.w1.module + " gather"));
     ASSIGN_OR_RETURN(DeviceArray<float> g, AllocateArray<float>(ctx, n * inter));
     ASSIGN_OR_RETURN(DeviceArray<float> u, AllocateArray<float>(ctx, n * inter));
     const DeviceLinearRows facts{others.data(), static_cast<int>(e), nullptr, nullptr};
@@ -200,10 +199,10 @@ absl::Status MoeForwardOnDevice(const DeviceForwardContext& ctx, const V4Config&
   ASSIGN_OR_RETURN(scratch.u, AllocateArray<float>(ctx, tokens * widest));
   ASSIGN_OR_RETURN(DeviceArray<float> xe, AllocateArray<float>(ctx, most_rows * d));
   ASSIGN_OR_RETURN(DeviceArray<float> out, AllocateArray<float>(ctx, most_rows * d));
-  RETURN_IF_ERROR(LaunchStatus(
-      cudaMemsetAsync(sum.data(), 0, static_cast<size_t>(tokens * d) * sizeof(float),
-                      ctx.launch.stream),
-      w.gate.module + " routed sum"));
+  RETURN_IF_ERROR(
+      LaunchStatus(cudaMemsetAsync(sum.data(), 0, static_cast<size_t>(tokens * d) * sizeof(float),
+                                   ctx.launch.stream),
+                   w.gate.module + " routed sum"));
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t first = routed.offsets[e], n = routed.offsets[e + 1] - first;
     if (n == 0) continue;
@@ -216,17 +215,18 @@ absl::Status MoeForwardOnDevice(const DeviceForwardContext& ctx, const V4Config&
         ctx, config, ew, xe.data(), n, observed ? routed.host_rows.data() + first : nullptr,
         static_cast<int>(e), routed.weights.data() + first,
         observed ? routed.host_weights.data() + first : nullptr, scratch, out.data()));
-    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchAddRows(out.data(), rows, n, d, sum.data(), ctx.launch),
-                                 ew.w2.module + " routed sum"));
+    RETURN_IF_ERROR(
+        LaunchStatus(cuda::LaunchAddRows(out.data(), rows, n, d, sum.data(), ctx.launch),
+                     ew.w2.module + " routed sum"));
   }
   if (ctx.observer != nullptr && ctx.observe_all_experts) {
     RETURN_IF_ERROR(ObserveUnroutedRowsOnDevice(ctx, config, w, x, tokens, routed));
   }
-  RETURN_IF_ERROR(
-      ExpertForwardOnDevice(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, nullptr,
-                            scratch, y));
-  return LaunchStatus(cuda::LaunchAddRoutedSum(sum.data(), tokens * d, ctx.official(), y, ctx.launch),
-                      w.gate.module + " routed sum");
+  RETURN_IF_ERROR(ExpertForwardOnDevice(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr,
+                                        nullptr, scratch, y));
+  return LaunchStatus(
+      cuda::LaunchAddRoutedSum(sum.data(), tokens * d, ctx.official(), y, ctx.launch),
+      w.gate.module + " routed sum");
 }
 
 }  // namespace quantd::model

@@ -1,6 +1,7 @@
 // One whole DeepSeek-V4 decoder layer on a CUDA device (MakeForwardContext / LoadLayer / RunLayer
-// on cuda:0, server/model/v4_layer_cuda.h) against the host forward on the tiny fixture: every layer kind (0: hash routing + sliding window
-// only, 1: CSA with the indexer, 2: HCA), both numerics, the same input streams on both sides.
+// on cuda:0, server/model/v4_layer_cuda.h) against the host forward on the tiny fixture: every
+// layer kind (0: hash routing + sliding window only, 1: CSA with the indexer, 2: HCA), both
+// numerics, the same input streams on both sides.
 // Compares the output streams and what the observer saw (module names, calls, rows, expert ids,
 // routing weights, max |x| of every linear input and KV cache). Skips without a CUDA device;
 // builds without CUDA have no device forward and skip as well.
@@ -126,8 +127,8 @@ void ExpectSameRecords(const std::map<std::string, ModuleRecord>& got,
     // A routed expert's rows move with a routing choice made at a near tie (see the top).
     if (module.find(".experts.") == std::string::npos || g.rows == w.rows) {
       EXPECT_EQ(g.rows, w.rows) << module;
-      EXPECT_LE(std::fabs(g.amax - w.amax), tol * w.amax) << module << ": " << g.amax << " vs "
-                                                         << w.amax;
+      EXPECT_LE(std::fabs(g.amax - w.amax), tol * w.amax)
+          << module << ": " << g.amax << " vs " << w.amax;
     }
   }
 }
@@ -187,9 +188,10 @@ TEST_F(V4CudaLayerTest, EveryLayerKindMatchesTheHostInBothNumerics) {
       EXPECT_EQ(got->token_ids, want->token_ids);
       double worst = 0.0;
       const int64_t beyond = TokensBeyond(got->streams, want->streams, row, tol, &worst);
-      printf("[ %s layer %ld ] worst |device - host| / max(|host|, rms) = %.3g (bound %.3g); "
-             "%ld of %ld tokens beyond it\n",
-             NumericsName(numerics), l, worst, tol, beyond, acts->tokens());
+      printf(
+          "[ %s layer %ld ] worst |device - host| / max(|host|, rms) = %.3g (bound %.3g); "
+          "%ld of %ld tokens beyond it\n",
+          NumericsName(numerics), l, worst, tol, beyond, acts->tokens());
       EXPECT_LE(beyond * 100, acts->tokens()) << "more than 1% of the tokens differ";
 
       ExpectSameRecords(device_seen.linear_, host_seen.linear_, tol, "linear inputs");
@@ -247,9 +249,9 @@ TEST_F(V4CudaLayerTest, TakesHostDecodedWeightsAndRejectsBadInput) {
   ASSERT_TRUE(got.ok()) << got.status();
   const int64_t row = ckpt_->config.hc_mult * ckpt_->config.hidden_size;
   double worst = 0.0;
-  EXPECT_LE(TokensBeyond(got->streams, want->streams, row, Tolerance(Numerics::kOfficial),
-                         &worst) * 100,
-            acts->tokens());
+  EXPECT_LE(
+      TokensBeyond(got->streams, want->streams, row, Tolerance(Numerics::kOfficial), &worst) * 100,
+      acts->tokens());
 
   acts->streams.pop_back();
   EXPECT_EQ(RunLayerOnDevice(*ctx, ckpt_->config, *weights, *acts).status().code(),

@@ -102,8 +102,8 @@ absl::Status ApplyLinearOnDevice(const DeviceForwardContext& ctx, const DeviceLi
                        ", ", bad % in, "]"));
     }
   } else if (w.input_scale > 0.0f) {
-    // NVFP4 W4A4: the runtime's activation quantization has no device twin yet; it runs on a
-    // host copy (kernels/nvfp4_fake_quant.h), bit-identical to the host forward's.
+    // NVFP4 W4A4: the runtime's activation quantization runs on a host copy
+    // (kernels/nvfp4_fake_quant.h has no device kernel), bit-identical to the host forward's.
     ASSIGN_OR_RETURN(std::vector<float> host,
                      DownloadArray<float>(simulated, rows * in, w.module + " input"));
     if (absl::Status s = kernels::Nvfp4FakeQuantRows(host.data(), rows, in, in, w.input_scale);

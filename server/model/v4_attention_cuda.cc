@@ -191,8 +191,12 @@ absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx, con
   const int64_t chunk = std::clamp<int64_t>(kIndexerDotValues / (heads * entries), 1, seq_len);
   ASSIGN_OR_RETURN(DeviceArray<float> dots, AllocateArray<float>(ctx, chunk * heads * entries));
   ASSIGN_OR_RETURN(DeviceArray<float> scores, AllocateArray<float>(ctx, chunk * entries));
-  ASSIGN_OR_RETURN(DeviceArray<uint8_t> scratch,
-                   AllocateArray<uint8_t>(ctx, cuda::TopEntriesScratchBytes(chunk, entries)));
+  const int64_t scratch_bytes = cuda::TopEntriesScratchBytes(chunk, entries);
+  if (scratch_bytes < 0) {
+    return absl::InternalError(absl::StrCat(w.wq_b.module, " top-k: CUB gives no scratch size for ",
+                                            chunk, " queries of ", entries, " entries"));
+  }
+  ASSIGN_OR_RETURN(DeviceArray<uint8_t> scratch, AllocateArray<uint8_t>(ctx, scratch_bytes));
   for (int64_t b = 0; b < sequences; ++b) {
     const float* seq_keys = keys.data() + b * entries * dim;
     for (int64_t t0 = 0; t0 < seq_len; t0 += chunk) {

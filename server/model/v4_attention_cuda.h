@@ -4,6 +4,11 @@
 // v4_attention_blocks.h (sparse attention with sinks, indexer Hadamard/FP4, scores, top-k) and
 // the products through ApplyLinearOnDevice / the device's Gemm. The observer sees host copies of
 // every linear's input and of the KV cache, under the host forward's names.
+//
+// One difference by contract: where indexer scores tie at the top-k boundary, the device picks
+// the lower entry ids (LaunchSelectTopEntries' total order) and the host libstdc++'s selection,
+// so such a query may read other compressed entries (CSA layers only; exact zeros, where every
+// indexer head's relu is 0, and BF16-equal official scores tie).
 #ifndef QUANTD_SERVER_MODEL_V4_ATTENTION_CUDA_H_
 #define QUANTD_SERVER_MODEL_V4_ATTENTION_CUDA_H_
 

@@ -18,10 +18,18 @@
 // flipped inputs at most: hc_post's 1 + hc terms, the norm's scale, the residual); a flip at an
 // FP8 boundary of the activation simulation (one E4M3 ulp, 2^-3 of that element) is diluted by
 // the GEMM's k >= 128 terms below a BF16 ulp of the output. Official is checked at 2^-5 of
-// max(|value|, rms): 8 BF16 ulps. A discrete choice made at a near tie (an indexer pick or a
-// routed expert whose scores differ by less than the fp32 difference) changes a whole token; at
-// most 1% of the tokens may differ beyond the bound for that reason (a bug in any block moves
-// nearly all of them), and the test prints how many did.
+// max(|value|, rms): 8 BF16 ulps.
+//
+// Whole tokens may differ for two discrete reasons, both confined to the token (each layer starts
+// from the same input on both sides): (1) a routed expert chosen at a near tie (scores within the
+// fp32 difference): at most 1% of the tokens; (2) in the CSA layer, indexer scores that tie
+// exactly at the top-k boundary (exact zeros where every indexer head's relu is 0; BF16-equal
+// official scores), where the device picks the lower entry ids and the host libstdc++'s
+// selection (v4_attention_cuda.h). Only a query with more visible entries than picks
+// ((position + 1) / 4 > k) can meet (2); at most 30% of the tokens may, and the modules after
+// the attention (wo_a, wo_b, ffn.*) are then compared only where no such token differed. A bug
+// in any block moves nearly every token, or a token that (2) cannot explain. The test prints the
+// counts.
 #include <stdint.h>
 
 #include <algorithm>
@@ -94,11 +102,12 @@ double Tolerance(Numerics numerics) {
   return numerics == Numerics::kOfficial ? std::ldexp(1.0, -5) : std::ldexp(1.0, -12);
 }
 
-// Tokens (rows of `row` values) of `got` with an element beyond tol * max(|want|, rms(want)).
-int64_t TokensBeyond(const std::vector<float>& got, const std::vector<float>& want, int64_t row,
-                     double tol, double* worst) {
+// Tokens (rows of `row` values) of `got` with an element beyond tol * max(|want|, rms(want)),
+// ascending; *worst is the largest relative difference.
+std::vector<int64_t> TokensBeyond(const std::vector<float>& got, const std::vector<float>& want,
+                                  int64_t row, double tol, double* worst) {
   const double rms = Rms(want);
-  int64_t bad = 0;
+  std::vector<int64_t> bad;
   *worst = 0.0;
   for (size_t t = 0; t * row < want.size(); ++t) {
     bool token_bad = false;
@@ -109,14 +118,21 @@ int64_t TokensBeyond(const std::vector<float>& got, const std::vector<float>& wa
       *worst = std::max(*worst, err);
       if (!(err <= tol)) token_bad = true;  // a NaN is bad too
     }
-    bad += token_bad ? 1 : 0;
+    if (token_bad) bad.push_back(static_cast<int64_t>(t));
   }
   return bad;
 }
 
+// Whether `module` runs after the attention's key choice (its inputs carry the picks' effect).
+bool AfterPicks(const std::string& module) {
+  return module.find(".wo_a") != std::string::npos || module.find(".wo_b") != std::string::npos ||
+         module.find(".ffn.") != std::string::npos;
+}
+
+// `after_picks`: compare max |x| of the modules after the attention's key choice too.
 void ExpectSameRecords(const std::map<std::string, ModuleRecord>& got,
                        const std::map<std::string, ModuleRecord>& want, double tol,
-                       const std::string& what) {
+                       bool after_picks, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (const auto& [module, w] : want) {
     const auto it = got.find(module);
@@ -127,6 +143,7 @@ void ExpectSameRecords(const std::map<std::string, ModuleRecord>& got,
     // A routed expert's rows move with a routing choice made at a near tie (see the top).
     if (module.find(".experts.") == std::string::npos || g.rows == w.rows) {
       EXPECT_EQ(g.rows, w.rows) << module;
+      if (!after_picks && AfterPicks(module)) continue;
       EXPECT_LE(std::fabs(g.amax - w.amax), tol * w.amax)
           << module << ": " << g.amax << " vs " << w.amax;
     }
@@ -158,6 +175,7 @@ TEST_F(V4CudaLayerTest, EveryLayerKindMatchesTheHostInBothNumerics) {
   ASSERT_EQ(c.compress_ratios, (std::vector<int64_t>{0, 4, 128, 0}));
   ASSERT_TRUE(c.IsHashLayer(0));
   const int64_t row = c.hc_mult * c.hidden_size;
+  const int64_t picks = std::min(c.index_topk, kSeqLen / 4);  // the CSA layer's k
   for (Numerics numerics : {Numerics::kOfficial, Numerics::kMath}) {
     SCOPED_TRACE(NumericsName(numerics));
     const double tol = Tolerance(numerics);
@@ -187,15 +205,21 @@ TEST_F(V4CudaLayerTest, EveryLayerKindMatchesTheHostInBothNumerics) {
       ASSERT_EQ(got->streams.size(), want->streams.size());
       EXPECT_EQ(got->token_ids, want->token_ids);
       double worst = 0.0;
-      const int64_t beyond = TokensBeyond(got->streams, want->streams, row, tol, &worst);
+      int64_t tied_picks = 0, other = 0;  // tokens beyond the bound, by reason (see the top)
+      for (const int64_t t : TokensBeyond(got->streams, want->streams, row, tol, &worst)) {
+        const bool can_tie = c.CompressRatio(l) == 4 && (t % kSeqLen + 1) / 4 > picks;
+        (can_tie ? tied_picks : other) += 1;
+      }
       printf(
           "[ %s layer %ld ] worst |device - host| / max(|host|, rms) = %.3g (bound %.3g); "
-          "%ld of %ld tokens beyond it\n",
-          NumericsName(numerics), l, worst, tol, beyond, acts->tokens());
-      EXPECT_LE(beyond * 100, acts->tokens()) << "more than 1% of the tokens differ";
+          "tokens beyond it: %ld that may have tied indexer picks, %ld others, of %ld\n",
+          NumericsName(numerics), l, worst, tol, tied_picks, other, acts->tokens());
+      EXPECT_LE(other * 100, acts->tokens()) << "more than 1% of the tokens differ";
+      EXPECT_LE(tied_picks * 100, 30 * acts->tokens()) << "more than 30% of the tokens differ";
 
-      ExpectSameRecords(device_seen.linear_, host_seen.linear_, tol, "linear inputs");
-      ExpectSameRecords(device_seen.kv_, host_seen.kv_, tol, "KV cache");
+      ExpectSameRecords(device_seen.linear_, host_seen.linear_, tol, tied_picks == 0,
+                        "linear inputs");
+      ExpectSameRecords(device_seen.kv_, host_seen.kv_, tol, true, "KV cache");
       // Routing weights: the router's float32 scores within (2^-19 + (topk + 2) * 2^-23)
       // relative (v4_moe_blocks.h), summed over topk: 2^-16 relative of route_scale.
       ASSERT_EQ(device_seen.weight_sum_.size(), host_seen.weight_sum_.size());
@@ -248,10 +272,11 @@ TEST_F(V4CudaLayerTest, TakesHostDecodedWeightsAndRejectsBadInput) {
   auto got = RunLayerOnDevice(*ctx, ckpt_->config, *weights, *acts);
   ASSERT_TRUE(got.ok()) << got.status();
   const int64_t row = ckpt_->config.hc_mult * ckpt_->config.hidden_size;
-  double worst = 0.0;
-  EXPECT_LE(
-      TokensBeyond(got->streams, want->streams, row, Tolerance(Numerics::kOfficial), &worst) * 100,
-      acts->tokens());
+  double worst = 0.0;  // layer 0 has no indexer: only near-tie routing may move a token
+  EXPECT_LE(TokensBeyond(got->streams, want->streams, row, Tolerance(Numerics::kOfficial), &worst)
+                    .size() *
+                100,
+            static_cast<size_t>(acts->tokens()));
 
   acts->streams.pop_back();
   EXPECT_EQ(RunLayerOnDevice(*ctx, ckpt_->config, *weights, *acts).status().code(),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of the DeepSeek-V4 forward and the CUDA kernels, in one go on a machine with a
-# CUDA device (about 6 minutes on an H200; every step has its own time limit, 10.5 minutes in all).
+# CUDA device (about 6 minutes on an H200; every step has its own time limit, 11.5 minutes in all).
 # Builds nothing: run it from the repository root with a build directory made elsewhere with
 # CUDA (cmake -DQUANTD_CUDA=ON -DQUANTD_BENCH=ON) and carried along.
 #

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
-#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/row_kernels.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/formats.h"
 #include "kernels/validate.h"
 
@@ -27,7 +27,7 @@ namespace {
 using cpu::RowKernels;
 
 constexpr size_t kAlignment = 64;
-// Below this many elements per worker, starting a thread costs about as much as it saves.
+// Below this many elements per worker, waking a worker costs about as much as it saves.
 constexpr int64_t kMinElementsPerWorker = 32 * 1024;
 // Row-independent work on a tensor with few rows is cut into this many ranges per worker...
 constexpr int64_t kRangesPerWorker = 8;
@@ -64,7 +64,10 @@ std::string Fp8Problem(const Fp8BlockTensor& src, int64_t i) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const RowKernels* kernels, int threads) : kernels_(kernels), threads_(threads) {}
+  CpuBackend(const RowKernels* kernels, int threads)
+      : kernels_(kernels),
+        threads_(threads),
+        pool_(threads > 1 ? std::make_unique<cpu::ThreadPool>(threads) : nullptr) {}
 
   std::string name() const override { return absl::StrCat("cpu-", kernels_->name); }
 
@@ -201,10 +204,15 @@ class CpuBackend final : public Backend {
     const int workers = static_cast<int>(std::min<int64_t>(
         {threads_, rows, std::max<int64_t>(1, rows * cols / kMinElementsPerWorker)}));
     std::vector<int64_t> bad(workers, -1);
-    cpu::ParallelFor(workers, rows, [&](int w, int64_t begin, int64_t end) {
+    const auto range = [&](int w, int64_t begin, int64_t end) {
       DefaultFloatModes modes;
       bad[w] = fn(w, begin, end);
-    });
+    };
+    if (pool_ != nullptr) {
+      pool_->Run(workers, rows, range);
+    } else {
+      range(0, 0, rows);
+    }
     int64_t first = -1;
     for (int64_t i : bad) {
       if (i >= 0 && (first < 0 || i < first)) first = i;
@@ -240,6 +248,9 @@ class CpuBackend final : public Backend {
 
   const RowKernels* kernels_;  // the SIMD level's row kernels
   int threads_;                // most workers one operation uses
+  // Started once and reused by every operation (starting threads per call cost more than a small
+  // operation's work); nullptr for one thread. Operations from several threads take turns on it.
+  std::unique_ptr<cpu::ThreadPool> pool_;
 };
 
 const char* LevelName(SimdLevel level) {

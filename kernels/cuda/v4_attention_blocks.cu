@@ -1,10 +1,12 @@
 // Kernels of v4_attention_blocks.h. Each follows its CPU block's float operations in the CPU's
 // order; where the CPU calls its GEMM (the attention's q . k and P . V) the device sums in its
-// own order, and expf stands for the host's exp.
+// own order, and expf stands for the host's exp. The indexer's picks are a CUB segmented sort
+// between two small kernels (its input, then the cut after k).
 #include <math.h>
 
+#include <cub/device/device_segmented_radix_sort.cuh>
+
 #include "kernels/cuda/device_util.cuh"
-#include "kernels/cuda/libstdcxx_selection.h"
 #include "kernels/cuda/v4_attention_blocks.h"
 #include "kernels/cuda/v4_blocks.h"
 #include "kernels/formats.h"
@@ -24,9 +26,11 @@ constexpr int64_t kAttentionSharedTarget = 100 * 1024;
 constexpr int64_t kSoftmaxBlock = 64;
 // Largest Hadamard row: n floats of shared memory within the default 48 KiB.
 constexpr int64_t kMaxHadamardN = 8192;
-// Threads per block of the picks (one per query): small blocks spread a few thousand queries
-// over every SM.
-constexpr int kSelectThreads = 32;
+// Sort items (entries of whole query rows) of one pass of LaunchSelectTopEntries at most, unless
+// one row alone is longer: 16 bytes each in the scratch (two buffers of keys and of ids), 64 MiB.
+constexpr int64_t kTopEntriesPassItems = int64_t{1} << 22;
+// Alignment of each array in the picks' scratch (cudaMalloc's).
+constexpr size_t kScratchAlign = 256;
 
 // The key list's geometry, the same for every query (v4_attention_sparse.cc).
 struct AttentionShape {
@@ -295,15 +299,93 @@ __global__ void IndexerScoresKernel(bool official, const float* dots, const floa
   }
 }
 
-// One thread per query.
-__global__ void SelectTopEntriesKernel(const float* scores, int64_t first_position,
-                                       int64_t queries, int64_t entries, int64_t ratio, int64_t k,
-                                       ScoredEntry* scratch, int32_t* picks) {
-  for (int64_t i = FirstItem(); i < queries; i += ItemStride()) {
+// The sort's input for `rows` queries from first_position on: each row's visible entries as
+// (key, id) pairs at their own places, the key the score with NaN as -inf (the total order of
+// LaunchSelectTopEntries), and each row's segment [begin, end) over its visible entries.
+__global__ void TopEntriesSortInputKernel(const float* scores, int64_t first_position,
+                                          int64_t rows, int64_t entries, int64_t ratio,
+                                          float* keys, int32_t* ids, int32_t* begin,
+                                          int32_t* end) {
+  for (int64_t item = FirstItem(); item < rows * entries; item += ItemStride()) {
+    const int64_t i = item / entries;
+    const int64_t s = item % entries;
     const int64_t visible = min(entries, (first_position + i + 1) / ratio);
-    SelectTopOfRow(scores + i * entries, visible, entries, k, scratch + i * entries,
-                   picks + i * k);
+    if (s == 0) {
+      begin[i] = static_cast<int32_t>(item);
+      end[i] = static_cast<int32_t>(item + visible);
+    }
+    if (s < visible) {
+      const float x = scores[item];
+      keys[item] = isnan(x) ? -INFINITY : x;
+      ids[item] = static_cast<int32_t>(s);
+    }
   }
+}
+
+// picks [rows, k] from each row's sorted ids: the first k of its visible entries, -1 beyond.
+__global__ void TopEntriesPicksKernel(const int32_t* sorted_ids, int64_t first_position,
+                                      int64_t rows, int64_t entries, int64_t ratio, int64_t k,
+                                      int32_t* picks) {
+  for (int64_t item = FirstItem(); item < rows * k; item += ItemStride()) {
+    const int64_t i = item / k;
+    const int64_t j = item % k;
+    const int64_t visible = min(entries, (first_position + i + 1) / ratio);
+    picks[item] = j < visible ? sorted_ids[i * entries + j] : -1;
+  }
+}
+
+// The stable descending sort of the segments [begin[r], end[r]) of `keys` and `ids`, r < rows
+// (the sorted pairs end in keys.Current() and ids.Current()); with temp == nullptr, only the
+// size of CUB's temporary storage into temp_bytes. The same instantiation for both.
+cudaError_t SortRowsDescending(void* temp, size_t& temp_bytes, cub::DoubleBuffer<float>& keys,
+                               cub::DoubleBuffer<int32_t>& ids, int64_t items, int64_t rows,
+                               const int32_t* begin, const int32_t* end, cudaStream_t stream) {
+  return cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      temp, temp_bytes, keys, ids, static_cast<int>(items), static_cast<int>(rows), begin, end,
+      /*begin_bit=*/0, /*end_bit=*/static_cast<int>(8 * sizeof(float)), stream);
+}
+
+size_t AlignScratch(size_t bytes) {
+  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+
+// Where LaunchSelectTopEntries keeps its arrays in the scratch: byte offsets of arrays sized for
+// one pass of `rows` rows.
+struct TopEntriesLayout {
+  int64_t rows = 0;       // queries per pass
+  size_t keys[2] = {};    // float [rows * entries] each: the sort's key double buffer
+  size_t ids[2] = {};     // int32 [rows * entries] each: the entry ids sorted with the keys
+  size_t begin = 0;       // int32 [rows]: each row's first sort item
+  size_t end = 0;         // int32 [rows]: one past each row's last visible entry
+  size_t temp = 0;        // CUB's temporary storage
+  size_t temp_bytes = 0;  // its size
+  size_t total = 0;       // bytes of the whole scratch
+};
+
+// The layout for `queries` rows of `entries` (both >= 1, entries <= INT32_MAX), CUB asked for
+// its temporary storage on the current device.
+cudaError_t PlanTopEntries(int64_t queries, int64_t entries, TopEntriesLayout* layout) {
+  const int64_t per_pass = kTopEntriesPassItems / entries;
+  layout->rows = per_pass < 1 ? 1 : (per_pass < queries ? per_pass : queries);
+  const int64_t items = layout->rows * entries;  // <= max(2^22, entries) <= INT32_MAX
+  size_t at = 0;
+  const auto place = [&at](size_t bytes) {
+    const size_t offset = at;
+    at += AlignScratch(bytes);
+    return offset;
+  };
+  for (int b = 0; b < 2; ++b) layout->keys[b] = place(items * sizeof(float));
+  for (int b = 0; b < 2; ++b) layout->ids[b] = place(items * sizeof(int32_t));
+  layout->begin = place(layout->rows * sizeof(int32_t));
+  layout->end = place(layout->rows * sizeof(int32_t));
+  cub::DoubleBuffer<float> keys(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> ids(nullptr, nullptr);
+  const cudaError_t e = SortRowsDescending(nullptr, layout->temp_bytes, keys, ids, items,
+                                           layout->rows, nullptr, nullptr, nullptr);
+  if (e != cudaSuccess) return e;
+  layout->temp = place(layout->temp_bytes);
+  layout->total = at;
+  return cudaSuccess;
 }
 
 // The device's per-block shared memory limit with opt-in.
@@ -411,6 +493,14 @@ cudaError_t LaunchIndexerScores(bool official, const float* dots, const float* w
   return cudaGetLastError();
 }
 
+int64_t TopEntriesScratchBytes(int64_t queries, int64_t entries) {
+  if (queries <= 0 || entries <= 0) return 0;
+  if (entries > INT32_MAX) return -1;
+  TopEntriesLayout layout;
+  if (PlanTopEntries(queries, entries, &layout) != cudaSuccess) return -1;
+  return static_cast<int64_t>(layout.total);
+}
+
 cudaError_t LaunchSelectTopEntries(const float* scores, int64_t first_position, int64_t queries,
                                    int64_t entries, int64_t ratio, int64_t k, void* scratch,
                                    int32_t* picks, const Launch& launch) {
@@ -418,12 +508,33 @@ cudaError_t LaunchSelectTopEntries(const float* scores, int64_t first_position, 
     return cudaErrorInvalidValue;
   }
   if (queries <= 0 || k == 0) return cudaSuccess;
-  const int64_t wanted = (queries + kSelectThreads - 1) / kSelectThreads;
-  const int blocks = static_cast<int>(wanted < launch.max_blocks ? wanted : launch.max_blocks);
-  SelectTopEntriesKernel<<<blocks, kSelectThreads, 0, launch.stream>>>(
-      scores, first_position, queries, entries, ratio, k, static_cast<ScoredEntry*>(scratch),
-      picks);
-  return cudaGetLastError();
+  TopEntriesLayout layout;
+  cudaError_t e = PlanTopEntries(queries, entries, &layout);
+  if (e != cudaSuccess) return e;
+  char* base = static_cast<char*>(scratch);
+  int32_t* begin = reinterpret_cast<int32_t*>(base + layout.begin);
+  int32_t* end = reinterpret_cast<int32_t*>(base + layout.end);
+  for (int64_t r0 = 0; r0 < queries; r0 += layout.rows) {
+    const int64_t rows = layout.rows < queries - r0 ? layout.rows : queries - r0;
+    cub::DoubleBuffer<float> keys(reinterpret_cast<float*>(base + layout.keys[0]),
+                                  reinterpret_cast<float*>(base + layout.keys[1]));
+    cub::DoubleBuffer<int32_t> ids(reinterpret_cast<int32_t*>(base + layout.ids[0]),
+                                   reinterpret_cast<int32_t*>(base + layout.ids[1]));
+    TopEntriesSortInputKernel<<<GridFor(rows * entries, launch), kThreads, 0, launch.stream>>>(
+        scores + r0 * entries, first_position + r0, rows, entries, ratio, keys.Current(),
+        ids.Current(), begin, end);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    size_t temp_bytes = layout.temp_bytes;
+    e = SortRowsDescending(base + layout.temp, temp_bytes, keys, ids, rows * entries, rows, begin,
+                           end, launch.stream);
+    if (e != cudaSuccess) return e;
+    TopEntriesPicksKernel<<<GridFor(rows * k, launch), kThreads, 0, launch.stream>>>(
+        ids.Current(), first_position + r0, rows, entries, ratio, k, picks + r0 * k);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace quantd::kernels::cuda

@@ -1,5 +1,5 @@
 // The DeepSeek-V4 attention path's blocks that no library does, on CUDA: the sparse attention
-// with sinks and the lightning indexer's pieces. Each is a launcher over device buffers
+// with sinks and the lightning indexer's pieces (its top-k around CUB's sort). Each is a launcher over device buffers
 // (row-major, on the current device) with the arithmetic of its CPU block in server/model/
 // (named below), compiled with the library's CUDA flags (-fmad=false, IEEE division and square
 // root; see v4_blocks.h), so that blocks without a transcendental function give the CPU's bits.
@@ -12,7 +12,6 @@
 #include <stdint.h>
 
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/libstdcxx_selection.h"
 
 namespace quantd::kernels::cuda {
 
@@ -80,15 +79,32 @@ cudaError_t LaunchIndexerScores(bool official, const float* dots, const float* w
                                 int64_t first_position, int64_t ratio, float* scores,
                                 const Launch& launch);
 
-// SelectTopEntries (v4_indexer.h): picks [queries, k] from scores [queries, entries], one
-// thread per query (blocks of 32) running libstdc++'s selection (libstdcxx_selection.h) over
-// its row of `scratch`, so that equal scores resolve as on the CPU: bit-exact. Sequential per
-// query: O(entries + k log k) steps on global memory. `scratch` holds
-// TopEntriesScratchBytes(queries, entries) bytes of device memory. Needs k <= entries < 2^31
-// (k = 0: nothing to do).
-inline int64_t TopEntriesScratchBytes(int64_t queries, int64_t entries) {
-  return queries * entries * static_cast<int64_t>(sizeof(ScoredEntry));
-}
+// SelectTopEntries (v4_indexer.h) by a sort: picks [queries, k] from scores [queries, entries]
+// hold, for the query at position t = first_position + i, its visible entries
+// (s < (t + 1) / ratio) best first, then -1 for the slots no visible entry fills; future
+// entries are never picked and their scores never read.
+// Tie order. The device ranks a query's entries by a total order: higher score first, equal
+// scores (a == b as floats, so -0.0 equals +0.0) by lower entry id first, a NaN score equal to
+// -inf. That is a stable descending sort of the visible (score, entry) pairs in entry order
+// (cub::DeviceSegmentedRadixSort: stable, -0.0 and +0.0 equal; NaN turned into -inf first), cut
+// after k. It is also the order of all entries with the future ones at -inf, as the CPU ranks
+// them: those come after every visible entry, a visible -inf included (its id is lower).
+// Against the CPU: the picks are the CPU's wherever no scores tie; where they tie, the CPU
+// follows libstdc++'s selection (torch.topk's order on the CPU) and the device this total
+// order: the same scores in the same order, possibly other entries among equal scores. With a
+// NaN score the CPU's comparator (a.score > b.score) is no order (NaN is neither better nor
+// worse than any score) and its picks are unspecified; the device's are as stated.
+// The launcher chunks: rows go to the sort in passes of min(queries, max(1, 2^22 / entries))
+// queries (kTopEntriesPassItems in the .cu), so the scratch is bounded whatever `queries`.
+// `scratch` (device memory aligned as cudaMalloc's) holds TopEntriesScratchBytes(queries,
+// entries) bytes: 16 per entry of a pass's rows (the sort's key and id buffers, both given to
+// CUB so that its own temporary storage holds no copy of them, a few hundred bytes), 8 per row
+// (its segment): at most 64 MiB + 1 MiB, or 16 bytes per entry of one longer row.
+// TopEntriesScratchBytes asks CUB for its size on the current device: -1 when CUB cannot
+// answer (no usable device) or entries > INT32_MAX, 0 for no work. Needs k <= entries < 2^31
+// (k = 0 or queries <= 0: nothing to do). Enqueues only (CUB's sort included): no host
+// synchronization; launch.max_blocks bounds this launcher's own kernels, not CUB's.
+int64_t TopEntriesScratchBytes(int64_t queries, int64_t entries);
 cudaError_t LaunchSelectTopEntries(const float* scores, int64_t first_position, int64_t queries,
                                    int64_t entries, int64_t ratio, int64_t k, void* scratch,
                                    int32_t* picks, const Launch& launch);

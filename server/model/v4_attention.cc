@@ -95,25 +95,6 @@ absl::Status SimulateKvFp8(const ForwardContext& ctx, const std::string& module,
   return s;
 }
 
-// What the official simulation needs of the shapes beyond ValidateAttentionWeights: KV nope dims
-// in blocks of 64, and (CSA) an indexer head the Hadamard transform and the FP4 blocks of 32 fit.
-absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
-  const int64_t nope = config.head_dim - config.qk_rope_head_dim;
-  if (nope % kKvQuantBlock != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("official numerics: head_dim - qk_rope_head_dim = ", nope,
-                     " is not a multiple of the KV FP8 block ", kKvQuantBlock));
-  }
-  const int64_t n = config.index_head_dim;
-  if (ratio == 4 && (n % kFp4QuantBlock != 0 || (n & (n - 1)) != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("official numerics: index_head_dim ", n,
-                     " must be a power of two (Hadamard transform) and a multiple of ",
-                     kFp4QuantBlock, " (FP4 blocks)"));
-  }
-  return absl::OkStatus();
-}
-
 // wo_a: per group g, u[:, g] = o[:, g] · wo_a[g]^T; the official code runs it as a BF16 einsum
 // on the dequantised weight, without activation simulation.
 absl::Status GroupedOutputA(const ForwardContext& ctx, const V4Config& config,
@@ -157,6 +138,23 @@ absl::Status GroupedOutputA(const ForwardContext& ctx, const V4Config& config,
 }
 
 }  // namespace
+
+absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
+  const int64_t nope = config.head_dim - config.qk_rope_head_dim;
+  if (nope % kKvQuantBlock != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("official numerics: head_dim - qk_rope_head_dim = ", nope,
+                     " is not a multiple of the KV FP8 block ", kKvQuantBlock));
+  }
+  const int64_t n = config.index_head_dim;
+  if (ratio == 4 && (n % kFp4QuantBlock != 0 || (n & (n - 1)) != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("official numerics: index_head_dim ", n,
+                     " must be a power of two (Hadamard transform) and a multiple of ",
+                     kFp4QuantBlock, " (FP4 blocks)"));
+  }
+  return absl::OkStatus();
+}
 
 void NormalizeHeads(const ForwardContext& ctx, float eps, float* q, int64_t rows, int64_t dim) {
   const bool official = ctx.numerics == Numerics::kOfficial;

@@ -66,6 +66,12 @@ struct V4AttentionWeights {
 absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
                                       const V4AttentionWeights& weights);
 
+// What the official numerics' simulation needs of the shapes beyond ValidateAttentionWeights:
+// KV nope dims (head_dim - qk_rope_head_dim) in blocks of 64 and, for compress ratio 4, an
+// indexer head that the Hadamard transform and the FP4 blocks of 32 fit. InvalidArgument
+// otherwise.
+absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio);
+
 // The unweighted per-head RMS normalisation of q [rows, dim] in place (official
 // `q *= torch.rsqrt(q.square().mean(-1, keepdim=True) + eps)` on a BF16 tensor). Official
 // numerics round every elementwise step to BF16 as torch does on BF16 tensors: each square, the

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 #include "server/base/status_macros.h"
+#include "server/model/v4_device_forward.h"
 
 namespace quantd::model {
 namespace {
@@ -123,6 +124,15 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
   return absl::OkStatus();
 }
 
+// FailedPrecondition for the host-only entries when ctx runs on a CUDA device.
+absl::Status CheckHostContext(const ForwardContext& ctx, const char* what) {
+  if (ctx.device == nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " runs on the host; the device forward covers the decoder layers"));
+}
+
+}  // namespace
+
 absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
   if (a.hc_mult != c.hc_mult || a.hidden_size != c.hidden_size || a.sequences <= 0 ||
       a.seq_len <= 0 || static_cast<int64_t>(a.token_ids.size()) != a.tokens() ||
@@ -135,10 +145,16 @@ absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numerics numerics,
                                                   Observer* observer) {
+  if (device.kind() == compute::DeviceKind::kCuda) {
+    ForwardContext ctx;
+    ASSIGN_OR_RETURN(ctx.device, OpenDeviceForward(device, numerics));
+    ctx.gemm = device.gemm();
+    ctx.numerics = numerics;
+    ctx.observer = observer;
+    return ctx;
+  }
   if (!device.host_visible() || device.gemm() == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("the DeepSeek-V4 forward runs its non-GEMM blocks on the host; device ",
@@ -160,11 +176,20 @@ absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " is outside [0, ", c.num_hidden_layers, ")"));
   }
-  return LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device);
+  ASSIGN_OR_RETURN(V4LayerWeights w,
+                   LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device));
+  if (device.kind() != compute::DeviceKind::kCuda) return w;
+  V4LayerWeights resident;
+  resident.layer = layer;
+  ASSIGN_OR_RETURN(resident.device, MakeLayerResident(device, c, std::move(w)));
+  return resident;
 }
 
 absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config& config,
                                        const V4LayerWeights& layer, const V4Activations& in) {
+  if (ctx.device != nullptr || layer.device != nullptr) {
+    return RunDeviceLayer(ctx, config, layer, in);
+  }
   RETURN_IF_ERROR(CheckActivations(config, in));
   const int64_t tokens = in.tokens(), d = config.hidden_size;
   std::vector<float> x(static_cast<size_t>(tokens * d));
@@ -237,6 +262,7 @@ absl::StatusOr<V4HeadWeights> LoadHead(const V4Checkpoint& ckpt, compute::Device
 absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
                          const V4HeadWeights& head, const V4Activations& acts,
                          std::vector<float>* hidden, std::vector<float>* logits) {
+  RETURN_IF_ERROR(CheckHostContext(ctx, "HeadForward"));
   RETURN_IF_ERROR(CheckActivations(config, acts));
   const int64_t tokens = acts.tokens(), d = config.hidden_size;
   hidden->resize(static_cast<size_t>(tokens * d));
@@ -266,6 +292,7 @@ absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoi
                                      const V4MtpWeights& mtp, const V4Activations& h,
                                      std::vector<int32_t> next_ids) {
   const V4Config& c = ckpt.config;
+  RETURN_IF_ERROR(CheckHostContext(ctx, "RunMtp"));
   RETURN_IF_ERROR(CheckActivations(c, h));
   const int64_t tokens = h.tokens(), d = c.hidden_size, hc = c.hc_mult;
   if (static_cast<int64_t>(next_ids.size()) != tokens) {

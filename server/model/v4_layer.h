@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,8 @@
 
 namespace quantd::model {
 
+struct V4DeviceLayerWeights;  // v4_device_weights.h (CUDA builds)
+
 struct V4LayerWeights {
   int64_t layer = 0;               // index; num_hidden_layers is the MTP block
   HyperConnectionWeights hc_attn;  // hc_attn_{fn,base,scale}
@@ -33,20 +36,29 @@ struct V4LayerWeights {
   std::vector<float> ffn_norm;     // ffn_norm.weight [d]
   V4AttentionWeights attn;         // attn.*
   MoeWeights moe;                  // ffn.*
+  // LoadLayer on a CUDA device: the weights resident there, and only `layer` above is set.
+  std::shared_ptr<const V4DeviceLayerWeights> device;
 };
 
-// A forward context on `device`: its Gemm, the numerics and the observer (may be nullptr).
-// FailedPrecondition when the device's buffers are not host-visible: the blocks other than
-// the GEMMs run on the host.
+// A forward context on `device`: its Gemm, the numerics and the observer (may be nullptr). On a
+// CUDA device RunLayer runs whole layers there (v4_device_forward.h); HeadForward and RunMtp,
+// which run on the host, refuse such a context. FailedPrecondition for another device whose
+// buffers are not host-visible.
 absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numerics numerics,
                                                   Observer* observer);
 
 // Decodes the weights of main layer `layer` (0 <= layer < num_hidden_layers) with the device's
-// kernels. Errors name the tensor.
+// kernels; on a CUDA device they stay resident there (V4LayerWeights::device). Errors name the
+// tensor.
 absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer,
                                          compute::Device& device);
 
-// Runs one layer over a batch. InvalidArgument when `in` does not match the config.
+// InvalidArgument unless `a` holds sequences * seq_len tokens of hc_mult streams of hidden_size
+// values for a model with `config`'s hc_mult and hidden_size.
+absl::Status CheckActivations(const V4Config& config, const V4Activations& a);
+
+// Runs one layer over a batch, on ctx's device. InvalidArgument when `in` does not match the
+// config; FailedPrecondition when the weights were loaded on another device than ctx's.
 absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config& config,
                                        const V4LayerWeights& layer, const V4Activations& in);
 
@@ -71,7 +83,8 @@ struct V4HeadWeights {
 absl::StatusOr<V4HeadWeights> LoadHead(const V4Checkpoint& ckpt, compute::Device& device);
 
 // The final hidden state norm(hc_head(streams)) [tokens, d] (model dtype) and, when `logits`
-// is not null, the float32 logits [tokens, vocab] of every position.
+// is not null, the float32 logits [tokens, vocab] of every position. On the host only
+// (FailedPrecondition for a CUDA context).
 absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
                          const V4HeadWeights& head, const V4Activations& acts,
                          std::vector<float>* hidden, std::vector<float>* logits);
@@ -93,7 +106,8 @@ absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& 
 // seq_len], the ids of the tokens that follow each position (the caller shifts them):
 //   x[t, j] = e_proj(enorm(embed(next_ids[t]))) + h_proj(hnorm(h[t, j])) for every stream j,
 // then the decoder block. Returns the block's output streams (their token ids are next_ids);
-// HeadForward with mtp.head gives the MTP logits.
+// HeadForward with mtp.head gives the MTP logits. On the host only (FailedPrecondition for a CUDA
+// context).
 absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoint& ckpt,
                                      const V4MtpWeights& mtp, const V4Activations& h,
                                      std::vector<int32_t> next_ids);

@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include <memory>
+
 #include "absl/status/status.h"
 #include "kernels/gemm.h"
 #include "server/model/v4_numerics.h"
@@ -18,7 +20,11 @@
 
 namespace quantd::model {
 
-// Where and how one forward runs. Host memory throughout (the CPU device).
+struct DeviceForwardContext;  // v4_device_context.h (CUDA builds)
+
+// Where and how one forward runs. Host memory throughout (the CPU device), except that on a CUDA
+// device (`device` set) RunLayer runs the whole layer there (v4_device_forward.h); the blocks
+// below take host contexts only.
 struct ForwardContext {
   kernels::Gemm* gemm = nullptr;  // the device's matrix products
   Numerics numerics = Numerics::kOfficial;
@@ -28,6 +34,9 @@ struct ForwardContext {
   // Calibration only (calibrate_all_experts): the observer also sees every routed expert's
   // w1/w3/w2 inputs for the tokens not routed to it (w2: unweighted only); outputs unchanged.
   bool observe_all_experts = false;
+  // MakeForwardContext on a CUDA device: where RunLayer runs (with this context's gemm, numerics,
+  // observer and observe_all_experts, taken at each call); nullptr on the host.
+  std::shared_ptr<DeviceForwardContext> device;
 };
 
 // Optional facts about the rows of one linear call, passed on to the observer.

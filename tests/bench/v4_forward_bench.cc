@@ -16,6 +16,13 @@
 // (OpenBLAS on --threads in both), alternately, best of 5 runs each: run time split into GEMM and
 // non-GEMM, tokens/s, and the non-GEMM and whole-layer speed-ups.
 //
+// --table cuda (needs CUDA device 0) runs every layer of the small4 model whole on the device
+// (LoadLayer / RunLayer on cuda:0, server/model/v4_layer_cuda.h): per layer the load seconds
+// (decode on the device, kept there), the run seconds (best of 3 after a warm-up), tokens/s, and
+// the TFLOP/s of its products over the run and over the time inside cuBLAS, against the cuBLAS
+// peak of the same run (BF16 8192^3 for official numerics, whose products take BF16 operands;
+// float32 4096^3 for math).
+//
 // --table cublas (needs CUDA device 0) records the products of every layer of the small4 model
 // on the CPU, then replays each shape on cuBLAS with BF16 operands (fp32 accumulate) in device
 // memory, best of 3: per layer the GEMM seconds and TFLOP/s on the GPU and the tokens/s the layer
@@ -314,6 +321,62 @@ absl::Status CublasTable(const std::string& dir, const fixture::FixtureConfig& c
   return absl::OkStatus();
 }
 
+// The whole-layer device table (--table cuda) for the model `config`, written to `dir` unless
+// it is there.
+absl::Status CudaLayerTable(const std::string& dir, const fixture::FixtureConfig& config,
+                            int64_t sequences, int64_t seq_len, model::Numerics numerics) {
+  RETURN_IF_ERROR(EnsureFixture(dir, config));
+  ASSIGN_OR_RETURN(auto cuda, compute::OpenDevice("cuda:0", {}));
+  ASSIGN_OR_RETURN(auto backend, kernels::MakeCudaBackend(0));
+  const bool official = numerics == model::Numerics::kOfficial;
+  const GemmShape peak_shape = official ? GemmShape{8192, 8192, 8192} : GemmShape{4096, 4096, 4096};
+  ASSIGN_OR_RETURN(const double peak_s,
+                   TimeDeviceProduct(*cuda->gemm(), *backend, peak_shape,
+                                     official ? kernels::FloatType::kBF16
+                                              : kernels::FloatType::kF32));
+  const double peak = 2.0 * peak_shape.m * peak_shape.n * peak_shape.k / peak_s / 1e12;
+  printf("cuBLAS peak: %s %ld^3 %.1f TFLOP/s (%s)\n", official ? "BF16" : "float32",
+         static_cast<long>(peak_shape.m), peak, cuda->gemm()->name().c_str());
+  printf("whole layers of %s on %s, %ld x %ld tokens, %s numerics\n", dir.c_str(),
+         cuda->name().c_str(), static_cast<long>(sequences), static_cast<long>(seq_len),
+         model::NumericsName(numerics));
+  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
+  CountingGemm gemm(cuda->gemm());
+  ASSIGN_OR_RETURN(model::ForwardContext ctx, model::MakeForwardContext(*cuda, numerics, nullptr));
+  ctx.gemm = &gemm;
+  const model::V4Config& c = ckpt->config;
+  ASSIGN_OR_RETURN(model::V4Activations acts,
+                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences,
+                                seq_len));
+  const double tokens = static_cast<double>(sequences * seq_len);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto t = Clock::now();
+    ASSIGN_OR_RETURN(model::V4LayerWeights w, model::LoadLayer(*ckpt, l, *cuda));
+    const double load = Seconds(t);
+    ASSIGN_OR_RETURN(model::V4Activations out, model::RunLayer(ctx, c, w, acts));
+    double run = 1e30, in_gemm = 0.0, flops = 0.0;
+    for (int i = 0; i < 3; ++i) {
+      gemm.Reset();
+      t = Clock::now();
+      ASSIGN_OR_RETURN(out, model::RunLayer(ctx, c, w, acts));
+      if (Seconds(t) < run) {
+        run = Seconds(t);
+        in_gemm = gemm.seconds();
+        flops = gemm.flops();
+      }
+    }
+    printf("layer %ld ratio %3ld  load %6.2f s  run %8.5f s  %9.0f tokens/s  %7.3f GFLOP  "
+           "%6.2f TFLOP/s over the run (%4.1f%% of peak), %6.2f inside cuBLAS (%4.1f%%, %4.1f%% "
+           "of the run)\n",
+           static_cast<long>(l), static_cast<long>(c.CompressRatio(l)), load, run, tokens / run,
+           flops / 1e9, flops / run / 1e12, 100.0 * flops / run / 1e12 / peak,
+           flops / in_gemm / 1e12, 100.0 * flops / in_gemm / 1e12 / peak,
+           100.0 * in_gemm / run);
+    acts = std::move(out);
+  }
+  return absl::OkStatus();
+}
+
 // Peak RSS (bytes) of Forward(dir) in a child process.
 long ChildPeakRss(const std::string& dir, int64_t sequences, int64_t seq_len, int threads,
                   model::Numerics numerics) {
@@ -350,7 +413,7 @@ int main(int argc, char** argv) {
   app.add_option("--table", table,
                  "the model of the per-layer table: small4 / small8 (the small preset's shape "
                  "with 4 / 8 layers) or bench (the bench preset)")
-      ->check(CLI::IsMember({"small4", "small8", "bench", "threads", "cublas"}));
+      ->check(CLI::IsMember({"small4", "small8", "bench", "threads", "cublas", "cuda"}));
   CLI11_PARSE(app, argc, argv);
   using namespace quantd;
   const model::Numerics mode =
@@ -373,6 +436,11 @@ int main(int argc, char** argv) {
   }
   if (table == "cublas") {
     const absl::Status s = CublasTable(l4, BenchConfig(4), sequences, seq_len, mode);
+    if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
+  if (table == "cuda") {
+    const absl::Status s = CudaLayerTable(l4, BenchConfig(4), sequences, seq_len, mode);
     if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
     return s.ok() ? 0 : 1;
   }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of the DeepSeek-V4 forward and the CUDA kernels, in one go on a machine with a
-# CUDA device (about 5 minutes on an H200; every step has its own time limit, 8 minutes in all).
+# CUDA device (about 6 minutes on an H200; every step has its own time limit, 11.5 minutes in all).
 # Builds nothing: run it from the repository root with a build directory made elsewhere with
 # CUDA (cmake -DQUANTD_CUDA=ON -DQUANTD_BENCH=ON) and carried along.
 #
@@ -17,6 +17,11 @@
 #   kernels_bench  tests/bench/run_kernels_bench.sh (conversion kernels, CPU and CUDA)
 #   forward_cublas quantd_v4_forward_bench --table cublas: the forward's products on cuBLAS
 #   forward_cpu    quantd_v4_forward_bench --table small4: the CPU forward on this machine's cores
+#   cuda_layer     v4_cuda_cast_test (the device forward's own kernels: q head norm, BF16 steps)
+#                  and v4_cuda_layer_test: whole decoder layers on the device against the CPU
+#                  forward (prints each layer's worst relative difference)
+#   forward_cuda   quantd_v4_forward_bench --table cuda: whole layers of the small4 model on the
+#                  device, tokens/s and TFLOP/s against the cuBLAS peak of the same run
 set -uo pipefail
 
 build="${1:-build}"
@@ -32,7 +37,14 @@ step() {
   local name="$1" limit="$2"
   shift 2
   local start=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  if declare -F "$1" > /dev/null; then
+    # timeout runs programs, not shell functions: a function step runs in a child bash.
+    export -f "$1"
+    export build
+    timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" > "$out/$name.log" 2>&1
+  else
+    timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  fi
   local rc=$?
   printf '%-16s rc %3d  %4d s\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
 }
@@ -56,4 +68,9 @@ step forward_cublas 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scr
   --table cublas
 step forward_cpu 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
   --table small4
+cuda_layer() {
+  "$build/tests/v4_cuda_cast_test" --gtest_brief=1 && "$build/tests/v4_cuda_layer_test"
+}
+step cuda_layer 60 cuda_layer
+step forward_cuda 90 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" --table cuda
 cat "$summary"

@@ -1,9 +1,9 @@
 // The CUDA attention-path blocks of the DeepSeek-V4 forward (kernels/cuda/v4_attention_blocks.h)
 // against their CPU blocks (server/model/) on the same inputs: the indexer's Hadamard transform,
-// FP4 simulation, scores and picks bit-exact; the sparse attention within a tolerance derived
-// below. Skips without a CUDA device (builds without CUDA have no such blocks and skip as
-// well). The host build of the libstdc++ transcription behind the picks
-// (kernels/cuda/libstdcxx_selection.h) is checked against the library itself, device or not.
+// FP4 simulation and scores bit-exact; the picks equal to the CPU's where no scores tie and in
+// the device's stated total order where they do; the sparse attention within a tolerance
+// derived below. Skips without a CUDA device (builds without CUDA have no such blocks and skip
+// as well).
 #include <stdint.h>
 #include <string.h>
 
@@ -13,12 +13,10 @@
 #include <memory>
 #include <numeric>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "kernels/cuda/libstdcxx_selection.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 #include "server/model/v4_attention_sparse.h"
@@ -36,134 +34,6 @@
 
 namespace quantd::model {
 namespace {
-
-using kernels::cuda::ScoredEntry;
-using Pair = std::pair<float, int32_t>;  // the CPU's (score, entry)
-
-bool PairBetter(const Pair& a, const Pair& b) { return a.first > b.first; }
-
-// Scores taking only `levels` distinct values, so that most of them tie.
-std::vector<float> TiedScores(std::mt19937& rng, int64_t n, int levels) {
-  std::uniform_int_distribution<int> level(0, levels - 1);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = 0.25f * static_cast<float>(level(rng));
-  return v;
-}
-
-// McIlroy's adversary ("A killer adversary for quicksort", 1999): runs `algorithm` over the
-// indices 0..n-1 with an order that fixes values only as comparisons demand them (freezing the
-// pivot candidate), then returns those values as scores. On them libstdc++'s partitions are
-// lopsided, so it reaches its depth limit and takes its heap fallbacks.
-template <typename Algorithm>
-std::vector<float> AdversarialScores(int64_t n, Algorithm algorithm) {
-  const int64_t gas = n;
-  std::vector<int64_t> val(static_cast<size_t>(n), gas);
-  int64_t solid = 0, candidate = 0;
-  // x sorts before y when val[x] < val[y]; the scores are -val, so that is Better.
-  const auto before = [&](int64_t x, int64_t y) {
-    if (val[x] == gas && val[y] == gas) val[x == candidate ? x : y] = solid++;
-    if (val[x] == gas) {
-      candidate = x;
-    } else if (val[y] == gas) {
-      candidate = y;
-    }
-    return val[x] < val[y];
-  };
-  std::vector<int64_t> index(static_cast<size_t>(n));
-  std::iota(index.begin(), index.end(), 0);
-  algorithm(index, before);
-  std::vector<float> scores(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) scores[i] = -static_cast<float>(val[i]);
-  return scores;
-}
-
-std::vector<Pair> Pairs(const std::vector<float>& scores) {
-  std::vector<Pair> p(scores.size());
-  for (size_t i = 0; i < scores.size(); ++i) p[i] = {scores[i], static_cast<int32_t>(i)};
-  return p;
-}
-std::vector<ScoredEntry> Entries(const std::vector<float>& scores) {
-  std::vector<ScoredEntry> e(scores.size());
-  for (size_t i = 0; i < scores.size(); ++i) e[i] = {scores[i], static_cast<int32_t>(i)};
-  return e;
-}
-
-// The same entries at the same positions (scores travel with their entries).
-void ExpectSameOrder(const std::vector<Pair>& want, const std::vector<ScoredEntry>& got,
-                     const char* what, int64_t n) {
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(got[i].entry, want[i].second) << what << " n " << n << " position " << i;
-  }
-}
-
-// Sort, NthElement and PartialSort over (score, entry) arrays against std::sort,
-// std::nth_element and std::partial_sort with the CPU's comparator.
-void ExpectLibraryOrder(const std::vector<float>& scores) {
-  namespace lib = kernels::cuda::libstdcxx;
-  const int64_t n = static_cast<int64_t>(scores.size());
-  {
-    std::vector<Pair> want = Pairs(scores);
-    std::vector<ScoredEntry> got = Entries(scores);
-    std::sort(want.begin(), want.end(), PairBetter);
-    lib::Sort(got.data(), n);
-    ExpectSameOrder(want, got, "sort", n);
-  }
-  for (int64_t nth : {int64_t{0}, n / 3, n - 1}) {
-    if (nth < 0) continue;
-    std::vector<Pair> want = Pairs(scores);
-    std::vector<ScoredEntry> got = Entries(scores);
-    std::nth_element(want.begin(), want.begin() + nth, want.end(), PairBetter);
-    lib::NthElement(got.data(), nth, n);
-    ExpectSameOrder(want, got, "nth_element", n);
-  }
-  for (int64_t middle : {int64_t{0}, int64_t{1}, n / 2, n}) {
-    if (middle > n) continue;
-    std::vector<Pair> want = Pairs(scores);
-    std::vector<ScoredEntry> got = Entries(scores);
-    std::partial_sort(want.begin(), want.begin() + middle, want.end(), PairBetter);
-    lib::PartialSort(got.data(), middle, n);
-    ExpectSameOrder(want, got, "partial_sort", n);
-  }
-}
-
-TEST(LibstdcxxSelectionTest, OrdersTiedAndAdversarialInputsAsTheLibrary) {
-  std::mt19937 rng(21);
-  for (int64_t n : {0, 1, 2, 3, 4, 5, 16, 17, 18, 33, 100, 1000, 5000}) {
-    for (int levels : {1, 2, 5, 1000}) ExpectLibraryOrder(TiedScores(rng, n, levels));
-  }
-  for (int64_t n : {100, 2000}) {
-    ExpectLibraryOrder(AdversarialScores(n, [](std::vector<int64_t>& v, auto before) {
-      std::sort(v.begin(), v.end(), before);
-    }));
-    ExpectLibraryOrder(AdversarialScores(n, [](std::vector<int64_t>& v, auto before) {
-      std::nth_element(v.begin(), v.begin() + v.size() / 3, v.end(), before);
-    }));
-  }
-}
-
-TEST(LibstdcxxSelectionTest, SelectTopOfRowPicksAsSelectTopEntries) {
-  std::mt19937 rng(22);
-  const int64_t ratio = 4, queries = 40;
-  for (int64_t entries : {1, 7, 64, 300, 1200}) {
-    const int64_t first_position = std::max<int64_t>(0, entries * ratio - 30);
-    for (int64_t k : {int64_t{1}, entries / 64, entries / 3, entries - 1, entries}) {
-      if (k < 1) continue;
-      for (int levels : {2, 50}) {
-        const std::vector<float> scores = TiedScores(rng, queries * entries, levels);
-        std::vector<int32_t> want(queries * k), got(queries * k);
-        SelectTopEntries(scores.data(), first_position, queries, entries, ratio, k, want.data());
-        std::vector<ScoredEntry> queue(entries);
-        for (int64_t i = 0; i < queries; ++i) {
-          const int64_t visible = std::min(entries, (first_position + i + 1) / ratio);
-          kernels::cuda::SelectTopOfRow(scores.data() + i * entries, visible, entries, k,
-                                        queue.data(), got.data() + i * k);
-        }
-        ASSERT_EQ(got, want) << "entries " << entries << " k " << k << " levels " << levels;
-      }
-    }
-  }
-}
 
 #if QUANTD_HAVE_CUDA_HEADERS
 
@@ -246,6 +116,22 @@ class V4CudaAttentionTest : public ::testing::Test {
     ctx.gemm = gemm_.get();
     ctx.numerics = numerics;
     return ctx;
+  }
+  // LaunchSelectTopEntries over host scores [queries, entries], with the scratch it asks for.
+  std::vector<int32_t> DevicePicks(const std::vector<float>& scores, int64_t first_position,
+                                   int64_t queries, int64_t entries, int64_t ratio, int64_t k) {
+    const int64_t scratch_bytes = kernels::cuda::TopEntriesScratchBytes(queries, entries);
+    EXPECT_GT(scratch_bytes, 0);
+    DeviceVector<float> dscores(scores);
+    DeviceVector<int32_t> dpicks(std::vector<int32_t>(queries * k, -7));
+    DeviceVector<uint8_t> scratch(
+        std::vector<uint8_t>(static_cast<size_t>(std::max<int64_t>(scratch_bytes, 1))));
+    EXPECT_EQ(kernels::cuda::LaunchSelectTopEntries(dscores.get(), first_position, queries,
+                                                    entries, ratio, k, scratch.get(),
+                                                    dpicks.get(), launch_),
+              cudaSuccess);
+    Sync();
+    return dpicks.ToHost();
   }
 
   // A small grid (4 blocks) so that the block loops take several turns.
@@ -539,35 +425,228 @@ TEST_F(V4CudaAttentionTest, IndexerScoresAreBitExactAndWriteOnlyVisibleEntries) 
   }
 }
 
-// Picks from scores with many ties, through both of the CPU's selection paths (k * 64 <=
-// entries: partial_sort; otherwise nth_element then sort) and with queries that see only part
-// of the entries: the same integers as the CPU.
-TEST_F(V4CudaAttentionTest, SelectTopEntriesPicksAsTheCpu) {
+// ---- Indexer picks -----------------------------------------------------------------------------
+
+int64_t VisibleEntries(int64_t first_position, int64_t i, int64_t entries, int64_t ratio) {
+  return std::min(entries, (first_position + i + 1) / ratio);
+}
+
+// Rows of pairwise distinct scores: each row a shuffled permutation of (v - entries / 2) / 8.
+std::vector<float> DistinctScores(std::mt19937& rng, int64_t queries, int64_t entries) {
+  std::vector<float> v(static_cast<size_t>(queries * entries));
+  for (int64_t i = 0; i < queries; ++i) {
+    float* row = v.data() + i * entries;
+    for (int64_t s = 0; s < entries; ++s) row[s] = static_cast<float>(s - entries / 2) / 8.0f;
+    std::shuffle(row, row + entries, rng);
+  }
+  return v;
+}
+
+// Scores taking only `levels` distinct values, so that most of them tie; with `signed_zeros`
+// every zero is -0.0 or +0.0 at random (equal scores to both sides' comparisons).
+std::vector<float> TiedScores(std::mt19937& rng, int64_t n, int levels, bool signed_zeros) {
+  std::uniform_int_distribution<int> level(0, levels - 1);
+  std::bernoulli_distribution negative(0.5);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    x = 0.25f * static_cast<float>(level(rng));
+    if (signed_zeros && x == 0.0f && negative(rng)) x = -0.0f;
+  }
+  return v;
+}
+
+// The device's stated order, computed here: per query, its visible entries in id order, sorted
+// by score descending with NaN as -inf by std::stable_sort (equal scores keep id order), the
+// first k of them, then -1.
+std::vector<int32_t> TotalOrderPicks(const std::vector<float>& scores, int64_t first_position,
+                                     int64_t queries, int64_t entries, int64_t ratio, int64_t k) {
+  std::vector<int32_t> picks(static_cast<size_t>(queries * k), -1);
+  std::vector<int32_t> order;
+  for (int64_t i = 0; i < queries; ++i) {
+    const float* row = scores.data() + i * entries;
+    const auto key = [row](int32_t s) {
+      return std::isnan(row[s]) ? -std::numeric_limits<float>::infinity() : row[s];
+    };
+    order.resize(static_cast<size_t>(VisibleEntries(first_position, i, entries, ratio)));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&key](int32_t a, int32_t b) { return key(a) > key(b); });
+    const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(order.size()));
+    std::copy(order.begin(), order.begin() + n, picks.begin() + i * k);
+  }
+  return picks;
+}
+
+// The picks' scores slot by slot, kNoPick for a -1 slot: two equal sequences hold the same
+// multiset of scores per query in the same order (-0.0 == +0.0).
+constexpr double kNoPick = -1e300;
+std::vector<double> PickedScores(const std::vector<float>& scores,
+                                 const std::vector<int32_t>& picks, int64_t entries, int64_t k) {
+  std::vector<double> v(picks.size());
+  for (size_t j = 0; j < picks.size(); ++j) {
+    const int64_t query = static_cast<int64_t>(j) / k;
+    v[j] = picks[j] < 0 ? kNoPick : scores[query * entries + picks[j]];
+  }
+  return v;
+}
+
+struct PicksCase {
+  int64_t queries, entries, ratio, first_position;
+  std::vector<int64_t> ks;
+};
+
+// Queries that see all, part or none of the entries; entries 997 (prime), 7 and 1; k = 1, the
+// CPU's partial_sort path (k * 64 <= entries), its nth_element path, and k = entries.
+const std::vector<PicksCase>& PicksCases() {
+  static const auto* cases = new std::vector<PicksCase>{
+      {70, 300, 4, 1150, {1, 4, 200, 300}},  // the queries see 287 .. 300 entries
+      {40, 997, 1, 0, {1, 15, 37, 997}},     // 1 .. 40 entries: most slots -1
+      {40, 7, 4, 0, {1, 7}},                 // 0 .. 7 entries: the first 3 queries none
+      {10, 1, 4, 2, {1}},                    // 0 or 1 entry
+  };
+  return *cases;
+}
+
+// Scores without ties: the device picks the CPU's integers.
+TEST_F(V4CudaAttentionTest, SelectTopEntriesEqualsTheCpuWithoutTies) {
   std::mt19937 rng(34);
-  const int64_t queries = 70, entries = 300, ratio = 4;
-  const int64_t first_position = 1150;  // the queries see 287 .. 300 entries
-  for (int64_t k : {int64_t{4}, int64_t{200}, entries}) {
-    for (int levels : {3, 40}) {
-      const std::vector<float> scores = TiedScores(rng, queries * entries, levels);
-      std::vector<int32_t> want(queries * k);
-      SelectTopEntries(scores.data(), first_position, queries, entries, ratio, k, want.data());
-      DeviceVector<float> dscores(scores);
-      DeviceVector<int32_t> dpicks(std::vector<int32_t>(want.size(), -7));
-      DeviceVector<uint8_t> scratch(std::vector<uint8_t>(
-          static_cast<size_t>(kernels::cuda::TopEntriesScratchBytes(queries, entries))));
-      ASSERT_EQ(kernels::cuda::LaunchSelectTopEntries(dscores.get(), first_position, queries,
-                                                      entries, ratio, k, scratch.get(),
-                                                      dpicks.get(), launch_),
-                cudaSuccess);
-      Sync();
-      EXPECT_EQ(dpicks.ToHost(), want) << "k " << k << " levels " << levels;
+  for (const PicksCase& c : PicksCases()) {
+    const std::vector<float> scores = DistinctScores(rng, c.queries, c.entries);
+    for (const int64_t k : c.ks) {
+      SCOPED_TRACE(testing::Message() << "entries " << c.entries << " k " << k);
+      std::vector<int32_t> want(c.queries * k);
+      SelectTopEntries(scores.data(), c.first_position, c.queries, c.entries, c.ratio, k,
+                       want.data());
+      EXPECT_EQ(DevicePicks(scores, c.first_position, c.queries, c.entries, c.ratio, k), want);
     }
   }
 }
 
+// Scores with many exact ties (one to forty levels, signed zeros): the device's picks are the
+// total order's, slot by slot, and their scores are the CPU picks' scores in the same order.
+TEST_F(V4CudaAttentionTest, SelectTopEntriesOrdersTiesByEntryIdWithTheCpuScores) {
+  std::mt19937 rng(35);
+  for (const PicksCase& c : PicksCases()) {
+    for (const int levels : {1, 2, 3, 40}) {
+      const std::vector<float> scores =
+          TiedScores(rng, c.queries * c.entries, levels, /*signed_zeros=*/levels <= 3);
+      for (const int64_t k : c.ks) {
+        SCOPED_TRACE(testing::Message()
+                     << "entries " << c.entries << " k " << k << " levels " << levels);
+        std::vector<int32_t> cpu(c.queries * k);
+        SelectTopEntries(scores.data(), c.first_position, c.queries, c.entries, c.ratio, k,
+                         cpu.data());
+        const std::vector<int32_t> got =
+            DevicePicks(scores, c.first_position, c.queries, c.entries, c.ratio, k);
+        EXPECT_EQ(got, TotalOrderPicks(scores, c.first_position, c.queries, c.entries, c.ratio, k));
+        EXPECT_EQ(PickedScores(scores, got, c.entries, k),
+                  PickedScores(scores, cpu, c.entries, k));
+      }
+    }
+  }
+}
+
+// Future entries are never read or picked, whatever their scores (+inf, NaN, huge); slot j of
+// the query at t holds -1 exactly when j >= its visible entries; visible -inf and NaN scores
+// rank last among the visible ones, NaN as -inf.
+TEST_F(V4CudaAttentionTest, SelectTopEntriesPicksOnlyVisibleEntries) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // One query seeing entries 0..4 of 6: 2, then the zeros by id (-0.0 at 3, +0.0 at 4), then
+  // NaN (0) and -inf (1) as equals by id, then -1 for the future entry 5.
+  const std::vector<float> row = {nan, -inf, 2.0f, -0.0f, 0.0f, 9.0f};
+  EXPECT_EQ(DevicePicks(row, /*first_position=*/4, 1, 6, /*ratio=*/1, 6),
+            (std::vector<int32_t>{2, 3, 4, 0, 1, -1}));
+  EXPECT_EQ(DevicePicks(row, 4, 1, 6, 1, 1), (std::vector<int32_t>{2}));
+
+  std::mt19937 rng(36);
+  const int64_t queries = 50, entries = 37, ratio = 4, first_position = 100;  // 25 .. 37 visible
+  std::vector<float> scores = TiedScores(rng, queries * entries, 5, /*signed_zeros=*/true);
+  const float specials[] = {inf, nan, 1e30f, -inf};
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t visible = VisibleEntries(first_position, i, entries, ratio);
+    for (int64_t s = 0; s < entries; ++s) {
+      float& x = scores[i * entries + s];
+      if (s >= visible) x = specials[s % 3];  // future: better than any visible score, or NaN
+      if (s < visible && s % 7 == 3) x = specials[1 + 2 * (s % 2)];  // visible NaN or -inf
+    }
+  }
+  for (const int64_t k : {int64_t{1}, int64_t{30}, entries}) {
+    SCOPED_TRACE(k);
+    const std::vector<int32_t> got =
+        DevicePicks(scores, first_position, queries, entries, ratio, k);
+    EXPECT_EQ(got, TotalOrderPicks(scores, first_position, queries, entries, ratio, k));
+    for (int64_t i = 0; i < queries; ++i) {
+      const int64_t visible = VisibleEntries(first_position, i, entries, ratio);
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = got[i * k + j];
+        if (j < visible) {
+          EXPECT_TRUE(e >= 0 && e < visible) << "query " << i << " slot " << j << " entry " << e;
+        } else {
+          EXPECT_EQ(e, -1) << "query " << i << " slot " << j;
+        }
+      }
+    }
+  }
+}
+
+// More rows than one sort pass holds (2^22 entries: 838 rows of 5000), and one row longer than a
+// pass: the same order as in one pass.
+TEST_F(V4CudaAttentionTest, SelectTopEntriesAcrossSortPasses) {
+  std::mt19937 rng(37);
+  struct Case {
+    int64_t queries, entries, first_position, k;
+  };
+  for (const Case& c : {Case{900, 5000, 4500, 64}, Case{2, (int64_t{1} << 22) + 3, 1 << 22, 5}}) {
+    SCOPED_TRACE(c.entries);
+    const std::vector<float> scores = TiedScores(rng, c.queries * c.entries, 1000, false);
+    std::vector<int32_t> cpu(c.queries * c.k);
+    SelectTopEntries(scores.data(), c.first_position, c.queries, c.entries, 1, c.k, cpu.data());
+    const std::vector<int32_t> got =
+        DevicePicks(scores, c.first_position, c.queries, c.entries, 1, c.k);
+    EXPECT_EQ(got, TotalOrderPicks(scores, c.first_position, c.queries, c.entries, 1, c.k));
+    EXPECT_EQ(PickedScores(scores, got, c.entries, c.k),
+              PickedScores(scores, cpu, c.entries, c.k));
+  }
+}
+
+// The scratch covers one pass: as many rows as fill 2^22 entries (16 bytes each: two buffers of
+// keys and of ids) plus two int32 offsets per row and CUB's temporary storage, which with both
+// buffers given holds no copy of the items (a few hundred bytes; 1 MiB allowed).
+TEST_F(V4CudaAttentionTest, TopEntriesScratchCoversOnePass) {
+  using kernels::cuda::TopEntriesScratchBytes;
+  const int64_t pass_rows = (int64_t{1} << 22) / 2048;
+  EXPECT_EQ(TopEntriesScratchBytes(1000000, 2048), TopEntriesScratchBytes(pass_rows, 2048));
+  EXPECT_GE(TopEntriesScratchBytes(pass_rows, 2048), 16 * (int64_t{1} << 22) + 8 * pass_rows);
+  EXPECT_LE(TopEntriesScratchBytes(pass_rows, 2048), 16 * (int64_t{1} << 22) + (1 << 20));
+  EXPECT_GE(TopEntriesScratchBytes(3, int64_t{1} << 23), 16 * (int64_t{1} << 23));
+  EXPECT_LT(TopEntriesScratchBytes(3, 100), 16 * 300 + (1 << 20));
+}
+
+// Argument checks and empty work, before any device call.
+TEST(V4CudaTopEntriesArgsTest, RejectsOrSkipsWithoutADevice) {
+  using kernels::cuda::LaunchSelectTopEntries;
+  using kernels::cuda::TopEntriesScratchBytes;
+  const Launch launch{nullptr, 1};
+  EXPECT_EQ(TopEntriesScratchBytes(0, 10), 0);
+  EXPECT_EQ(TopEntriesScratchBytes(10, 0), 0);
+  EXPECT_EQ(TopEntriesScratchBytes(1, int64_t{1} << 31), -1);
+  EXPECT_EQ(LaunchSelectTopEntries(nullptr, 0, 4, 10, 4, 11, nullptr, nullptr, launch),
+            cudaErrorInvalidValue);  // k > entries
+  EXPECT_EQ(LaunchSelectTopEntries(nullptr, 0, 4, 10, 0, 1, nullptr, nullptr, launch),
+            cudaErrorInvalidValue);  // ratio 0
+  EXPECT_EQ(LaunchSelectTopEntries(nullptr, 0, 4, int64_t{1} << 31, 4, 1, nullptr, nullptr,
+                                   launch),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchSelectTopEntries(nullptr, 0, 4, 10, 4, 0, nullptr, nullptr, launch),
+            cudaSuccess);  // k = 0
+  EXPECT_EQ(LaunchSelectTopEntries(nullptr, 0, 0, 10, 4, 3, nullptr, nullptr, launch),
+            cudaSuccess);  // no queries
+}
+
 // The indexer's official path on the device end to end from the dot products: scores with
-// exact-zero and BF16 ties, then the picks, equal to the CPU's.
-TEST_F(V4CudaAttentionTest, IndexerScoresThenPicksMatchTheCpu) {
+// exact-zero and BF16 ties bit-exact, then the picks in the total order with the CPU's scores.
+TEST_F(V4CudaAttentionTest, IndexerScoresThenPicksFollowTheCpu) {
   const int64_t queries = 64, heads = 64, dim = 128, entries = 128, ratio = 4, k = 100;
   const int64_t first_position = 400;  // the queries see 100 .. 116 entries
   std::vector<float> dots = RandomFloats(queries * heads * entries, 1.0f, 35);
@@ -577,11 +656,11 @@ TEST_F(V4CudaAttentionTest, IndexerScoresThenPicksMatchTheCpu) {
   std::vector<float> scores(queries * entries, 0.0f);
   IndexerScores(Numerics::kOfficial, dots.data(), weights.data(), queries, heads, dim, entries,
                 first_position, ratio, scores.data());
-  std::vector<int32_t> want(queries * k);
-  SelectTopEntries(scores.data(), first_position, queries, entries, ratio, k, want.data());
+  std::vector<int32_t> cpu(queries * k);
+  SelectTopEntries(scores.data(), first_position, queries, entries, ratio, k, cpu.data());
 
   DeviceVector<float> ddots(dots), dw(weights), dscores(std::vector<float>(scores.size(), 0.0f));
-  DeviceVector<int32_t> dpicks(std::vector<int32_t>(want.size(), -7));
+  DeviceVector<int32_t> dpicks(std::vector<int32_t>(cpu.size(), -7));
   DeviceVector<uint8_t> scratch(std::vector<uint8_t>(
       static_cast<size_t>(kernels::cuda::TopEntriesScratchBytes(queries, entries))));
   ASSERT_EQ(kernels::cuda::LaunchIndexerScores(true, ddots.get(), dw.get(), queries, heads, dim,
@@ -594,7 +673,9 @@ TEST_F(V4CudaAttentionTest, IndexerScoresThenPicksMatchTheCpu) {
             cudaSuccess);
   Sync();
   ExpectSameBits(dscores.ToHost(), scores);
-  EXPECT_EQ(dpicks.ToHost(), want);
+  const std::vector<int32_t> got = dpicks.ToHost();
+  EXPECT_EQ(got, TotalOrderPicks(scores, first_position, queries, entries, ratio, k));
+  EXPECT_EQ(PickedScores(scores, got, entries, k), PickedScores(scores, cpu, entries, k));
 }
 
 #else  // no CUDA in this build

@@ -73,11 +73,13 @@ class QuantizeRun {
   // Rows of `w` per step, in whole FP8 blocks: about host_step_elements_ on a host backend;
   // about kDeviceStepElements on a backend with its own memory.
   int64_t RowsPerStep(const SourceWeight& w) const;
-  // Rows [r0, r1) of `w` decoded (DecodeWeightRows), and with `amax` their max |x| folded in.
-  // A step that fails (a NaN scale, a non-finite value) is done again over the whole tensor, so
-  // that the error names the element by its row in the tensor rather than in the step.
+  // Rows [r0, r1) of `w` decoded (DecodeWeightRows, into step_rows_ when it is free), and with
+  // `amax` their max |x| folded in. A step that fails (a NaN scale, a non-finite value) is done
+  // again over the whole tensor, so that the error names the element by its row in the tensor
+  // rather than in the step. Done with the rows, the caller hands them back (EndStep).
   absl::StatusOr<DenseWeight> DecodeStep(const SourceWeight& w, int64_t r0, int64_t r1,
                                          float* amax);
+  void EndStep(DenseWeight& step) { step_rows_ = std::move(step.holder); }
   // Adds to *stats the error of rows [r0, r0 + ref.rows) of `w`'s quantized values (pending_)
   // against `ref`, those rows as they were quantized from (or, for a lossless cast, as
   // DecodeWeightRows decodes the source).
@@ -95,6 +97,8 @@ class QuantizeRun {
   std::map<std::string, QuantizedModule> pending_;                 // quantized, not yet written
   std::vector<store::TensorStatsRow> stats_;                       // one per quantized module
   std::vector<float> stats_rows_;  // AddStats: output rows decoded to float32, one step
+  kernels::Buffer step_rows_;      // a step's decoded rows, reused by the next step
+  kernels::Buffer device_rows_;    // AddStats' float32 rows on a backend with its own memory
   std::vector<uint8_t> staging_;  // host copy of backend output (backends on device memory)
 };
 
@@ -197,7 +201,8 @@ int64_t QuantizeRun::RowsPerStep(const SourceWeight& w) const {
 absl::StatusOr<DenseWeight> QuantizeRun::DecodeStep(const SourceWeight& w, int64_t r0,
                                                      int64_t r1, float* amax) {
   const auto decode = [&](int64_t begin, int64_t end) -> absl::StatusOr<DenseWeight> {
-    ASSIGN_OR_RETURN(DenseWeight d, DecodeWeightRows(backend_, w, begin, end));
+    ASSIGN_OR_RETURN(DenseWeight d, DecodeWeightRows(backend_, w, begin, end,
+                                                     std::move(step_rows_)));
     if (amax == nullptr) return d;
     absl::StatusOr<float> a = backend_.AbsMax(d.tensor);
     if (!a.ok()) return WeightError(w, a.status());
@@ -226,13 +231,14 @@ absl::Status QuantizeRun::AddStats(const SourceWeight& w, int64_t r0, const Dens
   if (!ref_host.ok()) return WeightError(w, ref_host.status());
   if (stats_rows_.size() < n) stats_rows_.resize(n);
   float* got = stats_rows_.data();
-  kernels::Buffer device_rows;  // the decoded rows on a backend that computes on device memory
   void* dst = got;
   if (!ComputesOnHost(backend_)) {
-    absl::StatusOr<kernels::Buffer> buffer = backend_.Allocate(n * sizeof(float));
-    if (!buffer.ok()) return WeightError(w, buffer.status());
-    device_rows = std::move(*buffer);
-    dst = device_rows.data();
+    if (device_rows_.size() < n * sizeof(float)) {
+      absl::StatusOr<kernels::Buffer> buffer = backend_.Allocate(n * sizeof(float));
+      if (!buffer.ok()) return WeightError(w, buffer.status());
+      device_rows_ = std::move(*buffer);
+    }
+    dst = device_rows_.data();
   }
   const kernels::Nvfp4Tensor out{q.values.as<uint8_t>() + r0 * cols / 2,
                                  q.scales.as<uint8_t>() + r0 * cols / kernels::kNvfp4BlockSize,
@@ -269,9 +275,9 @@ absl::Status QuantizeRun::CastLossless(const std::vector<const SourceWeight*>& m
     ErrorStats stats;
     const int64_t rows = w.module->out_features;
     for (int64_t r0 = 0, step = RowsPerStep(w); r0 < rows; r0 += step) {
-      ASSIGN_OR_RETURN(const DenseWeight decoded,
-                       DecodeStep(w, r0, std::min(rows, r0 + step), nullptr));
+      ASSIGN_OR_RETURN(DenseWeight decoded, DecodeStep(w, r0, std::min(rows, r0 + step), nullptr));
       RETURN_IF_ERROR(AddStats(w, r0, decoded, &stats));
+      EndStep(decoded);
     }
     stats_.push_back(stats.Row(w.weight->name));
   }
@@ -286,7 +292,8 @@ absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>
   for (const SourceWeight* w : members) {
     const int64_t rows = w->module->out_features;
     for (int64_t r0 = 0, step = RowsPerStep(*w); r0 < rows; r0 += step) {
-      RETURN_IF_ERROR(DecodeStep(*w, r0, std::min(rows, r0 + step), &amax).status());
+      ASSIGN_OR_RETURN(DenseWeight d, DecodeStep(*w, r0, std::min(rows, r0 + step), &amax));
+      EndStep(d);
     }
   }
   for (const SourceWeight* w : members) {
@@ -296,8 +303,7 @@ absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>
     const int64_t rows = w->module->out_features;
     const int64_t cols = w->module->in_features;
     for (int64_t r0 = 0, step = RowsPerStep(*w); r0 < rows; r0 += step) {
-      ASSIGN_OR_RETURN(const DenseWeight d,
-                       DecodeStep(*w, r0, std::min(rows, r0 + step), nullptr));
+      ASSIGN_OR_RETURN(DenseWeight d, DecodeStep(*w, r0, std::min(rows, r0 + step), nullptr));
       const kernels::Nvfp4Out rows_out{out->data + r0 * cols / 2,
                                        out->scales + r0 * cols / kernels::kNvfp4BlockSize,
                                        out->scale_2};
@@ -305,6 +311,7 @@ absl::Status QuantizeRun::QuantizeDecoded(const std::vector<const SourceWeight*>
         return WeightError(*w, s);
       }
       RETURN_IF_ERROR(AddStats(*w, r0, d, &stats));
+      EndStep(d);
     }
     stats_.push_back(stats.Row(w->weight->name));
   }

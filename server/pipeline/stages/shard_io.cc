@@ -185,7 +185,8 @@ absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const Source
 }
 
 absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const SourceWeight& w,
-                                             int64_t row_begin, int64_t row_end) {
+                                             int64_t row_begin, int64_t row_end,
+                                             kernels::Buffer spare) {
   const LinearModule& m = *w.module;
   const int64_t cols = m.in_features;
   const bool fp8 =
@@ -218,9 +219,13 @@ absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const So
 
   out.tensor.type = kernels::FloatType::kBF16;
   out.bytes = static_cast<size_t>(rows * cols) * 2;
-  absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(out.bytes);
-  if (!buffer.ok()) return WeightError(w, buffer.status());
-  out.holder = std::move(*buffer);
+  if (spare.size() >= out.bytes) {
+    out.holder = std::move(spare);
+  } else {
+    absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(out.bytes);
+    if (!buffer.ok()) return WeightError(w, buffer.status());
+    out.holder = std::move(*buffer);
+  }
   out.tensor.data = out.holder.data();
   const kernels::DenseOut dst{out.holder.data(), kernels::FloatType::kBF16};
   absl::Status status;

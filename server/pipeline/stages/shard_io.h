@@ -77,9 +77,12 @@ struct DenseWeight {
 absl::StatusOr<DenseWeight> DecodeWeight(kernels::Backend& backend, const SourceWeight& w);
 // The same for rows [row_begin, row_end) of the weight only. An FP8-block weight is decoded in
 // whole blocks: row_begin must be a multiple of kernels::kFp8BlockSize, and so must row_end
-// unless it is the last row (InvalidArgument otherwise).
+// unless it is the last row (InvalidArgument otherwise). Decoded rows go into `spare` when it is
+// large enough (a caller stepping through a weight hands back each step's holder), else into a
+// new buffer.
 absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const SourceWeight& w,
-                                             int64_t row_begin, int64_t row_end);
+                                             int64_t row_begin, int64_t row_end,
+                                             kernels::Buffer spare = {});
 
 // DecodeWeight's values readable from host memory (in place on a host backend).
 struct HostWeight {

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks of the DeepSeek-V4 forward and the CUDA kernels, in one go on a machine with a
-# CUDA device (about 6 minutes on an H200; every step has its own time limit, 11.5 minutes in all).
-# Builds nothing: run it from the repository root with a build directory made elsewhere with
-# CUDA (cmake -DQUANTD_CUDA=ON -DQUANTD_BENCH=ON) and carried along.
+# CUDA device (about 6 minutes on an H200; every step has its own time limit). Builds nothing:
+# run it from the repository root with a build directory made elsewhere with CUDA
+# (cmake -DQUANTD_CUDA=ON -DQUANTD_BENCH=ON) and carried along, usually as the pack of
+# tests/gpu/pack_device_checks.sh (its header has the command).
 #
 #   tests/gpu/run_device_checks.sh [BUILD_DIR]     (default: build; results under $OUT)
+#
+# QUANTD_DEVICE_SECONDS (default 560) caps the whole run below the device tool's 10 minutes per
+# command: a step whose limit would pass it is skipped and says so in the summary. cuBLAS is
+# loaded by soname; when the loader cannot find libcublas.so.13, the machine's CUDA and Python
+# package folders are searched for it and the first one found goes on LD_LIBRARY_PATH.
 #
 # Steps (each one's output in $OUT/<step>.log, its exit status in $OUT/summary.txt; a failing
 # step does not stop the others):
@@ -14,14 +20,15 @@
 #                  blocks, the backend-agnostic kernel tests and the device seam, the V4 router,
 #                  MoE combine, compressor pooling, mHC pre/head and embedding CUDA blocks, the
 #                  V4 attention CUDA blocks (sparse attention, indexer)
-#   kernels_bench  tests/bench/run_kernels_bench.sh (conversion kernels, CPU and CUDA)
-#   forward_cublas quantd_v4_forward_bench --table cublas: the forward's products on cuBLAS
-#   forward_cpu    quantd_v4_forward_bench --table small4: the CPU forward on this machine's cores
 #   cuda_layer     v4_cuda_cast_test (the device forward's own kernels: q head norm, BF16 steps)
 #                  and v4_cuda_layer_test: whole decoder layers on the device against the CPU
 #                  forward (prints each layer's worst relative difference)
 #   forward_cuda   quantd_v4_forward_bench --table cuda: whole layers of the small4 model on the
 #                  device, tokens/s and TFLOP/s against the cuBLAS peak of the same run
+#   forward_cublas quantd_v4_forward_bench --table cublas: the forward's products on cuBLAS
+#   kernels_bench  tests/bench/run_kernels_bench.sh (conversion kernels, CPU and CUDA)
+#   forward_cpu    quantd_v4_forward_bench --table small4: the CPU forward on this machine's cores
+# (correctness first, then the benchmarks, so that a short lease still answers whether it works)
 set -uo pipefail
 
 build="${1:-build}"
@@ -31,12 +38,26 @@ scratch="$(mktemp -d /tmp/fwd-gpu-XXXXXX)"
 trap 'rm -rf "$scratch"' EXIT
 summary="$out/summary.txt"
 : > "$summary"
+budget="${QUANTD_DEVICE_SECONDS:-560}"
+
+if ! ldconfig -p | grep -q 'libcublas\.so\.13 '; then
+  cublas="$(find /usr/local /opt /usr/lib -name 'libcublas.so.13*' -print -quit 2>/dev/null || true)"
+  if [[ -n "$cublas" ]]; then
+    export LD_LIBRARY_PATH="$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  echo "libcublas.so.13: ${cublas:-not found}" | tee -a "$summary"
+fi
 
 # step NAME SECONDS COMMAND...: runs COMMAND with a time limit, output to $out/NAME.log.
 step() {
   local name="$1" limit="$2"
   shift 2
   local start=$SECONDS
+  if ((SECONDS + limit > budget)); then
+    printf '%-16s skipped: %d s left of QUANTD_DEVICE_SECONDS=%d\n' "$name" "$((budget - SECONDS))" \
+      "$budget" | tee -a "$summary"
+    return
+  fi
   if declare -F "$1" > /dev/null; then
     # timeout runs programs, not shell functions: a function step runs in a child bash.
     export -f "$1"
@@ -61,16 +82,16 @@ unit_cuda() {
   return $rc
 }
 
-step gpu 30 nvidia-smi
-step unit_cuda 120 unit_cuda
-step kernels_bench 150 tests/bench/run_kernels_bench.sh "$build/tests/bench/quantd_kernels_bench"
-step forward_cublas 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
-  --table cublas
-step forward_cpu 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
-  --table small4
 cuda_layer() {
   "$build/tests/v4_cuda_cast_test" --gtest_brief=1 && "$build/tests/v4_cuda_layer_test"
 }
+step gpu 30 nvidia-smi
+step unit_cuda 120 unit_cuda
 step cuda_layer 60 cuda_layer
 step forward_cuda 90 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" --table cuda
+step forward_cublas 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
+  --table cublas
+step kernels_bench 150 tests/bench/run_kernels_bench.sh "$build/tests/bench/quantd_kernels_bench"
+step forward_cpu 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
+  --table small4
 cat "$summary"

@@ -37,7 +37,6 @@ namespace {
 
 #if QUANTD_HAVE_CUDA_HEADERS
 
-using kernels::cuda::DeviceResults;
 using kernels::cuda::kNoBad;
 using kernels::cuda::Launch;
 using testing_util::DeviceVector;
@@ -94,23 +93,8 @@ TEST(V4CudaAttentionPlanTest, LayoutsAtV4Sizes) {
   EXPECT_EQ(PlanSparseAttention(hca, true, limit).heads_per_block, 0);
 }
 
-class V4CudaAttentionTest : public ::testing::Test {
+class V4CudaAttentionTest : public testing_util::CudaDeviceTest {
  protected:
-  void SetUp() override {
-    if (testing_util::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&results_), sizeof(DeviceResults)),
-              cudaSuccess);
-  }
-  void TearDown() override {
-    if (results_ != nullptr) cudaFree(results_);
-  }
-  void Sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
-  unsigned long long FirstBad() {
-    DeviceResults r{};
-    EXPECT_EQ(cudaMemcpy(&r, results_, sizeof(r), cudaMemcpyDeviceToHost), cudaSuccess);
-    return r.first_bad;
-  }
   ForwardContext Context(Numerics numerics) {
     ForwardContext ctx;
     ctx.gemm = gemm_.get();
@@ -136,7 +120,6 @@ class V4CudaAttentionTest : public ::testing::Test {
 
   // A small grid (4 blocks) so that the block loops take several turns.
   const Launch launch_{nullptr, 4};
-  DeviceResults* results_ = nullptr;
   std::unique_ptr<kernels::Gemm> gemm_ = kernels::MakeOpenBlasGemm(1);
 };
 

@@ -28,7 +28,6 @@ namespace {
 
 #if QUANTD_HAVE_CUDA_HEADERS
 
-using kernels::cuda::DeviceResults;
 using kernels::cuda::kNoBad;
 using kernels::cuda::Launch;
 
@@ -36,23 +35,8 @@ using testing_util::DeviceVector;
 using testing_util::ExpectSameBits;
 using testing_util::RandomFloats;
 
-class V4CudaBlocksTest : public ::testing::Test {
+class V4CudaBlocksTest : public testing_util::CudaDeviceTest {
  protected:
-  void SetUp() override {
-    if (testing_util::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&results_), sizeof(DeviceResults)),
-              cudaSuccess);
-  }
-  void TearDown() override {
-    if (results_ != nullptr) cudaFree(results_);
-  }
-  void Sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
-  unsigned long long FirstBad() {
-    DeviceResults r{};
-    EXPECT_EQ(cudaMemcpy(&r, results_, sizeof(r), cudaMemcpyDeviceToHost), cudaSuccess);
-    return r.first_bad;
-  }
   ForwardContext Context(Numerics numerics) {
     ForwardContext ctx;
     ctx.numerics = numerics;
@@ -61,7 +45,6 @@ class V4CudaBlocksTest : public ::testing::Test {
 
   // A small grid (4 blocks) so that grid-stride loops take several turns.
   const Launch launch_{nullptr, 4};
-  DeviceResults* results_ = nullptr;
 };
 
 TEST_F(V4CudaBlocksTest, RmsNormIsBitExactInBothNumerics) {

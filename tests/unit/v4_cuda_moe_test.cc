@@ -54,23 +54,8 @@ using testing_util::RandomFloats;
 // The unit roundoff of float32: one ulp is at most 2 * kEps relative.
 constexpr double kEps = 0x1p-24;
 
-class V4CudaMoeTest : public ::testing::Test {
+class V4CudaMoeTest : public testing_util::CudaDeviceTest {
  protected:
-  void SetUp() override {
-    if (testing_util::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&results_), sizeof(DeviceResults)),
-              cudaSuccess);
-  }
-  void TearDown() override {
-    if (results_ != nullptr) cudaFree(results_);
-  }
-  void Sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
-  unsigned long long FirstBad() {
-    DeviceResults r{};
-    EXPECT_EQ(cudaMemcpy(&r, results_, sizeof(r), cudaMemcpyDeviceToHost), cudaSuccess);
-    return r.first_bad;
-  }
   static ForwardContext Context(Numerics numerics, kernels::Gemm* gemm = nullptr) {
     ForwardContext ctx;
     ctx.numerics = numerics;
@@ -80,7 +65,6 @@ class V4CudaMoeTest : public ::testing::Test {
 
   const Launch small_{nullptr, 4};       // several turns of every grid-stride loop
   const Launch h200_{nullptr, 132 * 8};  // the backend's grid cap on an H200
-  DeviceResults* results_ = nullptr;
 };
 
 // ---- router ------------------------------------------------------------------------------------

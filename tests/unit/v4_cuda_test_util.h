@@ -1,6 +1,6 @@
 // Helpers of the tests that check CUDA blocks of the DeepSeek-V4 forward against their CPU
-// blocks: device copies of host vectors, random inputs and bit-for-bit comparison. Only for
-// builds with the CUDA headers (QUANTD_HAVE_CUDA_HEADERS).
+// blocks: a fixture on device 0, device copies of host vectors, random inputs and bit-for-bit
+// comparison. Only for builds with the CUDA headers (QUANTD_HAVE_CUDA_HEADERS).
 #ifndef QUANTD_TESTS_UNIT_V4_CUDA_TEST_UTIL_H_
 #define QUANTD_TESTS_UNIT_V4_CUDA_TEST_UTIL_H_
 
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/launch.h"
 
 namespace quantd::testing_util {
 
@@ -20,6 +21,29 @@ inline int CudaDeviceCount() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
+
+// A test on CUDA device 0 (skipped where there is none), with the DeviceResults that launchers
+// reporting a first bad element write to.
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&results_), sizeof(*results_)), cudaSuccess);
+  }
+  void TearDown() override {
+    if (results_ != nullptr) cudaFree(results_);
+  }
+  void Sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+  // The first_bad the last launch given results_ reported.
+  unsigned long long FirstBad() {
+    kernels::cuda::DeviceResults r{};
+    EXPECT_EQ(cudaMemcpy(&r, results_, sizeof(r), cudaMemcpyDeviceToHost), cudaSuccess);
+    return r.first_bad;
+  }
+
+  kernels::cuda::DeviceResults* results_ = nullptr;  // device memory
+};
 
 // A device copy of a host vector, freed with it.
 template <typename T>

@@ -12,27 +12,9 @@
 #include <stdint.h>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/sparse_attention_args.h"
 
 namespace quantd::kernels::cuda {
-
-// The inputs of LaunchSparseAttention, as SparseAttentionInput (v4_attention_sparse.h) names
-// them; every pointer is a device pointer.
-struct SparseAttentionArgs {
-  const float* q = nullptr;           // [seq_len, heads, head_dim]
-  const float* kv = nullptr;          // [seq_len, head_dim], the window keys (= values)
-  const float* compressed = nullptr;  // [entries, head_dim] (nullptr when entries == 0)
-  int64_t entries = 0;
-  // CSA: [seq_len, picks_per_query] indexer picks, -1 unused; nullptr: every visible entry
-  // (HCA). A pick outside [0, entries) counts as unused (the CPU block never gets one).
-  const int32_t* picks = nullptr;
-  int64_t picks_per_query = 0;
-  const float* sink = nullptr;  // [heads]
-  int64_t seq_len = 0;
-  int64_t heads = 0;
-  int64_t head_dim = 0;
-  int64_t window = 0;  // >= 1
-  int64_t ratio = 0;   // 0: no compressed entries
-};
 
 // SparseAttention (v4_attention_sparse.h) -> o [seq_len, heads, head_dim], `official` selecting
 // the official numerics over math. The same key lists and the same operations in the same

@@ -277,7 +277,7 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
 
   std::vector<float> o(static_cast<size_t>(tokens * heads * dim));
   for (int64_t b = 0; b < batch.sequences; ++b) {
-    SparseAttentionInput in;
+    kernels::SparseAttentionArgs in;
     in.q = q.data() + b * seq_len * heads * dim;
     in.kv = kv.data() + b * seq_len * dim;
     in.compressed = entries > 0 ? compressed.data() + b * entries * dim : nullptr;

@@ -16,6 +16,7 @@
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_attention.h"
+#include "server/model/v4_indexer.h"
 #include "server/model/v4_linear_cuda.h"
 #include "server/model/v4_rope.h"
 
@@ -201,18 +202,9 @@ absl::StatusOr<DevicePicks> IndexerOnDevice(const DeviceForwardContext& ctx, con
     const float* seq_keys = keys.data() + b * entries * dim;
     for (int64_t t0 = 0; t0 < seq_len; t0 += chunk) {
       const int64_t queries = std::min(chunk, seq_len - t0);
-      kernels::SgemmArgs g;
-      g.trans_b = true;
-      g.m = queries * heads;
-      g.n = entries;
-      g.k = dim;
-      g.a = q.data() + (b * seq_len + t0) * heads * dim;
-      g.lda = dim;
-      g.b = seq_keys;
-      g.ldb = dim;
-      g.c = dots.data();
-      g.ldc = entries;
-      RETURN_IF_ERROR(ctx.gemm->Sgemm(g));
+      const float* seq_q = q.data() + (b * seq_len + t0) * heads * dim;
+      RETURN_IF_ERROR(ctx.gemm->Sgemm(
+          IndexerDotsProduct(seq_q, seq_keys, queries * heads, entries, dim, dots.data())));
       RETURN_IF_ERROR(LaunchStatus(
           cuda::LaunchIndexerScores(ctx.official(), dots.data(),
                                     weights.data() + (b * seq_len + t0) * heads, queries, heads,
@@ -321,7 +313,7 @@ absl::Status AttentionForwardOnDevice(const DeviceForwardContext& ctx, const V4C
 
   ASSIGN_OR_RETURN(DeviceArray<float> o, AllocateArray<float>(ctx, tokens * heads * dim));
   for (int64_t b = 0; b < sequences; ++b) {
-    cuda::SparseAttentionArgs in;
+    kernels::SparseAttentionArgs in;
     in.q = q.data() + b * seq_len * heads * dim;
     in.kv = kv.data() + b * seq_len * dim;
     in.compressed = entries > 0 ? compressed.data() + b * entries * dim : nullptr;

@@ -81,7 +81,8 @@ float SoftmaxWeights(Numerics numerics, float sink, int64_t slots, RowScratch& s
 
 }  // namespace
 
-absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInput& in, float* o) {
+absl::Status SparseAttention(const ForwardContext& ctx, const kernels::SparseAttentionArgs& in,
+                             float* o) {
   const int64_t heads = in.heads;
   const int64_t dim = in.head_dim;
   const int64_t window_slots = std::min(in.seq_len, in.window);

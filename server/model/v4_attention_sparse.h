@@ -22,29 +22,14 @@
 #include <stdint.h>
 
 #include "absl/status/status.h"
+#include "kernels/sparse_attention_args.h"
 #include "server/model/v4_linear.h"
 
 namespace quantd::model {
 
-struct SparseAttentionInput {
-  const float* q = nullptr;           // [seq_len, heads, head_dim]
-  const float* kv = nullptr;          // [seq_len, head_dim], the window keys (= values)
-  const float* compressed = nullptr;  // [entries, head_dim] (nullptr when entries == 0)
-  int64_t entries = 0;
-  // CSA: [seq_len, picks_per_query] indexer picks (-1 unused); nullptr: every visible entry
-  // (HCA).
-  const int32_t* picks = nullptr;
-  int64_t picks_per_query = 0;
-  const float* sink = nullptr;  // [heads]
-  int64_t seq_len = 0;
-  int64_t heads = 0;
-  int64_t head_dim = 0;
-  int64_t window = 0;
-  int64_t ratio = 0;  // 0: no compressed entries
-};
-
 // o [seq_len, heads, head_dim]. Scores and P·V go through ctx.gemm; errors from it pass through.
-absl::Status SparseAttention(const ForwardContext& ctx, const SparseAttentionInput& in, float* o);
+absl::Status SparseAttention(const ForwardContext& ctx, const kernels::SparseAttentionArgs& in,
+                             float* o);
 
 }  // namespace quantd::model
 

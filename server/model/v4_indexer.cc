@@ -91,6 +91,22 @@ void SelectTopEntries(const float* scores, int64_t first_position, int64_t queri
   }
 }
 
+kernels::SgemmArgs IndexerDotsProduct(const float* q, const float* keys, int64_t rows,
+                                      int64_t entries, int64_t dim, float* dots) {
+  kernels::SgemmArgs g;
+  g.trans_b = true;
+  g.m = rows;
+  g.n = entries;
+  g.k = dim;
+  g.a = q;
+  g.lda = dim;
+  g.b = keys;
+  g.ldb = dim;
+  g.c = dots;
+  g.ldc = entries;
+  return g;
+}
+
 absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Config& config,
                                         const V4IndexerWeights& w, int64_t ratio,
                                         const RopeTable& rope, const AttentionBatch& batch,
@@ -138,18 +154,9 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
     const float* seq_keys = keys.data() + b * entries * dim;
     for (int64_t t0 = 0; t0 < seq_len; t0 += kQueryChunk) {
       const int64_t queries = std::min(kQueryChunk, seq_len - t0);
-      kernels::SgemmArgs g;
-      g.trans_b = true;
-      g.m = queries * heads;
-      g.n = entries;
-      g.k = dim;
-      g.a = q.data() + (b * seq_len + t0) * heads * dim;
-      g.lda = dim;
-      g.b = seq_keys;
-      g.ldb = dim;
-      g.c = dots.data();
-      g.ldc = entries;
-      RETURN_IF_ERROR(ctx.gemm->Sgemm(g));
+      const float* seq_q = q.data() + (b * seq_len + t0) * heads * dim;
+      RETURN_IF_ERROR(ctx.gemm->Sgemm(
+          IndexerDotsProduct(seq_q, seq_keys, queries * heads, entries, dim, dots.data())));
       // Queries are independent: each thread scores and selects its own.
       ParallelRows(ctx.threads, queries, 4 * heads * entries, [&](int, int64_t i0, int64_t i1) {
         IndexerScores(ctx.numerics, dots.data() + i0 * heads * entries,

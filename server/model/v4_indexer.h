@@ -38,6 +38,12 @@ void HadamardRows(float* x, int64_t rows, int64_t n);
 // split over up to `threads` threads. Errors from the FP4 simulation (a non-finite value).
 absl::Status SimulateIndexerFp4(float* x, int64_t rows, int64_t n, const HostThreads& threads);
 
+// The product behind the index scores: dots [rows, entries] = q [rows, dim] · keys [entries,
+// dim]^T, rows being a sequence's queries times the indexer heads (row-major in the memory of
+// the device whose Gemm runs it).
+kernels::SgemmArgs IndexerDotsProduct(const float* q, const float* keys, int64_t rows,
+                                      int64_t entries, int64_t dim, float* dots);
+
 // The index scores of `queries` consecutive queries of one sequence, the first at position
 // `first_position`: scores [queries, entries] from the dot products dots [queries, heads,
 // entries] (qI . kI) and the head weights [queries, heads] as RunIndexer scales them (official:

@@ -260,7 +260,7 @@ TEST(V4IndexerTest, EqualScoresResolveAsTorchTopkOnTheCpu) {
 
 // The attention of one (query, head) in double from the formula: the window keys, then the
 // visible entries (HCA) or the picks (CSA), softmax with the sink in the denominator.
-std::vector<double> ReferenceAttention(const SparseAttentionInput& in, int64_t t, int64_t h) {
+std::vector<double> ReferenceAttention(const kernels::SparseAttentionArgs& in, int64_t t, int64_t h) {
   const int64_t d = in.head_dim;
   const float* q = in.q + (t * in.heads + h) * d;
   std::vector<const float*> keys;
@@ -296,7 +296,7 @@ std::vector<double> ReferenceAttention(const SparseAttentionInput& in, int64_t t
 struct SparseCase {
   std::vector<float> q, kv, compressed, sink;
   std::vector<int32_t> picks;
-  SparseAttentionInput in;
+  kernels::SparseAttentionArgs in;
 };
 
 SparseCase MakeSparseCase(std::mt19937& rng, int64_t seq_len, int64_t ratio, int64_t topk) {

@@ -50,7 +50,7 @@ TEST(V4CudaAttentionPlanTest, LayoutsAtV4Sizes) {
   using kernels::cuda::PlanSparseAttention;
   const int64_t limit = 227 * 1024;
   const int32_t no_pick = -1;  // the plan reads only whether there are picks
-  kernels::cuda::SparseAttentionArgs pro;
+  kernels::SparseAttentionArgs pro;
   pro.seq_len = 8192;
   pro.heads = 128;
   pro.head_dim = 512;
@@ -74,12 +74,12 @@ TEST(V4CudaAttentionPlanTest, LayoutsAtV4Sizes) {
   // Below the 100 KiB target the limit decides: 8 heads of 1719 floats.
   expect(PlanSparseAttention(pro, true, 64 * 1024), {8, 16, 59616});
   // Flash CSA: 64 heads, 512 picks.
-  kernels::cuda::SparseAttentionArgs flash = pro;
+  kernels::SparseAttentionArgs flash = pro;
   flash.heads = 64;
   flash.picks_per_query = 512;
   expect(PlanSparseAttention(flash, true, limit), {16, 4, 78272});
   // Pro HCA at 8192 tokens (64 entries), and at 2^20 tokens (8192 entries: one head per block).
-  kernels::cuda::SparseAttentionArgs hca = pro;
+  kernels::SparseAttentionArgs hca = pro;
   hca.ratio = 128;
   hca.entries = 64;
   hca.picks = nullptr;
@@ -148,7 +148,7 @@ std::vector<float> RandomQuarters(size_t n, uint32_t seed) {
 struct AttentionInputs {
   std::vector<float> q, kv, compressed, sink;
   std::vector<int32_t> picks;
-  SparseAttentionInput in;
+  kernels::SparseAttentionArgs in;
 };
 
 AttentionInputs MakeAttentionInputs(const AttentionCase& c, uint32_t seed) {
@@ -205,7 +205,7 @@ struct AttentionBound {
   std::vector<double> m;  // M per column
 };
 
-AttentionBound BoundFor(const SparseAttentionInput& in, int64_t t, int64_t h) {
+AttentionBound BoundFor(const kernels::SparseAttentionArgs& in, int64_t t, int64_t h) {
   const int64_t d = in.head_dim;
   const double u = 0x1p-24;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -261,7 +261,7 @@ void ExpectAttentionMatches(const AttentionCase& c, const Launch& launch,
   const int64_t out_size = c.seq_len * c.heads * c.head_dim;
   DeviceVector<float> dq(a.q), dkv(a.kv), dcompressed(a.compressed), dsink(a.sink);
   DeviceVector<int32_t> dpicks(a.picks.empty() ? std::vector<int32_t>{-1} : a.picks);
-  kernels::cuda::SparseAttentionArgs args;
+  kernels::SparseAttentionArgs args;
   args.q = dq.get();
   args.kv = dkv.get();
   args.compressed = a.in.compressed != nullptr ? dcompressed.get() : nullptr;
@@ -322,7 +322,7 @@ TEST_F(V4CudaAttentionTest, SparseAttentionIsWithinTheDerivedBoundOfTheCpu) {
 }
 
 TEST_F(V4CudaAttentionTest, SparseAttentionRejectsWhatItCannotServe) {
-  kernels::cuda::SparseAttentionArgs args;
+  kernels::SparseAttentionArgs args;
   args.seq_len = 4;
   args.heads = 1;
   args.head_dim = 8;

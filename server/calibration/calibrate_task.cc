@@ -2,11 +2,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/checkpoint/json_file.h"
 
 namespace quantd::calibration {
 namespace {
 
+using checkpoint::GetCount;
+using checkpoint::GetName;
+
 constexpr const char* kKindNames[] = {"tokens", "layer", "amax_out"};
+constexpr int kKinds = 3;
 
 }  // namespace
 
@@ -39,27 +44,19 @@ absl::StatusOr<CalibrateTask> ParseCalibrateTask(const std::string& text) {
     return absl::InvalidArgumentError(
         absl::StrCat("calibrate task payload: ", field, " is missing or not valid"));
   };
-  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return bad("kind");
   CalibrateTask t;
-  const std::string kind = j["kind"].get<std::string>();
-  int k = 0;
-  while (k < 3 && kind != kKindNames[k]) ++k;
-  if (k == 3) return bad("kind");
-  t.kind = static_cast<CalibrateTask::Kind>(k);
-  const auto get = [&j](const char* field, int64_t* out) {
-    if (!j.contains(field) || !j[field].is_number_integer() || j[field].get<int64_t>() < 0) {
-      return false;
-    }
-    *out = j[field].get<int64_t>();
-    return true;
-  };
-  if (!get("layers", &t.layers)) return bad("layers");
-  if (!get("slices", &t.slices) || t.slices < 1) return bad("slices");
+  int kind = 0;
+  if (!GetName(j, "kind", kKindNames, kKinds, &kind)) return bad("kind");
+  t.kind = static_cast<CalibrateTask::Kind>(kind);
+  if (!GetCount(j, "layers", &t.layers)) return bad("layers");
+  if (!GetCount(j, "slices", &t.slices) || t.slices < 1) return bad("slices");
   if (t.kind == CalibrateTask::Kind::kLayer) {
-    if (!get("layer", &t.layer) || t.layer >= t.layers) return bad("layer");
-    if (!get("slice", &t.slice) || t.slice >= t.slices) return bad("slice");
-    if (!get("first_batch", &t.first_batch)) return bad("first_batch");
-    if (!get("end_batch", &t.end_batch) || t.end_batch < t.first_batch) return bad("end_batch");
+    if (!GetCount(j, "layer", &t.layer) || t.layer >= t.layers) return bad("layer");
+    if (!GetCount(j, "slice", &t.slice) || t.slice >= t.slices) return bad("slice");
+    if (!GetCount(j, "first_batch", &t.first_batch)) return bad("first_batch");
+    if (!GetCount(j, "end_batch", &t.end_batch) || t.end_batch < t.first_batch) {
+      return bad("end_batch");
+    }
   }
   return t;
 }

@@ -10,6 +10,7 @@
 #include "nlohmann/json.hpp"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
+#include "server/checkpoint/json_file.h"
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_activations.h"
 
@@ -75,9 +76,6 @@ absl::StatusOr<std::vector<BatchActivations>> ReadCheckpoint(const LayerTask& ta
   const auto bad = [&path](const std::string& field) {
     return absl::DataLossError(absl::StrCat(path, ": ", field, " is missing or not valid"));
   };
-  const auto is_count = [](const nlohmann::json& v) {
-    return v.is_number_integer() && v.get<int64_t>() >= 0;
-  };
   if (!j.is_object()) return bad("the manifest");
   if (!j.contains("layer") || j["layer"] != task.layer) return bad("layer");
   if (!j.contains("slice") || j["slice"] != task.slice) return bad("slice");
@@ -88,21 +86,20 @@ absl::StatusOr<std::vector<BatchActivations>> ReadCheckpoint(const LayerTask& ta
     const nlohmann::json& e = j["batches"][i];
     const std::string field = absl::StrCat("batches[", i, "]");
     // The name is fixed by its place, so a manifest can only point into its own directory.
+    int64_t listed = 0;
+    BatchActivations b;
     if (!e.is_object() || !e.contains("file") ||
-        e["file"] != BatchFileName(task.layer, task.slice, i) || !e.contains("bytes") ||
-        !is_count(e["bytes"]) || !e.contains("tokens") || !is_count(e["tokens"]) ||
-        !e.contains("sha256") || !e["sha256"].is_string() ||
-        e["sha256"].get<std::string>().size() != 64) {
+        e["file"] != BatchFileName(task.layer, task.slice, i) ||
+        !checkpoint::GetCount(e, "bytes", &listed) ||
+        !checkpoint::GetCount(e, "tokens", &b.tokens) || !e.contains("sha256") ||
+        !e["sha256"].is_string() || e["sha256"].get<std::string>().size() != 64) {
       return bad(field);
     }
-    BatchActivations b;
     b.spill_path = (dir / e["file"].get<std::string>()).string();
     b.spill_sha256 = e["sha256"].get<std::string>();
-    b.tokens = e["tokens"].get<int64_t>();
     const uintmax_t batch_size = std::filesystem::file_size(b.spill_path, ec);
     if (ec) return absl::DataLossError(absl::StrCat(b.spill_path, " is gone"));
-    const uint64_t listed = e["bytes"].get<uint64_t>();
-    if (batch_size != listed) {
+    if (batch_size != static_cast<uintmax_t>(listed)) {
       return absl::DataLossError(absl::StrCat(b.spill_path, " has ", batch_size,
                                               " bytes, its manifest lists ", listed));
     }

@@ -50,4 +50,25 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t ma
   return ParseJsonText(*text, path);
 }
 
+bool GetCount(const nlohmann::json& j, const char* field, int64_t* out) {
+  if (!j.is_object() || !j.contains(field)) return false;
+  const nlohmann::json& v = j[field];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) return false;
+  *out = v.get<int64_t>();
+  return true;
+}
+
+bool GetName(const nlohmann::json& j, const char* field, const char* const* names, int n,
+             int* out) {
+  if (!j.is_object() || !j.contains(field) || !j[field].is_string()) return false;
+  const std::string& name = j[field].get_ref<const std::string&>();
+  for (int i = 0; i < n; ++i) {
+    if (name == names[i]) {
+      *out = i;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace quantd::checkpoint

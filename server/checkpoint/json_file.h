@@ -27,6 +27,15 @@ absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::s
 // ReadFile(path, max_bytes), then ParseJsonText.
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes);
 
+// Field readers for the parsers of what quantd stored itself (task payloads, checkpoint
+// manifests). Each is false, and leaves *out alone, when `j` is not an object or its `field` is
+// missing or not of the kind asked for.
+// A count: an integer >= 0.
+bool GetCount(const nlohmann::json& j, const char* field, int64_t* out);
+// A name: the string j[field] is names[*out], 0 <= *out < n.
+bool GetName(const nlohmann::json& j, const char* field, const char* const* names, int n,
+             int* out);
+
 }  // namespace quantd::checkpoint
 
 #endif  // QUANTD_SERVER_CHECKPOINT_JSON_FILE_H_

@@ -2,9 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/checkpoint/json_file.h"
 
 namespace quantd::evaluation {
 namespace {
+
+using checkpoint::GetCount;
+using checkpoint::GetName;
 
 constexpr const char* kKindNames[] = {"layer", "head", "gate"};
 constexpr int kKinds = 3;
@@ -31,24 +35,15 @@ absl::StatusOr<EvaluateTask> ParseEvaluateTask(const std::string& text) {
     return absl::InvalidArgumentError(
         absl::StrCat("evaluate task payload: ", field, " is missing or not valid"));
   };
-  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return bad("kind");
   EvaluateTask t;
-  const std::string kind = j["kind"].get<std::string>();
-  int k = 0;
-  while (k < kKinds && kind != kKindNames[k]) ++k;
-  if (k == kKinds) return bad("kind");
-  t.kind = static_cast<EvaluateTask::Kind>(k);
-  const auto get = [&j](const char* field, int64_t* out) {
-    if (!j.contains(field) || !j[field].is_number_integer() || j[field].get<int64_t>() < 0) {
-      return false;
-    }
-    *out = j[field].get<int64_t>();
-    return true;
-  };
-  if (!get("layers", &t.layers) || t.layers < 1) return bad("layers");
-  if (!get("samples", &t.samples) || t.samples < 1) return bad("samples");
-  if (!get("tokens", &t.tokens)) return bad("tokens");
-  if (t.kind == EvaluateTask::Kind::kLayer && (!get("layer", &t.layer) || t.layer >= t.layers)) {
+  int kind = 0;
+  if (!GetName(j, "kind", kKindNames, kKinds, &kind)) return bad("kind");
+  t.kind = static_cast<EvaluateTask::Kind>(kind);
+  if (!GetCount(j, "layers", &t.layers) || t.layers < 1) return bad("layers");
+  if (!GetCount(j, "samples", &t.samples) || t.samples < 1) return bad("samples");
+  if (!GetCount(j, "tokens", &t.tokens)) return bad("tokens");
+  if (t.kind == EvaluateTask::Kind::kLayer &&
+      (!GetCount(j, "layer", &t.layer) || t.layer >= t.layers)) {
     return bad("layer");
   }
   return t;

@@ -106,6 +106,33 @@ TEST_F(SafeReadTest, JsonErrorsGiveAnOffsetAndQuoteNothing) {
             path + ": JSON nests deeper than 32 levels");
 }
 
+TEST(JsonFieldsTest, CountsAndNamesAreReadOnlyWhenPresentAndOfTheirKind) {
+  const nlohmann::json j = nlohmann::json::parse(
+      R"({"n": 7, "zero": 0, "neg": -1, "real": 1.5, "text": "7", "kind": "head"})");
+  int64_t count = 42;
+  EXPECT_TRUE(GetCount(j, "n", &count));
+  EXPECT_EQ(count, 7);
+  EXPECT_TRUE(GetCount(j, "zero", &count));
+  EXPECT_EQ(count, 0);
+  for (const char* field : {"neg", "real", "text", "absent"}) {
+    count = 42;
+    EXPECT_FALSE(GetCount(j, field, &count)) << field;
+    EXPECT_EQ(count, 42) << field;
+  }
+  EXPECT_FALSE(GetCount(nlohmann::json::array({7}), "n", &count));
+
+  const char* const names[] = {"layer", "head", "gate"};
+  int index = -1;
+  EXPECT_TRUE(GetName(j, "kind", names, 3, &index));
+  EXPECT_EQ(index, 1);
+  index = -1;
+  EXPECT_FALSE(GetName(j, "kind", names, 1, &index));  // "head" is not among the first one
+  EXPECT_FALSE(GetName(j, "n", names, 3, &index));     // not a string
+  EXPECT_FALSE(GetName(j, "absent", names, 3, &index));
+  EXPECT_FALSE(GetName(nlohmann::json("head"), "kind", names, 3, &index));
+  EXPECT_EQ(index, -1);
+}
+
 TEST_F(SafeReadTest, ConfigAndIndexAreCapped) {
   WriteText(dir_ + "/config.json", "{}");
   WriteText(dir_ + "/" + kIndexFileName, std::string(kMaxIndexFileBytes + 1, ' '));

@@ -278,6 +278,28 @@ Routing RandomRouting(const RouterShape& s, uint32_t seed) {
   return Route(RouterConfig(s), w, logits.data(), s.tokens, nullptr);
 }
 
+// LaunchGroupByExpert over `routing` (s.tokens x s.topk), its outputs in fresh device arrays
+// filled with -1 first (row weights with 0); `launched` is the launcher's return value.
+struct DeviceGrouping {
+  DeviceGrouping(const Routing& routing, const RouterShape& s, DeviceResults* results,
+                 const Launch& launch)
+      : ids(routing.experts),
+        weights(routing.weights),
+        offsets(std::vector<int64_t>(s.experts + 1, -1)),
+        rows(std::vector<int64_t>(s.tokens * s.topk, -1)),
+        row_weights(std::vector<float>(s.tokens * s.topk)),
+        launched(kernels::cuda::LaunchGroupByExpert(ids.get(), weights.get(), s.tokens, s.topk,
+                                                    s.experts, offsets.get(), rows.get(),
+                                                    row_weights.get(), results, launch)) {}
+
+  DeviceVector<int32_t> ids;
+  DeviceVector<float> weights;
+  DeviceVector<int64_t> offsets;    // [experts + 1]
+  DeviceVector<int64_t> rows;       // [tokens * topk]
+  DeviceVector<float> row_weights;  // [tokens * topk]
+  cudaError_t launched;
+};
+
 TEST_F(V4CudaMoeTest, GroupByExpertIsTheCpusGroupingFlattened) {
   for (const auto& [s, launch] : {std::pair{RouterShape{37, 16, 4, 1.0f}, small_},
                                   std::pair{RouterShape{2048, 384, 6, 2.5f}, h200_}}) {
@@ -290,21 +312,13 @@ TEST_F(V4CudaMoeTest, GroupByExpertIsTheCpusGroupingFlattened) {
       want_weights.insert(want_weights.end(), want.weights[e].begin(), want.weights[e].end());
       want_offsets.push_back(static_cast<int64_t>(want_rows.size()));
     }
-    const int64_t entries = s.tokens * s.topk;
-    DeviceVector<int32_t> dids(routing.experts);
-    DeviceVector<float> dweights(routing.weights);
-    DeviceVector<int64_t> doffsets{std::vector<int64_t>(s.experts + 1, -1)};
-    DeviceVector<int64_t> drows{std::vector<int64_t>(entries, -1)};
-    DeviceVector<float> drow_weights{std::vector<float>(entries)};
-    ASSERT_EQ(kernels::cuda::LaunchGroupByExpert(dids.get(), dweights.get(), s.tokens, s.topk,
-                                                 s.experts, doffsets.get(), drows.get(),
-                                                 drow_weights.get(), results_, launch),
-              cudaSuccess);
+    const DeviceGrouping grouped(routing, s, results_, launch);
+    ASSERT_EQ(grouped.launched, cudaSuccess);
     Sync();
     EXPECT_EQ(FirstBad(), kNoBad);
-    EXPECT_EQ(doffsets.ToHost(), want_offsets);
-    EXPECT_EQ(drows.ToHost(), want_rows);
-    ExpectSameBits(drow_weights.ToHost(), want_weights);
+    EXPECT_EQ(grouped.offsets.ToHost(), want_offsets);
+    EXPECT_EQ(grouped.rows.ToHost(), want_rows);
+    ExpectSameBits(grouped.row_weights.ToHost(), want_weights);
   }
 }
 
@@ -314,18 +328,11 @@ TEST_F(V4CudaMoeTest, GroupByExpertReportsTheFirstIdOutOfRangeAndLeavesItOut) {
   routing.experts[20 * s.topk + 3] = -1;
   routing.experts[5 * s.topk + 2] = static_cast<int32_t>(s.experts);
   const int64_t entries = s.tokens * s.topk;
-  DeviceVector<int32_t> dids(routing.experts);
-  DeviceVector<float> dweights(routing.weights);
-  DeviceVector<int64_t> doffsets{std::vector<int64_t>(s.experts + 1, -1)};
-  DeviceVector<int64_t> drows{std::vector<int64_t>(entries, -1)};
-  DeviceVector<float> drow_weights{std::vector<float>(entries)};
-  ASSERT_EQ(kernels::cuda::LaunchGroupByExpert(dids.get(), dweights.get(), s.tokens, s.topk,
-                                               s.experts, doffsets.get(), drows.get(),
-                                               drow_weights.get(), results_, small_),
-            cudaSuccess);
+  const DeviceGrouping grouped(routing, s, results_, small_);
+  ASSERT_EQ(grouped.launched, cudaSuccess);
   Sync();
   EXPECT_EQ(FirstBad(), static_cast<unsigned long long>(5 * s.topk + 2));
-  EXPECT_EQ(doffsets.ToHost()[s.experts], entries - 2);
+  EXPECT_EQ(grouped.offsets.ToHost()[s.experts], entries - 2);
 }
 
 // MoeForward's routed combine with the expert GEMMs left out (each expert's output is its
@@ -360,29 +367,21 @@ TEST_F(V4CudaMoeTest, RoutedCombineIsBitExactInBothNumerics) {
       ToModelDtype(ctx, want_y.data(), static_cast<int64_t>(want_y.size()));
 
       // The device.
-      const int64_t entries = s.tokens * s.topk;
-      DeviceVector<int32_t> dids(routing.experts);
-      DeviceVector<float> dweights(routing.weights);
-      DeviceVector<int64_t> doffsets{std::vector<int64_t>(s.experts + 1)};
-      DeviceVector<int64_t> drows{std::vector<int64_t>(entries)};
-      DeviceVector<float> drow_weights{std::vector<float>(entries)};
-      ASSERT_EQ(kernels::cuda::LaunchGroupByExpert(dids.get(), dweights.get(), s.tokens, s.topk,
-                                                   s.experts, doffsets.get(), drows.get(),
-                                                   drow_weights.get(), results_, launch),
-                cudaSuccess);
+      const DeviceGrouping grouped(routing, s, results_, launch);
+      ASSERT_EQ(grouped.launched, cudaSuccess);
       Sync();
       ASSERT_EQ(FirstBad(), kNoBad);
-      const std::vector<int64_t> offsets = doffsets.ToHost();
+      const std::vector<int64_t> offsets = grouped.offsets.ToHost();
       DeviceVector<float> dx(x), dsum{std::vector<float>(s.tokens * d, 0.0f)}, dy(shared);
       DeviceVector<float> dxe{std::vector<float>(s.tokens * d)};
       for (int64_t e = 0; e < s.experts; ++e) {
         const int64_t n = offsets[e + 1] - offsets[e];
         if (n == 0) continue;
-        const int64_t* rows = drows.get() + offsets[e];
+        const int64_t* rows = grouped.rows.get() + offsets[e];
         ASSERT_EQ(kernels::cuda::LaunchGatherRows(dx.get(), d, rows, n, dxe.get(), launch),
                   cudaSuccess);
-        ASSERT_EQ(kernels::cuda::LaunchScaleRows(drow_weights.get() + offsets[e], n, d, round,
-                                                 dxe.get(), launch),
+        const float* weights = grouped.row_weights.get() + offsets[e];
+        ASSERT_EQ(kernels::cuda::LaunchScaleRows(weights, n, d, round, dxe.get(), launch),
                   cudaSuccess);
         Sync();
         std::vector<float> got(n * d);

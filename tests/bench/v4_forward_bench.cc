@@ -155,22 +155,43 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
   return ids;
 }
 
+// The CPU forward of the model in `dir` over `sequences` x `seq_len` token ids, with its products
+// counted: the checkpoint, the device, the counting Gemm the context multiplies through, and the
+// embedded input. `threads`: the device's CPU threads (0: all cores).
+struct CountedCpuForward {
+  std::unique_ptr<model::V4Checkpoint> ckpt;
+  std::unique_ptr<compute::Device> device;
+  std::unique_ptr<CountingGemm> gemm;  // wraps device->gemm(); ctx.gemm points to it
+  model::ForwardContext ctx;
+  model::V4Activations acts;
+};
+
+absl::StatusOr<CountedCpuForward> OpenCountedCpuForward(const std::string& dir,
+                                                        int64_t sequences, int64_t seq_len,
+                                                        int threads, model::Numerics numerics) {
+  CountedCpuForward f;
+  ASSIGN_OR_RETURN(f.ckpt, model::OpenV4Checkpoint(dir));
+  ASSIGN_OR_RETURN(f.device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
+  f.gemm = std::make_unique<CountingGemm>(f.device->gemm());
+  ASSIGN_OR_RETURN(f.ctx, model::MakeForwardContext(*f.device, numerics, nullptr));
+  f.ctx.gemm = f.gemm.get();
+  const int64_t vocab = f.ckpt->config.vocab_size;
+  ASSIGN_OR_RETURN(f.acts, model::Embed(*f.ckpt, Ids(sequences * seq_len, vocab), sequences,
+                                        seq_len, f.ctx.threads));
+  return f;
+}
+
 // Layer `layer` of `dir` on its embedded ids, with the non-GEMM loops on 1 host thread and on
 // `threads`, alternately (so that a change in the machine's load hits both alike), 5 runs each:
 // the fastest {run seconds, GEMM seconds} of each.
 absl::StatusOr<std::pair<std::pair<double, double>, std::pair<double, double>>> TimeLayer(
     const std::string& dir, int64_t layer, int64_t sequences, int64_t seq_len, int threads,
     model::Numerics numerics) {
-  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
-  ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
-  CountingGemm gemm(device->gemm());
-  ASSIGN_OR_RETURN(model::ForwardContext ctx,
-                   model::MakeForwardContext(*device, numerics, nullptr));
-  ctx.gemm = &gemm;
+  ASSIGN_OR_RETURN(CountedCpuForward f,
+                   OpenCountedCpuForward(dir, sequences, seq_len, threads, numerics));
+  auto& [ckpt, device, counted, ctx, acts] = f;
+  CountingGemm& gemm = *counted;
   const model::V4Config& c = ckpt->config;
-  ASSIGN_OR_RETURN(model::V4Activations acts,
-                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len,
-                                ctx.threads));
   ASSIGN_OR_RETURN(model::V4LayerWeights w, model::LoadLayer(*ckpt, layer, *device));
   std::pair<double, double> best[2] = {{1e30, 0.0}, {1e30, 0.0}};
   for (int i = 0; i < 10; ++i) {
@@ -212,16 +233,11 @@ absl::Status HostThreadTable(const std::vector<std::pair<std::string, std::strin
 // The layer-by-layer forward of `dir`; per-layer lines when `report`.
 absl::Status Forward(const std::string& dir, int64_t sequences, int64_t seq_len, int threads,
                      model::Numerics numerics, bool report, double peak) {
-  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
-  ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {.cpu_threads = threads}));
-  CountingGemm gemm(device->gemm());
-  ASSIGN_OR_RETURN(model::ForwardContext ctx,
-                   model::MakeForwardContext(*device, numerics, nullptr));
-  ctx.gemm = &gemm;
+  ASSIGN_OR_RETURN(CountedCpuForward f,
+                   OpenCountedCpuForward(dir, sequences, seq_len, threads, numerics));
+  auto& [ckpt, device, counted, ctx, acts] = f;
+  CountingGemm& gemm = *counted;
   const model::V4Config& c = ckpt->config;
-  ASSIGN_OR_RETURN(model::V4Activations acts,
-                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len,
-                                ctx.threads));
   const double tokens = static_cast<double>(sequences * seq_len);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     auto t = Clock::now();
@@ -286,16 +302,11 @@ absl::Status CublasTable(const std::string& dir, const fixture::FixtureConfig& c
   printf("per-layer products of %s on cuBLAS, BF16 operands, %ld x %ld tokens, %s numerics\n",
          dir.c_str(), static_cast<long>(sequences), static_cast<long>(seq_len),
          model::NumericsName(numerics));
-  ASSIGN_OR_RETURN(auto ckpt, model::OpenV4Checkpoint(dir));
-  ASSIGN_OR_RETURN(auto device, compute::OpenDevice("cpu", {}));
-  CountingGemm gemm(device->gemm());
-  ASSIGN_OR_RETURN(model::ForwardContext ctx,
-                   model::MakeForwardContext(*device, numerics, nullptr));
-  ctx.gemm = &gemm;
+  ASSIGN_OR_RETURN(CountedCpuForward f,
+                   OpenCountedCpuForward(dir, sequences, seq_len, 0, numerics));
+  auto& [ckpt, device, counted, ctx, acts] = f;
+  CountingGemm& gemm = *counted;
   const model::V4Config& c = ckpt->config;
-  ASSIGN_OR_RETURN(model::V4Activations acts,
-                   model::Embed(*ckpt, Ids(sequences * seq_len, c.vocab_size), sequences, seq_len,
-                                ctx.threads));
   const double tokens = static_cast<double>(sequences * seq_len);
   std::map<GemmShape, double> seconds;  // per distinct shape, measured once
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

@@ -2,6 +2,7 @@
 // job spec, the serve config): read under a size cap with ReadFile's checks (regular file only,
 // O_NONBLOCK), nesting bounded before any parser sees the text, and errors that give the byte
 // offset of a syntax error but never quote the text (it may be a secret the caller cannot read).
+// Also the field readers that the parsers of quantd's own stored JSON share.
 #ifndef QUANTD_SERVER_CHECKPOINT_JSON_FILE_H_
 #define QUANTD_SERVER_CHECKPOINT_JSON_FILE_H_
 

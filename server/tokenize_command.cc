@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
+#include "server/base/utf8.h"
 #include "server/model/chat_encoding.h"
 #include "server/model/tokenizer.h"
-#include "server/model/tokenizer_utf8.h"
 
 namespace quantd {
 namespace {
@@ -28,7 +28,7 @@ using nlohmann::json;
 // One input line -> one output line.
 absl::StatusOr<std::string> ConvertLine(const model::Tokenizer& tokenizer, const TokenizeArgs& args,
                                         const std::string& line) {
-  if (std::optional<size_t> bad = model::FirstInvalidUtf8(line)) {
+  if (std::optional<size_t> bad = base::FirstInvalidUtf8(line)) {
     return absl::InvalidArgumentError(absl::StrCat("not valid UTF-8 (byte ", *bad, ")"));
   }
   const json value = json::parse(line, nullptr, /*allow_exceptions=*/false);

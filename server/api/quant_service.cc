@@ -19,7 +19,7 @@
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/base/status_macros.h"
-#include "server/model/tokenizer_utf8.h"
+#include "server/base/utf8.h"
 #include "server/pipeline/job_paths.h"
 #include "server/pipeline/job_spec.h"
 #include "server/scheduler/job_proto.h"
@@ -101,7 +101,7 @@ absl::Status CheckSpecText(const google::protobuf::Message& message, const std::
             absl::StrCat("SubmitJobRequest.spec: field '", name, "'", entry, " is ", value.size(),
                          " bytes, more than ", pipeline::kMaxPathBytes, " (PATH_MAX)"));
       }
-      if (model::FirstInvalidUtf8(value).has_value()) {
+      if (base::FirstInvalidUtf8(value).has_value()) {
         return absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: field '", name,
                                                        "'", entry, " is not valid UTF-8"));
       }

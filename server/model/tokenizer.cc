@@ -10,14 +10,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/base/status_macros.h"
+#include "server/base/utf8.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/model/tokenizer_added_tokens.h"
 #include "server/model/tokenizer_bpe.h"
 #include "server/model/tokenizer_byte_level.h"
 #include "server/model/tokenizer_regex.h"
-#include "server/model/tokenizer_utf8.h"
 
 namespace quantd::model {
+
+using base::AppendUtf8;
+using base::FirstInvalidUtf8;
+using base::Utf8Lossy;
+
 namespace {
 
 using nlohmann::json;

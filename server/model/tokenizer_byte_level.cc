@@ -2,9 +2,12 @@
 
 #include <array>
 
-#include "server/model/tokenizer_utf8.h"
+#include "server/base/utf8.h"
 
 namespace quantd::model {
+
+using base::NextCodePoint;
+
 namespace {
 
 bool StandsForItself(int b) {

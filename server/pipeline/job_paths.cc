@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/model/tokenizer_utf8.h"
+#include "server/base/utf8.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -109,7 +109,7 @@ absl::Status CheckPathText(absl::string_view field, const std::string& path) {
   if (path.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": contains a NUL byte"));
   }
-  if (model::FirstInvalidUtf8(path).has_value()) {
+  if (base::FirstInvalidUtf8(path).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": is not valid UTF-8"));
   }
   return absl::OkStatus();

@@ -26,7 +26,7 @@ namespace quantd::pipeline {
 // The longest path a spec may hold: one byte less than PATH_MAX, which counts the NUL.
 inline constexpr size_t kMaxPathBytes = PATH_MAX - 1;
 
-// The text of a path field: at most kMaxPathBytes, valid UTF-8 (model::FirstInvalidUtf8: no
+// The text of a path field: at most kMaxPathBytes, valid UTF-8 (base::FirstInvalidUtf8: no
 // overlong forms, surrogates or code points above U+10FFFF), no NUL byte. InvalidArgument
 // naming `field` (and the length, never the text).
 absl::Status CheckPathText(absl::string_view field, const std::string& path);

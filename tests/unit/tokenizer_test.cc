@@ -11,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "server/base/utf8.h"
 #include "server/model/tokenizer_byte_level.h"
-#include "server/model/tokenizer_utf8.h"
 
 namespace quantd::model {
+
+using base::AppendUtf8;
+
 namespace {
 
 using nlohmann::json;

@@ -1,8 +1,8 @@
-#include "server/model/tokenizer_utf8.h"
+#include "server/base/utf8.h"
 
 #include <stdint.h>
 
-namespace quantd::model {
+namespace quantd::base {
 namespace {
 
 // Length of the well-formed sequence at `pos`, or (as a negative number) the length of its
@@ -100,4 +100,4 @@ void AppendUtf8(char32_t cp, std::string* out) {
   }
 }
 
-}  // namespace quantd::model
+}  // namespace quantd::base

@@ -1,7 +1,7 @@
-// UTF-8 helpers for the tokenizer: strict validation of input text, and the lossy conversion that
-// decoding needs (byte-level tokens may end inside a character).
-#ifndef QUANTD_SERVER_MODEL_TOKENIZER_UTF8_H_
-#define QUANTD_SERVER_MODEL_TOKENIZER_UTF8_H_
+// UTF-8 helpers: strict validation of input text (job spec paths, tokenizer input), and the lossy
+// conversion that tokenizer decoding needs (byte-level tokens may end inside a character).
+#ifndef QUANTD_SERVER_BASE_UTF8_H_
+#define QUANTD_SERVER_BASE_UTF8_H_
 
 #include <stddef.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include "absl/strings/string_view.h"
 
-namespace quantd::model {
+namespace quantd::base {
 
 // Offset of the first byte that does not start a well-formed UTF-8 sequence (overlong forms,
 // surrogates and code points above U+10FFFF are ill-formed); nullopt when `text` is valid.
@@ -25,6 +25,6 @@ char32_t NextCodePoint(absl::string_view text, size_t* pos);
 // Appends the UTF-8 encoding of `cp` (at most U+10FFFF) to `out`.
 void AppendUtf8(char32_t cp, std::string* out);
 
-}  // namespace quantd::model
+}  // namespace quantd::base
 
-#endif  // QUANTD_SERVER_MODEL_TOKENIZER_UTF8_H_
+#endif  // QUANTD_SERVER_BASE_UTF8_H_

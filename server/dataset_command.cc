@@ -10,9 +10,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "server/checkpoint/atomic_file.h"
-#include "server/model/tokenizer.h"
 #include "server/pipeline/calibration_data.h"
 #include "server/pipeline/job_spec.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd {
 namespace {
@@ -49,7 +49,8 @@ int DatasetMain(const DatasetArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);
   const std::string tokenizer_dir = args.tokenizer_dir.empty() ? spec->source : args.tokenizer_dir;
-  absl::StatusOr<std::unique_ptr<model::Tokenizer>> tokenizer = model::Tokenizer::LoadDir(tokenizer_dir);
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tokenizer =
+      tokenizer::Tokenizer::LoadDir(tokenizer_dir);
   if (!tokenizer.ok()) return Fail(err, tokenizer.status(), kFailure);
   absl::StatusOr<pipeline::CalibrationSet> set = pipeline::LoadCalibrationSet(spec->calibration, **tokenizer);
   if (!set.ok()) return Fail(err, set.status(), kFailure);

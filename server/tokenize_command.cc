@@ -14,8 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
 #include "server/base/utf8.h"
-#include "server/model/chat_encoding.h"
-#include "server/model/tokenizer.h"
+#include "server/tokenizer/chat_encoding.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd {
 namespace {
@@ -26,8 +26,8 @@ constexpr int kUsage = 2;
 using nlohmann::json;
 
 // One input line -> one output line.
-absl::StatusOr<std::string> ConvertLine(const model::Tokenizer& tokenizer, const TokenizeArgs& args,
-                                        const std::string& line) {
+absl::StatusOr<std::string> ConvertLine(const tokenizer::Tokenizer& tokenizer,
+                                        const TokenizeArgs& args, const std::string& line) {
   if (std::optional<size_t> bad = base::FirstInvalidUtf8(line)) {
     return absl::InvalidArgumentError(absl::StrCat("not valid UTF-8 (byte ", *bad, ")"));
   }
@@ -47,8 +47,9 @@ absl::StatusOr<std::string> ConvertLine(const model::Tokenizer& tokenizer, const
   }
   std::string text;
   if (args.chat) {
-    ASSIGN_OR_RETURN(std::vector<model::ChatMessage> messages, model::ParseChatMessages(value));
-    text = model::RenderChat(messages, /*add_bos=*/true);
+    ASSIGN_OR_RETURN(std::vector<tokenizer::ChatMessage> messages,
+                     tokenizer::ParseChatMessages(value));
+    text = tokenizer::RenderChat(messages, /*add_bos=*/true);
   } else {
     if (!value.is_string()) return absl::InvalidArgumentError("must be a JSON string");
     text = value.get<std::string>();
@@ -66,8 +67,8 @@ int TokenizeMain(const TokenizeArgs& args, std::istream& in, std::ostream& out, 
     err << "quantd tokenize: --decode cannot be combined with --chat or --add-special-tokens\n";
     return kUsage;
   }
-  absl::StatusOr<std::unique_ptr<model::Tokenizer>> tokenizer =
-      model::Tokenizer::LoadDir(args.tokenizer_dir);
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tokenizer =
+      tokenizer::Tokenizer::LoadDir(args.tokenizer_dir);
   if (!tokenizer.ok()) {
     err << "quantd tokenize: " << tokenizer.status().message() << "\n";
     return kUsage;

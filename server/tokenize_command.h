@@ -1,7 +1,7 @@
 // `quantd tokenize --tokenizer DIR [--chat] [--add-special-tokens] [--decode]`: the tokenizer of
-// a checkpoint (DIR/tokenizer.json, server/model/tokenizer.h) as a filter. Each stdin line is a
-// JSON string (with --chat, a JSON messages array, rendered by server/model/chat_encoding.h); each
-// stdout line is the JSON array of its ids, the ids the `tokenizers` library gives for
+// a checkpoint (DIR/tokenizer.json, server/tokenizer/tokenizer.h) as a filter. Each stdin line is a
+// JSON string (with --chat, a JSON messages array, rendered by server/tokenizer/chat_encoding.h);
+// each stdout line is the JSON array of its ids, the ids the `tokenizers` library gives for
 // `encode(text, add_special_tokens=False)`. --add-special-tokens applies the file's
 // post-processor. --decode reads JSON id arrays and prints JSON strings.
 //

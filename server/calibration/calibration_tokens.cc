@@ -9,8 +9,8 @@
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
-#include "server/model/tokenizer.h"
 #include "server/pipeline/calibration_data.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::calibration {
 namespace {
@@ -34,8 +34,8 @@ uint64_t GetU64(const std::string& in, size_t at) {
 absl::StatusOr<SampleIds> TokenizeCalibration(const pipeline::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids) {
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer,
-                   model::Tokenizer::LoadDir(tokenizer_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   tokenizer::Tokenizer::LoadDir(tokenizer_dir));
   ASSIGN_OR_RETURN(pipeline::CalibrationSet set,
                    pipeline::LoadCalibrationSet(spec.calibration, *tokenizer));
   SampleIds ids;

@@ -29,7 +29,7 @@ constexpr char kDisable[] =
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
     const pipeline::CalibrationSpec& calibration, int64_t num_samples,
-    const model::Tokenizer& tokenizer) {
+    const tokenizer::Tokenizer& tokenizer) {
   if (num_samples < 0) {
     return absl::InvalidArgumentError("evaluate.num_samples must not be negative");
   }

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/model/tokenizer.h"
 #include "server/pipeline/job_spec.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::evaluation {
 
@@ -26,7 +26,7 @@ namespace quantd::evaluation {
 // InvalidArgument too when the spec names no data set.
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
     const pipeline::CalibrationSpec& calibration, int64_t num_samples,
-    const model::Tokenizer& tokenizer);
+    const tokenizer::Tokenizer& tokenizer);
 
 }  // namespace quantd::evaluation
 

@@ -13,8 +13,8 @@
 #include "server/evaluation/evaluation_batches.h"
 #include "server/evaluation/held_out_samples.h"
 #include "server/evaluation/quality_gate.h"
-#include "server/model/tokenizer.h"
 #include "server/model/v4_weights.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::evaluation {
 
@@ -33,8 +33,8 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                    model::OpenV4Checkpoint(request.source));
   ASSIGN_OR_RETURN(std::unique_ptr<model::V4Checkpoint> quantized,
                    model::OpenV4Checkpoint(request.quantized));
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer,
-                   model::Tokenizer::LoadDir(request.tokenizer_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   tokenizer::Tokenizer::LoadDir(request.tokenizer_dir));
   ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
                    LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, *tokenizer));
 

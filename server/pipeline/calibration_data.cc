@@ -9,7 +9,7 @@
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
-#include "server/model/chat_encoding.h"
+#include "server/tokenizer/chat_encoding.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -46,7 +46,7 @@ struct Sample {
   int64_t line = 0;
   enum class Kind { kText, kMessages, kIds } kind = Kind::kText;
   std::string text;                          // kText
-  std::vector<model::ChatMessage> messages;  // kMessages
+  std::vector<tokenizer::ChatMessage> messages;  // kMessages
   std::vector<int32_t> ids;                  // kIds
 };
 
@@ -55,7 +55,7 @@ absl::Status LineError(const std::string& path, int64_t line, const std::string&
 }
 
 absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
-                                   const std::string& line, const model::Tokenizer& tokenizer) {
+                                   const std::string& line, const tokenizer::Tokenizer& tokenizer) {
   const json value = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return LineError(path, line_number, "not valid JSON");
   if (!value.is_object()) return LineError(path, line_number, "not a JSON object");
@@ -73,7 +73,8 @@ absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
     sample.kind = Sample::Kind::kText;
     sample.text = it->get<std::string>();
   } else if (auto it = value.find("messages"); it != value.end()) {
-    absl::StatusOr<std::vector<model::ChatMessage>> messages = model::ParseChatMessages(*it);
+    absl::StatusOr<std::vector<tokenizer::ChatMessage>> messages =
+        tokenizer::ParseChatMessages(*it);
     if (!messages.ok()) return LineError(path, line_number, std::string(messages.status().message()));
     sample.kind = Sample::Kind::kMessages;
     sample.messages = *std::move(messages);
@@ -99,7 +100,7 @@ absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
 constexpr uint64_t kMaxCalibrationFileBytes = 1ull << 30;
 
 absl::StatusOr<std::vector<Sample>> ReadDataset(const std::string& path,
-                                                const model::Tokenizer& tokenizer) {
+                                                const tokenizer::Tokenizer& tokenizer) {
   ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path, kMaxCalibrationFileBytes));
   std::vector<Sample> samples;
   size_t begin = 0;
@@ -116,12 +117,12 @@ absl::StatusOr<std::vector<Sample>> ReadDataset(const std::string& path,
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenize(const Sample& sample, bool add_bos,
-                                              const model::Tokenizer& tokenizer) {
+                                              const tokenizer::Tokenizer& tokenizer) {
   switch (sample.kind) {
     case Sample::Kind::kIds:
       return sample.ids;
     case Sample::Kind::kMessages:
-      return tokenizer.Encode(model::RenderChat(sample.messages, add_bos));
+      return tokenizer.Encode(tokenizer::RenderChat(sample.messages, add_bos));
     case Sample::Kind::kText: {
       ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(sample.text));
       if (add_bos) ids.insert(ids.begin(), *tokenizer.bos_id());
@@ -155,7 +156,7 @@ absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const
 }
 
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
-                                                  const model::Tokenizer& tokenizer,
+                                                  const tokenizer::Tokenizer& tokenizer,
                                                   bool allow_fewer) {
   ASSIGN_OR_RETURN(std::vector<CalibrationDataset> datasets, ResolveCalibrationDatasets(spec));
   if (spec.add_bos && !tokenizer.bos_id().has_value()) {

@@ -1,7 +1,7 @@
 // Calibration data: the token sequences a job measures activations on, from the JSONL files its
 // spec names (job_spec.h, "calibration"). Every line of a file is one sample with exactly one of
 //   {"text": STRING}                        prose: BOS (when add_bos) + its tokens, no template
-//   {"messages": [{"role", "content", ...}]} a conversation, rendered by model/chat_encoding.h
+//   {"messages": [{"role", "content", ...}]} a conversation, rendered by tokenizer/chat_encoding.h
 //                                            (its BOS text only when add_bos)
 //   {"input_ids": [ID, ...]}                 already tokenized, taken as is
 // Other keys are ignored; blank lines are skipped.
@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/model/tokenizer.h"
 #include "server/pipeline/job_spec.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::pipeline {
 
@@ -60,7 +60,7 @@ absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const
 // `allow_fewer`: a file with fewer usable samples than asked gives those it has (its stats say how
 // many) instead of an error.
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
-                                                  const model::Tokenizer& tokenizer,
+                                                  const tokenizer::Tokenizer& tokenizer,
                                                   bool allow_fewer = false);
 
 // Stores the selected tokens, once per job, so that a resumed job calibrates on exactly the same

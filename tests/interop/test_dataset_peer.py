@@ -17,7 +17,7 @@ BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 
 
 def render(messages):
-    """DeepSeek encode_messages for system/user/assistant turns (server/model/chat_encoding.h)."""
+    """DeepSeek encode_messages for system/user/assistant turns (server/tokenizer/chat_encoding.h)."""
     thinking = any(m["role"] == "assistant" and m.get("reasoning_content") for m in messages)
     out, i = BOS, 0
     while i < len(messages):

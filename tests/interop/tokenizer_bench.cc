@@ -12,14 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "server/model/tokenizer.h"
+#include "server/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: %s TOKENIZER_DIR CORPUS.jsonl PASSES\n", argv[0]);
     return 2;
   }
-  auto tokenizer = quantd::model::Tokenizer::LoadDir(argv[1]);
+  auto tokenizer = quantd::tokenizer::Tokenizer::LoadDir(argv[1]);
   if (!tokenizer.ok()) {
     fprintf(stderr, "%s\n", std::string(tokenizer.status().message()).c_str());
     return 1;

@@ -12,7 +12,7 @@
 
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
-#include "server/model/chat_encoding.h"
+#include "server/tokenizer/chat_encoding.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
@@ -23,8 +23,8 @@ using Ids = std::vector<int32_t>;
 class CalibrationDataTest : public testing_util::TempDirTest {
  protected:
   static void SetUpTestSuite() {
-    auto loaded = model::Tokenizer::LoadDir(std::string(QUANTD_SOURCE_DIR) +
-                                            "/tests/data/deepseek_v3_tokenizer");
+    auto loaded = tokenizer::Tokenizer::LoadDir(std::string(QUANTD_SOURCE_DIR) +
+                                                "/tests/data/deepseek_v3_tokenizer");
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     tokenizer_ = loaded->release();
   }
@@ -59,9 +59,9 @@ class CalibrationDataTest : public testing_util::TempDirTest {
     return std::string(set.status().message());
   }
 
-  static const model::Tokenizer* tokenizer_;
+  static const tokenizer::Tokenizer* tokenizer_;
 };
-const model::Tokenizer* CalibrationDataTest::tokenizer_ = nullptr;
+const tokenizer::Tokenizer* CalibrationDataTest::tokenizer_ = nullptr;
 
 TEST_F(CalibrationDataTest, TextGetsBosAndIsTruncatedNeverPadded) {
   const std::string path = Write("a.jsonl", R"({"text": "Hello world"})" "\n");

@@ -1,12 +1,12 @@
 // Chat rendering against the exact strings DeepSeek's encode_messages produces for the same
 // conversations (thinking_mode "chat", or "thinking" with drop_thinking=False).
-#include "server/model/chat_encoding.h"
+#include "server/tokenizer/chat_encoding.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 namespace {
 
 using nlohmann::json;
@@ -85,4 +85,4 @@ TEST(ChatEncodingTest, BadMessagesNameTheElement) {
 }
 
 }  // namespace
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

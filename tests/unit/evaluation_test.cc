@@ -122,8 +122,8 @@ TEST(QualityGate, NamesEveryBrokenFigureAndTheWorstLayer) {
 class HeldOutSamplesTest : public testing_util::TempDirTest {};
 
 TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
-  auto tokenizer = model::Tokenizer::LoadDir(std::string(QUANTD_SOURCE_DIR) +
-                                             "/tests/data/deepseek_v3_tokenizer");
+  auto tokenizer = tokenizer::Tokenizer::LoadDir(std::string(QUANTD_SOURCE_DIR) +
+                                                 "/tests/data/deepseek_v3_tokenizer");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   pipeline::CalibrationSpec spec;
   spec.min_seq_len = 1;

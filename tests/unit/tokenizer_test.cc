@@ -2,7 +2,7 @@
 // library gives; tests/interop/test_tokenizer_peer.py compares 5,000+ strings), on small
 // synthetic files that pin BPE ranks, split behaviours and the post-processor, and a named error
 // for each kind of bad file.
-#include "server/model/tokenizer.h"
+#include "server/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "server/base/utf8.h"
-#include "server/model/tokenizer_byte_level.h"
+#include "server/tokenizer/tokenizer_byte_level.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 using base::AppendUtf8;
 
@@ -262,4 +262,4 @@ TEST(TokenizerLoadTest, MissingDirectoryNamesTheFile) {
 }
 
 }  // namespace
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

@@ -20,10 +20,10 @@
 #include "server/evaluation/job_evaluation.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/run_evaluation.h"
-#include "server/model/tokenizer.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/verify_stage.h"
+#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::pipeline {
 namespace {
@@ -35,8 +35,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec) {
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Tokenizer> tokenizer,
-                   model::Tokenizer::LoadDir(spec.source));
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   tokenizer::Tokenizer::LoadDir(spec.source));
   return evaluation::LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, *tokenizer);
 }
 

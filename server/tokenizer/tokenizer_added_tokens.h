@@ -1,8 +1,8 @@
 // Finds added tokens (special tokens such as <｜begin▁of▁sentence｜>, and the other entries of
 // tokenizer.json's added_tokens) in text before BPE sees it, as the `tokenizers` library does:
 // scanning left to right, the match that starts first wins, and of those the longest.
-#ifndef QUANTD_SERVER_MODEL_TOKENIZER_ADDED_TOKENS_H_
-#define QUANTD_SERVER_MODEL_TOKENIZER_ADDED_TOKENS_H_
+#ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_ADDED_TOKENS_H_
+#define QUANTD_SERVER_TOKENIZER_TOKENIZER_ADDED_TOKENS_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 class AddedTokenMatcher {
  public:
@@ -39,6 +39,6 @@ class AddedTokenMatcher {
   std::array<bool, 256> starts_{};                 // bytes some token starts with
 };
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer
 
-#endif  // QUANTD_SERVER_MODEL_TOKENIZER_ADDED_TOKENS_H_
+#endif  // QUANTD_SERVER_TOKENIZER_TOKENIZER_ADDED_TOKENS_H_

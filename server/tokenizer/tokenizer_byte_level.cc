@@ -1,10 +1,10 @@
-#include "server/model/tokenizer_byte_level.h"
+#include "server/tokenizer/tokenizer_byte_level.h"
 
 #include <array>
 
 #include "server/base/utf8.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 using base::NextCodePoint;
 
@@ -50,4 +50,4 @@ std::optional<std::string> ByteLevelToBytes(absl::string_view token) {
   return out;
 }
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

@@ -1,11 +1,11 @@
-#include "server/model/tokenizer_regex.h"
+#include "server/tokenizer/tokenizer_regex.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include "absl/strings/str_cat.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 namespace {
 
 // Backtracking steps one match may take before PCRE2 gives up; tokenizer patterns need a few
@@ -111,4 +111,4 @@ absl::StatusOr<bool> TokenizerRegex::Find(absl::string_view subject, size_t from
   return false;
 }
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

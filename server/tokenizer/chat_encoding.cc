@@ -1,8 +1,8 @@
-#include "server/model/chat_encoding.h"
+#include "server/tokenizer/chat_encoding.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(const nlohmann::json& messages) {
   if (!messages.is_array() || messages.empty()) {
@@ -87,4 +87,4 @@ std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_bos) {
   return text;
 }
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

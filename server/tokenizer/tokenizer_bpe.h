@@ -2,8 +2,8 @@
 // adjacent symbols are merged, lowest merge rank first and leftmost among equal ranks, until no
 // adjacent pair has a merge. This is the `tokenizers` BPE model with its options at their
 // defaults (no dropout, no unknown token, no subword prefix or suffix).
-#ifndef QUANTD_SERVER_MODEL_TOKENIZER_BPE_H_
-#define QUANTD_SERVER_MODEL_TOKENIZER_BPE_H_
+#ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_BPE_H_
+#define QUANTD_SERVER_TOKENIZER_TOKENIZER_BPE_H_
 
 #include <stdint.h>
 
@@ -14,7 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 class BpeModel {
  public:
@@ -55,6 +55,6 @@ class BpeModel {
   absl::flat_hash_map<std::string, int32_t> words_;     // ignore_merges only: bytes -> token
 };
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer
 
-#endif  // QUANTD_SERVER_MODEL_TOKENIZER_BPE_H_
+#endif  // QUANTD_SERVER_TOKENIZER_TOKENIZER_BPE_H_

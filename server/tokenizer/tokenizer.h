@@ -17,8 +17,8 @@
 // pre-tokenizer or post-processor type, a pattern PCRE2 rejects, a merge naming an unknown token
 // are InvalidArgument errors naming the field, never a crash (fuzzed: tests/fuzz).
 // A Tokenizer is immutable and safe to use from several threads.
-#ifndef QUANTD_SERVER_MODEL_TOKENIZER_H_
-#define QUANTD_SERVER_MODEL_TOKENIZER_H_
+#ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_H_
+#define QUANTD_SERVER_TOKENIZER_TOKENIZER_H_
 
 #include <stdint.h>
 
@@ -31,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 class Tokenizer {
  public:
@@ -71,6 +71,6 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;  // immutable after loading
 };
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer
 
-#endif  // QUANTD_SERVER_MODEL_TOKENIZER_H_
+#endif  // QUANTD_SERVER_TOKENIZER_TOKENIZER_H_

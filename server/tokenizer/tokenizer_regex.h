@@ -2,8 +2,8 @@
 // JIT-compiled where the platform allows. The `tokenizers` library runs the same patterns with
 // Oniguruma; the syntax tokenizer.json files use (classes, \p{..}, lookahead, counted repeats)
 // means the same in both once \s is read as Oniguruma reads it (White_Space, see the .cc).
-#ifndef QUANTD_SERVER_MODEL_TOKENIZER_REGEX_H_
-#define QUANTD_SERVER_MODEL_TOKENIZER_REGEX_H_
+#ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_REGEX_H_
+#define QUANTD_SERVER_TOKENIZER_TOKENIZER_REGEX_H_
 
 #include <stddef.h>
 
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 // Scratch space for one matching thread; reusable across patterns and subjects.
 class RegexScratch {
@@ -50,6 +50,6 @@ class TokenizerRegex {
   std::shared_ptr<const Code> code_;  // compiled pattern and match context; immutable
 };
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer
 
-#endif  // QUANTD_SERVER_MODEL_TOKENIZER_REGEX_H_
+#endif  // QUANTD_SERVER_TOKENIZER_TOKENIZER_REGEX_H_

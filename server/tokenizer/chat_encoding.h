@@ -17,8 +17,8 @@
 //
 // E.g. system "S", user "hello", assistant "Hi" renders as
 //   <｜begin▁of▁sentence｜>S<｜User｜>hello<｜Assistant｜></think>Hi<｜end▁of▁sentence｜>
-#ifndef QUANTD_SERVER_MODEL_CHAT_ENCODING_H_
-#define QUANTD_SERVER_MODEL_CHAT_ENCODING_H_
+#ifndef QUANTD_SERVER_TOKENIZER_CHAT_ENCODING_H_
+#define QUANTD_SERVER_TOKENIZER_CHAT_ENCODING_H_
 
 #include <string>
 #include <vector>
@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include <nlohmann/json.hpp>
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 inline constexpr char kBosText[] = "<｜begin▁of▁sentence｜>";
 inline constexpr char kEosText[] = "<｜end▁of▁sentence｜>";
@@ -50,6 +50,6 @@ absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(const nlohmann::json&
 // The conversation as text, by the rules above.
 std::string RenderChat(const std::vector<ChatMessage>& messages, bool add_bos);
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer
 
-#endif  // QUANTD_SERVER_MODEL_CHAT_ENCODING_H_
+#endif  // QUANTD_SERVER_TOKENIZER_CHAT_ENCODING_H_

@@ -5,8 +5,8 @@
 //
 // quantd's BPE works on raw bytes, so this alphabet only matters where tokenizer.json spells
 // tokens: the vocabulary and the merges are translated back to bytes when the file is loaded.
-#ifndef QUANTD_SERVER_MODEL_TOKENIZER_BYTE_LEVEL_H_
-#define QUANTD_SERVER_MODEL_TOKENIZER_BYTE_LEVEL_H_
+#ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_BYTE_LEVEL_H_
+#define QUANTD_SERVER_TOKENIZER_TOKENIZER_BYTE_LEVEL_H_
 
 #include <stdint.h>
 
@@ -14,7 +14,7 @@
 #include <string>
 #include "absl/strings/string_view.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 // The character that stands for `byte`.
 char32_t ByteLevelChar(uint8_t byte);
@@ -23,6 +23,6 @@ char32_t ByteLevelChar(uint8_t byte);
 // UTF-8) has a character outside the alphabet.
 std::optional<std::string> ByteLevelToBytes(absl::string_view token);
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer
 
-#endif  // QUANTD_SERVER_MODEL_TOKENIZER_BYTE_LEVEL_H_
+#endif  // QUANTD_SERVER_TOKENIZER_TOKENIZER_BYTE_LEVEL_H_

@@ -1,11 +1,11 @@
-#include "server/model/tokenizer_bpe.h"
+#include "server/tokenizer/tokenizer_bpe.h"
 
 #include <limits>
 #include <queue>
 
 #include "absl/container/inlined_vector.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 namespace {
 
 // Words up to this many bytes take the rescanning path.
@@ -112,4 +112,4 @@ void BpeModel::EncodeLong(absl::string_view word, std::vector<int32_t>* out) con
   for (int32_t i = 0; i >= 0; i = symbols[i].next) out->push_back(symbols[i].id);
 }
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

@@ -1,6 +1,6 @@
-#include "server/model/tokenizer_added_tokens.h"
+#include "server/tokenizer/tokenizer_added_tokens.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 int32_t AddedTokenMatcher::Child(int32_t node, uint8_t byte) const {
   for (const auto& [b, child] : nodes_[node].children) {
@@ -46,4 +46,4 @@ bool AddedTokenMatcher::Find(absl::string_view text, size_t from, Match* match) 
   return false;
 }
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

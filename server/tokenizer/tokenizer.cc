@@ -1,4 +1,4 @@
-#include "server/model/tokenizer.h"
+#include "server/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,12 +12,12 @@
 #include "server/base/status_macros.h"
 #include "server/base/utf8.h"
 #include "server/checkpoint/atomic_file.h"
-#include "server/model/tokenizer_added_tokens.h"
-#include "server/model/tokenizer_bpe.h"
-#include "server/model/tokenizer_byte_level.h"
-#include "server/model/tokenizer_regex.h"
+#include "server/tokenizer/tokenizer_added_tokens.h"
+#include "server/tokenizer/tokenizer_bpe.h"
+#include "server/tokenizer/tokenizer_byte_level.h"
+#include "server/tokenizer/tokenizer_regex.h"
 
-namespace quantd::model {
+namespace quantd::tokenizer {
 
 using base::AppendUtf8;
 using base::FirstInvalidUtf8;
@@ -697,4 +697,4 @@ std::optional<int32_t> Tokenizer::TokenId(absl::string_view token) const {
 
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 
-}  // namespace quantd::model
+}  // namespace quantd::tokenizer

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/pipeline/progress.h"
+#include "server/job/progress.h"
 
 namespace quantd::client {
 namespace {
@@ -96,13 +96,13 @@ std::string FormatStageLine(const v1::StageProgress& s) {
     absl::StrAppend(&line, s.unit() == "tokens" ? TokenCounts(s, running) : ByteCounts(s, running));
   }
   if (running && s.has_eta_seconds()) {
-    absl::StrAppend(&line, "  ETA ", pipeline::FormatDuration(s.eta_seconds()));
+    absl::StrAppend(&line, "  ETA ", job::FormatDuration(s.eta_seconds()));
   }
   if (s.state() == v1::StageProgress::SUCCEEDED) {
     absl::StrAppend(&line, "  done");
     if (IsSet(s.start_time()) && IsSet(s.end_time())) {
       absl::StrAppend(&line, " in ",
-                      pipeline::FormatDuration(Seconds(s.end_time()) - Seconds(s.start_time())));
+                      job::FormatDuration(Seconds(s.end_time()) - Seconds(s.start_time())));
     }
   } else if (s.state() == v1::StageProgress::FAILED) {
     absl::StrAppend(&line, "  failed");

@@ -15,8 +15,8 @@
 #include "google/protobuf/message.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
-#include "server/pipeline/job_paths.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_paths.h"
+#include "server/job/job_spec.h"
 
 namespace quantd::client {
 namespace {
@@ -294,7 +294,7 @@ absl::StatusOr<v1::CalibrationDataset> ParseDatasetFlag(const std::string& value
 absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   v1::JobSpec spec;
   if (!f.spec_file.empty()) {
-    absl::StatusOr<std::string> text = checkpoint::ReadFile(f.spec_file, pipeline::kMaxJobSpecBytes);
+    absl::StatusOr<std::string> text = checkpoint::ReadFile(f.spec_file, job::kMaxJobSpecBytes);
     if (!text.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot read --spec file: ", text.status().message()));
@@ -364,7 +364,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
   }
   for (const PathField& p : paths) {
     // Checked here too: the proto would refuse invalid UTF-8 before the daemon could name the field.
-    if (absl::Status s = pipeline::CheckPathText(p.name, *p.value); !s.ok()) return s;
+    if (absl::Status s = job::CheckPathText(p.name, *p.value); !s.ok()) return s;
     absl::StatusOr<std::string> abs = Absolute(*p.value, p.name.c_str());
     if (!abs.ok()) return abs.status();
     *p.value = *std::move(abs);

@@ -58,7 +58,7 @@ struct SpecFlags {
 // Registers the flags above on `cmd`; `flags` must outlive the parse.
 void AddSpecFlags(CLI::App* cmd, SpecFlags* flags);
 
-// Parses a JSON spec (keys as in server/pipeline/job_spec.h: the proto's field names; "devices"
+// Parses a JSON spec (keys as in server/job/job_spec.h: the proto's field names; "devices"
 // may be "auto"). Unknown keys and wrong JSON types are InvalidArgument naming `origin` and the
 // key, e.g. "spec.json: field 'calibration.seq_len' must be an integer".
 absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin);

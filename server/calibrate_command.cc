@@ -20,9 +20,9 @@
 #include "server/calibration/layer_checkpoint.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/compute/device.h"
+#include "server/job/job_spec.h"
 #include "server/model/v4_weights.h"
 #include "server/pipeline/calibration_data.h"
-#include "server/pipeline/job_spec.h"
 
 namespace quantd {
 namespace {
@@ -57,12 +57,11 @@ int64_t RssKib() {
 }  // namespace
 
 int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::string> text =
-      checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, job::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(err, text.status(), kUsage);
-  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);
-  const pipeline::CalibrationSpec& cs = spec->calibration;
+  const job::CalibrationSpec& cs = spec->calibration;
   const std::string amax_out = args.amax_out.empty() ? cs.amax_out : args.amax_out;
   if (amax_out.empty()) {
     return Fail(err, absl::InvalidArgumentError("give --amax-out or calibration.amax_out"), kUsage);
@@ -72,7 +71,7 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
   if (!ckpt.ok()) return Fail(err, ckpt.status(), kFailure);
   const model::V4Config& config = (*ckpt)->config;
 
-  if (cs.mode == pipeline::CalibrationMode::kConstant) {
+  if (cs.mode == job::CalibrationMode::kConstant) {
     const std::map<std::string, float> amax = calibration::ConstantInputAmax((*ckpt)->inventory);
     if (absl::Status s = calibration::WriteAmaxFile(amax_out, amax, calibration::AmaxTable());
         !s.ok()) {
@@ -116,15 +115,15 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
     if (!created.ok()) return Fail(err, created.status(), kFailure);
     checkpoints = *std::move(created);
   }
-  err << absl::StrFormat("calibrating %d layers on %d samples (%d tokens, %d batches) in %d slices, %s numerics\n",
-                         config.num_hidden_layers, n, tokens, b, args.slices,
-                         pipeline::CalibrationNumericsName(cs.numerics));
+  err << absl::StrFormat(
+      "calibrating %d layers on %d samples (%d tokens, %d batches) in %d slices, %s numerics\n",
+      config.num_hidden_layers, n, tokens, b, args.slices,
+      job::CalibrationNumericsName(cs.numerics));
 
   calibration::AmaxTable table;
   calibration::SliceOptions options;
-  options.numerics = cs.numerics == pipeline::CalibrationNumerics::kMath
-                         ? model::Numerics::kMath
-                         : model::Numerics::kOfficial;
+  options.numerics = cs.numerics == job::CalibrationNumerics::kMath ? model::Numerics::kMath
+                                                                    : model::Numerics::kOfficial;
   options.spill_dir = (*store)->spill_dir();
   options.keep_in_host = [&store](int64_t bytes) { return (*store)->ReserveHost(bytes); };
   options.all_experts = cs.calibrate_all_experts;
@@ -195,8 +194,7 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
       "the model); %d modules, %d uncalibrated expert projections filled (%s); peak RSS %d KiB; "
       "wrote %s\n",
       layers, tokens, seconds, tokens * layers / seconds, tokens / seconds, amax->size(),
-      report.filled.size(), pipeline::UncalibratedFillName(cs.uncalibrated), PeakRssKib(),
-      amax_out);
+      report.filled.size(), job::UncalibratedFillName(cs.uncalibrated), PeakRssKib(), amax_out);
   return 0;
 }
 

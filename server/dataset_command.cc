@@ -10,8 +10,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "server/checkpoint/atomic_file.h"
+#include "server/job/job_spec.h"
 #include "server/pipeline/calibration_data.h"
-#include "server/pipeline/job_spec.h"
 #include "server/tokenizer/tokenizer.h"
 
 namespace quantd {
@@ -44,9 +44,9 @@ void PrintHistogram(const pipeline::CalibrationSet& set, std::ostream& out) {
 }  // namespace
 
 int DatasetMain(const DatasetArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, job::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(err, text.status(), kUsage);
-  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);
   const std::string tokenizer_dir = args.tokenizer_dir.empty() ? spec->source : args.tokenizer_dir;
   absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tokenizer =

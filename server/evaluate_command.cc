@@ -10,7 +10,7 @@
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/quality_report.h"
 #include "server/evaluation/run_evaluation.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 namespace quantd {
 namespace {
@@ -27,10 +27,9 @@ int Fail(std::ostream& err, const absl::Status& status, int code) {
 }  // namespace
 
 int EvaluateMain(const EvaluateArgs& args, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::string> text =
-      checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, job::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(err, text.status(), kUsage);
-  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(err, spec.status(), kUsage);
   evaluation::EvaluationRequest request;
   request.spec = &*spec;

@@ -15,8 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/atomic_file.h"
-#include "server/pipeline/job_paths.h"
-#include "server/pipeline/job_spec.h"
+#include "server/compute/device_name.h"
+#include "server/job/job_paths.h"
+#include "server/job/job_spec.h"
 #include "server/scheduler/run_job.h"
 
 namespace quantd {
@@ -76,16 +77,16 @@ int RunMain(const RunArgs& args) {
   }
   int cuda_index = 0;
   if (!args.device.empty() && args.device != "auto" &&
-      !pipeline::ParseDeviceName(args.device, &cuda_index)) {
+      !compute::ParseDeviceName(args.device, &cuda_index)) {
     return Fail(absl::InvalidArgumentError(
                     absl::StrCat("--device ", args.device, ": expected cpu, cuda:N or auto")),
                 kUsage);
   }
-  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, pipeline::kMaxJobSpecBytes);
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(args.spec_path, job::kMaxJobSpecBytes);
   if (!text.ok()) return Fail(text.status(), kUsage);
-  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(*text, args.spec_path);
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(*text, args.spec_path);
   if (!spec.ok()) return Fail(spec.status(), kUsage);
-  if (absl::Status s = pipeline::ResolveJobPaths(&*spec, /*allow_relative=*/true); !s.ok()) {
+  if (absl::Status s = job::ResolveJobPaths(&*spec, /*allow_relative=*/true); !s.ok()) {
     return Fail(absl::Status(s.code(), absl::StrCat(args.spec_path, ": ", s.message())), kUsage);
   }
 

@@ -27,9 +27,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backends.h"
@@ -38,10 +38,11 @@
 #include "server/api/server.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
+#include "server/compute/device_name.h"
+#include "server/job/job_spec.h"
 #include "server/metrics/metrics.h"
 #include "server/ops/serve_monitor.h"
 #include "server/ops/systemd_notify.h"
-#include "server/pipeline/job_spec.h"
 #include "server/pipeline/stage_registry.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
@@ -129,7 +130,7 @@ class ConfigReader {
 
 absl::Status CheckDevice(const std::string& device) {
   int index = 0;
-  if (pipeline::ParseDeviceName(device, &index)) return absl::OkStatus();
+  if (compute::ParseDeviceName(device, &index)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("devices (--devices): \"", device, "\" is not cpu or cuda:N"));
 }
@@ -146,7 +147,7 @@ absl::StatusOr<std::vector<std::string>> ResolveDevices(const ServeConfig& confi
   }
   for (const std::string& device : config.devices) {
     int index = 0;
-    if (pipeline::ParseDeviceName(device, &index) && index >= cuda) {
+    if (compute::ParseDeviceName(device, &index) && index >= cuda) {
       return absl::FailedPreconditionError(
           absl::StrCat("device ", device, " does not exist (", cuda, " CUDA devices found)"));
     }

@@ -20,8 +20,8 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "server/base/status_macros.h"
 #include "server/base/utf8.h"
-#include "server/pipeline/job_paths.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_paths.h"
+#include "server/job/job_spec.h"
 #include "server/scheduler/job_proto.h"
 
 namespace quantd::api {
@@ -96,10 +96,10 @@ absl::Status CheckSpecText(const google::protobuf::Message& message, const std::
                                     ? reflection->GetRepeatedString(message, field, k)
                                     : reflection->GetString(message, field);
       const std::string entry = field->is_repeated() ? absl::StrCat(" entry ", k) : "";
-      if (value.size() > pipeline::kMaxPathBytes) {
+      if (value.size() > job::kMaxPathBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat("SubmitJobRequest.spec: field '", name, "'", entry, " is ", value.size(),
-                         " bytes, more than ", pipeline::kMaxPathBytes, " (PATH_MAX)"));
+                         " bytes, more than ", job::kMaxPathBytes, " (PATH_MAX)"));
       }
       if (base::FirstInvalidUtf8(value).has_value()) {
         return absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: field '", name,
@@ -112,10 +112,10 @@ absl::Status CheckSpecText(const google::protobuf::Message& message, const std::
 
 absl::Status CheckSpecLimits(const v1::JobSpec& spec) {
   if (absl::Status s = CheckSpecText(spec, ""); !s.ok()) return s;
-  if (spec.ByteSizeLong() > pipeline::kMaxJobSpecBytes) {
+  if (spec.ByteSizeLong() > job::kMaxJobSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: ", spec.ByteSizeLong(),
                                                    " bytes, more than the limit of ",
-                                                   pipeline::kMaxJobSpecBytes));
+                                                   job::kMaxJobSpecBytes));
   }
   return absl::OkStatus();
 }
@@ -349,14 +349,14 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
     if (absl::Status s = CheckSpecLimits(request->spec()); !s.ok()) {
       return WithReason(s, kInvalidSpec);
     }
-    absl::StatusOr<pipeline::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
+    absl::StatusOr<job::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
     if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
-    if (absl::Status s = pipeline::ResolveJobPaths(&*spec, /*allow_relative=*/false); !s.ok()) {
+    if (absl::Status s = job::ResolveJobPaths(&*spec, /*allow_relative=*/false); !s.ok()) {
       return WithReason(
           absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: ", s.message())),
           kInvalidSpec);
     }
-    if (absl::Status s = pipeline::CheckDirsUnclaimed(*spec, ClaimedDirs(request->request_id()));
+    if (absl::Status s = job::CheckDirsUnclaimed(*spec, ClaimedDirs(request->request_id()));
         !s.ok()) {
       return WithReason(
           absl::Status(s.code(), absl::StrCat("SubmitJobRequest.spec: ", s.message())),
@@ -371,8 +371,8 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
   });
 }
 
-std::vector<pipeline::ClaimedDir> QuantService::ClaimedDirs(const std::string& request_id) const {
-  std::vector<pipeline::ClaimedDir> claimed;
+std::vector<job::ClaimedDir> QuantService::ClaimedDirs(const std::string& request_id) const {
+  std::vector<job::ClaimedDir> claimed;
   bool more = true;
   for (int64_t after_id = 0; more;) {
     const std::vector<v1::Job> page =

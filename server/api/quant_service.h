@@ -24,8 +24,8 @@
 #include "absl/status/status.h"
 #include "quantd/v1/quantd.grpc.pb.h"
 #include "server/api/authorizer.h"
+#include "server/job/job_paths.h"
 #include "server/metrics/metrics.h"
-#include "server/pipeline/job_paths.h"
 #include "server/scheduler/scheduler.h"
 
 namespace quantd::api {
@@ -84,7 +84,7 @@ class QuantService final : public v1::QuantService::CallbackService {
   void Record(const char* method, absl::StatusCode code);
   // The output directories that jobs on the board own (PENDING, RUNNING, PAUSED, SUCCEEDED),
   // except those of the job a resubmission of `request_id` would return.
-  std::vector<pipeline::ClaimedDir> ClaimedDirs(const std::string& request_id) const;
+  std::vector<job::ClaimedDir> ClaimedDirs(const std::string& request_id) const;
 
   // Registers a new stream; false once BeginShutdown ran.
   bool AddWatch(WatchReactor* watch);

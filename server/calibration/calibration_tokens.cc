@@ -31,7 +31,7 @@ uint64_t GetU64(const std::string& in, size_t at) {
 
 }  // namespace
 
-absl::StatusOr<SampleIds> TokenizeCalibration(const pipeline::JobSpec& spec,
+absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids) {
   ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,

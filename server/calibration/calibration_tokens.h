@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 namespace quantd::calibration {
 
@@ -23,7 +23,7 @@ using SampleIds = std::vector<std::vector<int32_t>>;
 // Tokenizes spec.calibration with DIR/tokenizer.json of `tokenizer_dir`. An id >= `vocab` is
 // InvalidArgument naming the data set file and line, unless `fold_ids` (synthetic fixtures only:
 // id mod vocab).
-absl::StatusOr<SampleIds> TokenizeCalibration(const pipeline::JobSpec& spec,
+absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids);
 

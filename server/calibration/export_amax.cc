@@ -21,21 +21,25 @@ std::string ExpertModule(int64_t layer, int64_t expert, const char* projection) 
 bool Usable(float amax) { return std::isfinite(amax) && amax > 0.0f; }
 
 // The exported amax of one recorded module.
-float Choose(const AmaxEntry& e, pipeline::W2Input w2_input) {
+float Choose(const AmaxEntry& e, job::W2Input w2_input) {
   if (!e.has_unweighted) return e.amax;
   switch (w2_input) {
-    case pipeline::W2Input::kUnweighted: return e.unweighted_amax;
-    case pipeline::W2Input::kWeighted: return e.amax;
-    case pipeline::W2Input::kMax: return std::max(e.amax, e.unweighted_amax);
+    case job::W2Input::kUnweighted:
+      return e.unweighted_amax;
+    case job::W2Input::kWeighted:
+      return e.amax;
+    case job::W2Input::kMax:
+      return std::max(e.amax, e.unweighted_amax);
   }
   return e.amax;
 }
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, float>> ExportInputAmax(
-    const AmaxTable& table, const model::V4Config& config, const pipeline::CalibrationSpec& spec,
-    ExportReport* report) {
+absl::StatusOr<std::map<std::string, float>> ExportInputAmax(const AmaxTable& table,
+                                                             const model::V4Config& config,
+                                                             const job::CalibrationSpec& spec,
+                                                             ExportReport* report) {
   std::map<std::string, float> out;
   for (const auto& [module, e] : table.entries()) out[module] = Choose(e, spec.w2_input);
 
@@ -66,13 +70,13 @@ absl::StatusOr<std::map<std::string, float>> ExportInputAmax(
         auto it = out.find(module);
         const bool calibrated = it != out.end() && Usable(it->second);
         float fill = layer_max[l][p];
-        if (spec.uncalibrated == pipeline::UncalibratedFill::kModelMax || !Usable(fill)) {
+        if (spec.uncalibrated == job::UncalibratedFill::kModelMax || !Usable(fill)) {
           layer_filled_from_model |= !Usable(fill);
           fill = model_max[p];
         }
         if (!calibrated) report->filled.push_back(module);
         float& value = out[module];
-        if (spec.expert_amax == pipeline::ExpertAmax::kLayerMax) {
+        if (spec.expert_amax == job::ExpertAmax::kLayerMax) {
           value = Usable(layer_max[l][p]) ? layer_max[l][p] : model_max[p];
         } else if (!calibrated) {
           value = fill;

@@ -1,6 +1,6 @@
 // From the recorded amax table to the input amax the quantize stage consumes (module -> amax,
 // the map PreparedJob keeps from calibration.amax_file), under the spec's calibration options
-// (pipeline/job_spec.h): which w2 input (w2_input), per-expert or per-layer values (expert_amax),
+// (job/job_spec.h): which w2 input (w2_input), per-expert or per-layer values (expert_amax),
 // how experts that no token reached are filled (uncalibrated). Routed experts' w1 and w3 always
 // get the same value (the max of the two; TensorRT-LLM asserts they are equal), and every value
 // is finite and positive.
@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "server/calibration/amax_table.h"
+#include "server/job/job_spec.h"
 #include "server/model/v4_config.h"
-#include "server/pipeline/job_spec.h"
 #include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::calibration {
@@ -33,9 +33,10 @@ struct ExportReport {
 // The input amax of every module in `table`, and of w1/w2/w3 of every routed expert of the main
 // layers of `config`. FailedPrecondition when a non-expert module's amax is 0, or when no routed
 // expert of the model was reached at all (nothing to fill from).
-absl::StatusOr<std::map<std::string, float>> ExportInputAmax(
-    const AmaxTable& table, const model::V4Config& config, const pipeline::CalibrationSpec& spec,
-    ExportReport* report);
+absl::StatusOr<std::map<std::string, float>> ExportInputAmax(const AmaxTable& table,
+                                                             const model::V4Config& config,
+                                                             const job::CalibrationSpec& spec,
+                                                             ExportReport* report);
 
 // calibration.mode "constant": amax 2688 (input_scale 1.0) for every linear module of `inventory`.
 std::map<std::string, float> ConstantInputAmax(const pipeline::TensorInventory& inventory);

@@ -17,9 +17,10 @@ int64_t DefaultActivationBudget() {
   return pages > 0 && page > 0 ? pages * page / 4 : int64_t{1} << 32;
 }
 
-absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(
-    const pipeline::JobSpec& spec, const std::string& work_dir, int64_t host_budget_bytes,
-    MonotonicMs now_ms) {
+absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(const job::JobSpec& spec,
+                                                                       const std::string& work_dir,
+                                                                       int64_t host_budget_bytes,
+                                                                       MonotonicMs now_ms) {
   if (work_dir.empty()) {
     return absl::InvalidArgumentError("a calibrating job needs its work directory");
   }
@@ -35,7 +36,7 @@ absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(
       new JobCalibration(spec, work_dir, std::move(activations), std::move(checkpoints)));
 }
 
-JobCalibration::JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
+JobCalibration::JobCalibration(const job::JobSpec& spec, std::string work_dir,
                                std::unique_ptr<ActivationStore> activations,
                                std::unique_ptr<LayerCheckpoints> checkpoints)
     : spec_(spec),

@@ -35,8 +35,8 @@
 #include "server/calibration/amax_table.h"
 #include "server/calibration/calibration_tokens.h"
 #include "server/calibration/layer_checkpoint.h"
+#include "server/job/job_spec.h"
 #include "server/model/v4_weights.h"
-#include "server/pipeline/job_spec.h"
 #include "server/store/job_store.h"
 
 namespace quantd::calibration {
@@ -50,9 +50,10 @@ class JobCalibration {
   // `work_dir`: the job's own directory for the tokens file, spill files and checkpoints
   // (created). `host_budget_bytes`: the spec's host_memory_bytes, 0 = DefaultActivationBudget().
   // `now_ms`: the checkpoints' clock.
-  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(
-      const pipeline::JobSpec& spec, const std::string& work_dir, int64_t host_budget_bytes,
-      MonotonicMs now_ms = SteadyNowMs);
+  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(const job::JobSpec& spec,
+                                                                const std::string& work_dir,
+                                                                int64_t host_budget_bytes,
+                                                                MonotonicMs now_ms = SteadyNowMs);
 
   // The source as a V4 model, opened on the first call.
   absl::StatusOr<const model::V4Checkpoint*> Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
@@ -87,7 +88,7 @@ class JobCalibration {
   AmaxTable Table() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  JobCalibration(const pipeline::JobSpec& spec, std::string work_dir,
+  JobCalibration(const job::JobSpec& spec, std::string work_dir,
                  std::unique_ptr<ActivationStore> activations,
                  std::unique_ptr<LayerCheckpoints> checkpoints);
   // Merges `rows` (kind "input") into amax_.
@@ -97,7 +98,7 @@ class JobCalibration {
   void PutTaskRows(int64_t task_id, std::vector<store::AmaxRow> rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const pipeline::JobSpec spec_;                      // the job's spec (source, calibration)
+  const job::JobSpec spec_;                           // the job's spec (source, calibration)
   const std::string work_dir_;                        // the job's own directory
   const std::string tokens_path_;                     // in the work directory
   const std::unique_ptr<ActivationStore> activations_;  // thread-safe itself

@@ -28,12 +28,12 @@ constexpr char kDisable[] =
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
-    const pipeline::CalibrationSpec& calibration, int64_t num_samples,
+    const job::CalibrationSpec& calibration, int64_t num_samples,
     const tokenizer::Tokenizer& tokenizer) {
   if (num_samples < 0) {
     return absl::InvalidArgumentError("evaluate.num_samples must not be negative");
   }
-  absl::StatusOr<std::vector<pipeline::CalibrationDataset>> calibrated =
+  absl::StatusOr<std::vector<job::CalibrationDataset>> calibrated =
       pipeline::ResolveCalibrationDatasets(calibration);
   if (!calibrated.ok()) {
     return absl::InvalidArgumentError(
@@ -41,10 +41,10 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
                      calibrated.status().message()));
   }
   const bool exact = num_samples > 0;
-  const int64_t wanted = exact ? num_samples : pipeline::kDefaultEvaluateSamples;
+  const int64_t wanted = exact ? num_samples : job::kDefaultEvaluateSamples;
   // The same selection, each file asked for its calibration samples plus its held-out share.
   const int64_t files = static_cast<int64_t>(calibrated->size());
-  pipeline::CalibrationSpec extended = calibration;
+  job::CalibrationSpec extended = calibration;
   extended.dataset.clear();
   extended.datasets.clear();
   std::vector<int64_t> shares;

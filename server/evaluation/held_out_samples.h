@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/tokenizer/tokenizer.h"
 
 namespace quantd::evaluation {
@@ -25,7 +25,7 @@ namespace quantd::evaluation {
 //        data holds fewer); InvalidArgument as above when no file has any left.
 // InvalidArgument too when the spec names no data set.
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
-    const pipeline::CalibrationSpec& calibration, int64_t num_samples,
+    const job::CalibrationSpec& calibration, int64_t num_samples,
     const tokenizer::Tokenizer& tokenizer);
 
 }  // namespace quantd::evaluation

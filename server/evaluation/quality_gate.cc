@@ -6,8 +6,7 @@
 
 namespace quantd::evaluation {
 
-std::vector<std::string> BrokenBounds(const pipeline::QualityGate& gate,
-                                      const QualityReport& report) {
+std::vector<std::string> BrokenBounds(const job::QualityGate& gate, const QualityReport& report) {
   const NextTokenQuality& n = report.next_token;
   std::vector<std::string> broken;
   if (gate.max_mean_kl && !(n.mean_kl <= *gate.max_mean_kl)) {
@@ -25,7 +24,7 @@ std::vector<std::string> BrokenBounds(const pipeline::QualityGate& gate,
   return broken;
 }
 
-absl::Status CheckQualityGate(const pipeline::QualityGate& gate, const QualityReport& report) {
+absl::Status CheckQualityGate(const job::QualityGate& gate, const QualityReport& report) {
   const std::vector<std::string> broken = BrokenBounds(gate, report);
   if (broken.empty()) return absl::OkStatus();
   std::string message = absl::StrCat("quality gate: ", absl::StrJoin(broken, "; "));

@@ -7,18 +7,17 @@
 
 #include "absl/status/status.h"
 #include "server/evaluation/quality_report.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 namespace quantd::evaluation {
 
 // One line per broken bound, naming the figure, its value and the bound: "mean_kl 0.41 >
 // max_mean_kl 0.05". Empty when the gate passes (or sets no bound).
-std::vector<std::string> BrokenBounds(const pipeline::QualityGate& gate,
-                                      const QualityReport& report);
+std::vector<std::string> BrokenBounds(const job::QualityGate& gate, const QualityReport& report);
 
 // FailedPrecondition "quality gate: <the broken bounds>; lowest teacher-forced SQNR at layer L
 // (X dB)" when a bound is broken, OK otherwise.
-absl::Status CheckQualityGate(const pipeline::QualityGate& gate, const QualityReport& report);
+absl::Status CheckQualityGate(const job::QualityGate& gate, const QualityReport& report);
 
 }  // namespace quantd::evaluation
 

@@ -18,14 +18,14 @@
 
 namespace quantd::evaluation {
 
-model::Numerics ForwardNumerics(const pipeline::CalibrationSpec& calibration) {
-  return calibration.numerics == pipeline::CalibrationNumerics::kMath ? model::Numerics::kMath
-                                                                      : model::Numerics::kOfficial;
+model::Numerics ForwardNumerics(const job::CalibrationSpec& calibration) {
+  return calibration.numerics == job::CalibrationNumerics::kMath ? model::Numerics::kMath
+                                                                 : model::Numerics::kOfficial;
 }
 
 absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                                             compute::Device& device) {
-  const pipeline::JobSpec& spec = *request.spec;
+  const job::JobSpec& spec = *request.spec;
   const auto progress = [&request](const std::string& line) {
     if (request.progress) request.progress(line);
   };
@@ -45,7 +45,7 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
   QualityReport report;
   report.source = request.source;
   report.quantized = request.quantized;
-  report.numerics = pipeline::CalibrationNumericsName(spec.calibration.numerics);
+  report.numerics = job::CalibrationNumericsName(spec.calibration.numerics);
   report.samples = static_cast<int64_t>(samples.size());
   report.tokens = batches.tokens();
   const int64_t layers = source->config.num_hidden_layers;
@@ -74,7 +74,7 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
   return report;
 }
 
-nlohmann::json EvaluationJson(const QualityReport& report, const pipeline::QualityGate& gate) {
+nlohmann::json EvaluationJson(const QualityReport& report, const job::QualityGate& gate) {
   nlohmann::json json = QualityReportToJson(report);
   const std::vector<std::string> broken = BrokenBounds(gate, report);
   json["gate"] = {{"passed", broken.empty()}, {"broken", broken}};

@@ -16,13 +16,13 @@
 #include "nlohmann/json.hpp"
 #include "server/compute/device.h"
 #include "server/evaluation/quality_report.h"
+#include "server/job/job_spec.h"
 #include "server/model/v4_numerics.h"
-#include "server/pipeline/job_spec.h"
 
 namespace quantd::evaluation {
 
 struct EvaluationRequest {
-  const pipeline::JobSpec* spec = nullptr;  // calibration data, evaluate.num_samples, numerics
+  const job::JobSpec* spec = nullptr;  // calibration data, evaluate.num_samples, numerics
   std::string source;         // checkpoint directories
   std::string quantized;
   std::string tokenizer_dir;  // holds tokenizer.json
@@ -34,7 +34,7 @@ struct EvaluationRequest {
 };
 
 // The forward's numerics for a spec's calibration.numerics.
-model::Numerics ForwardNumerics(const pipeline::CalibrationSpec& calibration);
+model::Numerics ForwardNumerics(const job::CalibrationSpec& calibration);
 
 // The figures of `request` (QualityReport::seconds counts the forward passes, not the loading).
 // Errors name the checkpoint, data file or layer.
@@ -42,7 +42,7 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                                             compute::Device& device);
 
 // QualityReportToJson with the gate's verdict: "gate": {"passed", "broken": [lines]}.
-nlohmann::json EvaluationJson(const QualityReport& report, const pipeline::QualityGate& gate);
+nlohmann::json EvaluationJson(const QualityReport& report, const job::QualityGate& gate);
 
 }  // namespace quantd::evaluation
 

@@ -12,6 +12,10 @@
 #include "server/tokenizer/chat_encoding.h"
 
 namespace quantd::pipeline {
+
+using job::CalibrationDataset;
+using job::CalibrationSpec;
+
 namespace {
 
 using nlohmann::json;

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/tokenizer/tokenizer.h"
 
 namespace quantd::pipeline {
@@ -54,12 +54,13 @@ struct CalibrationSet {
 
 // The files and per-file sample counts the spec asks for (the shorthand `dataset` expanded).
 // InvalidArgument when the spec names no data set.
-absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const CalibrationSpec& spec);
+absl::StatusOr<std::vector<job::CalibrationDataset>> ResolveCalibrationDatasets(
+    const job::CalibrationSpec& spec);
 
 // Reads, checks, selects and tokenizes the samples. `add_bos` needs tokenizer.bos_id().
 // `allow_fewer`: a file with fewer usable samples than asked gives those it has (its stats say how
 // many) instead of an error.
-absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
+absl::StatusOr<CalibrationSet> LoadCalibrationSet(const job::CalibrationSpec& spec,
                                                   const tokenizer::Tokenizer& tokenizer,
                                                   bool allow_fewer = false);
 

@@ -4,6 +4,9 @@
 
 namespace quantd::pipeline {
 
+using job::ExportFormat;
+using job::JobSpec;
+
 ExportLayout ChooseExportLayout(const JobSpec& spec, const TensorInventory& inventory,
                                 const nlohmann::json& source_config,
                                 const std::set<std::string>& quantized_modules) {

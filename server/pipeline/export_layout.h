@@ -8,7 +8,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
@@ -18,7 +18,7 @@ enum class ExportLayout { kModelOpt, kModelOptMixed, kCompressedTensors };
 // modelopt-mixed when a DeepSeek-V4 source with an FP8 quantization_config gets only routed
 // experts as NVFP4 and the spec asks for ModelOpt; compressed-tensors when the spec asks for it;
 // plain modelopt otherwise.
-ExportLayout ChooseExportLayout(const JobSpec& spec, const TensorInventory& inventory,
+ExportLayout ChooseExportLayout(const job::JobSpec& spec, const TensorInventory& inventory,
                                 const nlohmann::json& source_config,
                                 const std::set<std::string>& quantized_modules);
 

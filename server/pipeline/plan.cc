@@ -16,6 +16,13 @@
 #include "server/pipeline/stage_registry.h"
 
 namespace quantd::pipeline {
+
+using job::ExportFormat;
+using job::JobSpec;
+using job::RecipeKind;
+using job::RecipeKindName;
+using job::WeightFormat;
+
 namespace {
 
 using nlohmann::json;

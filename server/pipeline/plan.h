@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/checkpoint/checkpoint_dir.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/pipeline/recipe.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
@@ -65,7 +65,7 @@ struct OutputTensor {
   checkpoint::Dtype dtype;
   std::vector<int64_t> shape;
 };
-std::vector<OutputTensor> Nvfp4ModuleTensors(const JobSpec& spec, const std::string& module,
+std::vector<OutputTensor> Nvfp4ModuleTensors(const job::JobSpec& spec, const std::string& module,
                                              int64_t out_features, int64_t in_features);
 
 // One output shard as the recipe lays it out.
@@ -76,7 +76,7 @@ struct OutputShard {
 
 // What the stages plan from (Stage::Plan).
 struct PlanInput {
-  const JobSpec* spec = nullptr;
+  const job::JobSpec* spec = nullptr;
   const checkpoint::CheckpointDir* source = nullptr;
   const TensorInventory* inventory = nullptr;
   std::vector<OutputShard> output_shards;           // in file-name order
@@ -98,22 +98,23 @@ struct Plan {
 };
 
 // The recipe the spec names (built-in or include/exclude globs), plus the spec's exclusions.
-absl::StatusOr<Recipe> RecipeForSpec(const JobSpec& spec, const TensorInventory& inventory);
+absl::StatusOr<Recipe> RecipeForSpec(const job::JobSpec& spec, const TensorInventory& inventory);
 
 class StageRegistry;  // stage_registry.h
 
 // Builds the plan with the stages of `stages`, in their order. Fails with a clear message when the
 // recipe selects nothing, or a selected module's format cannot be quantized (only FP8-block,
 // MXFP4, BF16 and F32 weights can).
-absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
+absl::StatusOr<Plan> BuildPlan(const job::JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const TensorInventory& inventory, const StageRegistry& stages);
 // The same with the built-in stages (BuiltinStages()).
-absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
+absl::StatusOr<Plan> BuildPlan(const job::JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const TensorInventory& inventory);
 
 // Refuses, with the numbers, when the output (and BF16 copy, and the layer checkpoints in
 // `work_dir`, the job's work directory) would not fit.
-absl::Status CheckDiskSpace(const JobSpec& spec, const Plan& plan, const std::string& work_dir);
+absl::Status CheckDiskSpace(const job::JobSpec& spec, const Plan& plan,
+                            const std::string& work_dir);
 
 }  // namespace quantd::pipeline
 

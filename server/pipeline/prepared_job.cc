@@ -19,11 +19,18 @@
 #include "server/checkpoint/json_file.h"
 #include "server/checkpoint/sha256.h"
 #include "server/evaluation/evaluate_task.h"
-#include "server/pipeline/job_paths.h"
+#include "server/job/job_paths.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/evaluate_stage.h"
 
 namespace quantd::pipeline {
+
+using job::CalibrationMode;
+using job::CheckJobPathsUnchanged;
+using job::JobSpec;
+using job::KvCache;
+using job::WeightFormat;
+
 namespace {
 
 // Removes the *.tmp files directly inside `dir` (left by interrupted tasks), except the foreign

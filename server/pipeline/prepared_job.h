@@ -56,10 +56,10 @@
 #include "absl/synchronization/mutex.h"
 #include "server/calibration/job_calibration.h"
 #include "server/calibration/layer_checkpoint.h"
-#include "server/evaluation/job_evaluation.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
-#include "server/pipeline/job_spec.h"
+#include "server/evaluation/job_evaluation.h"
+#include "server/job/job_spec.h"
 #include "server/pipeline/output_marker.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
@@ -86,7 +86,7 @@ class PreparedJob {
   // marker) is adopted. Errors name the file, tensor or field; the caller fails the job with
   // them. `stages` must outlive the PreparedJob.
   static absl::StatusOr<std::unique_ptr<PreparedJob>> Load(
-      const JobSpec& spec, StoredJob stored, const StageRegistry& stages = BuiltinStages());
+      const job::JobSpec& spec, StoredJob stored, const StageRegistry& stages = BuiltinStages());
 
   // The store phase (the store's thread), once per Load. `log` receives the planning summary and
   // the requeued outputs.
@@ -110,7 +110,7 @@ class PreparedJob {
   // over those that were there before quantd claimed the directory. Returns how many.
   absl::StatusOr<int> SweepTmpFiles() const;
 
-  const JobSpec& spec() const { return spec_; }
+  const job::JobSpec& spec() const { return spec_; }
   const Plan& plan() const { return plan_; }
 
  private:
@@ -151,7 +151,7 @@ class PreparedJob {
                                 const std::function<void(const std::string&)>& log);
 
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
-  JobSpec spec_;                                       // the job's spec
+  job::JobSpec spec_;                                  // the job's spec
   StoredJob stored_;                                   // the store's view when Load began
   std::unique_ptr<checkpoint::CheckpointDir> source_;  // the source checkpoint, opened once
   TensorInventory inventory_;                          // of source_

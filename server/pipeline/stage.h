@@ -33,7 +33,7 @@
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/compute/device.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
@@ -57,7 +57,7 @@ struct RecordedOutput {
 // What one task reads while it runs: the job (shared read-only by every worker) and the task's
 // own hooks.
 struct StageContext {
-  const JobSpec* spec = nullptr;
+  const job::JobSpec* spec = nullptr;
   const checkpoint::CheckpointDir* source = nullptr;  // opened once per run
   const TensorInventory* inventory = nullptr;         // of `source`
   const Plan* plan = nullptr;                         // the job's plan

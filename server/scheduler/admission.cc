@@ -46,10 +46,10 @@ std::string TaskLabel(const store::TaskRow& task) {
 }
 
 absl::StatusOr<v1::Job> Scheduler::Impl::DoSubmit(const std::string& request_id,
-                                                  const pipeline::JobSpec& spec, bool* created) {
+                                                  const job::JobSpec& spec, bool* created) {
   *created = false;
   if (stopping_) return ShuttingDown();
-  const std::string spec_json = pipeline::JobSpecToJson(spec);
+  const std::string spec_json = job::JobSpecToJson(spec);
   if (!request_id.empty()) {
     ASSIGN_OR_RETURN(std::optional<store::JobRow> existing,
                      store_->FindJobByRequestId(request_id));
@@ -223,7 +223,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
   ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, report_store_->ListAmax(job_id));
   AddLayerCalibration(amax, tasks, &report);
   RETURN_IF_ERROR(AddStoredEvaluation(*report_store_, job_id, &report));
-  if (absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(row->spec_json, "stored spec");
+  if (absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row->spec_json, "stored spec");
       spec.ok()) {
     RETURN_IF_ERROR(
         AddNumericsComparisonFromStore(*report_store_, job_id, *spec, amax, tasks, &report));
@@ -231,8 +231,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
   return report;
 }
 
-absl::StatusOr<std::vector<int>> Scheduler::Impl::WorkersFor(
-    const pipeline::JobSpec& spec) const {
+absl::StatusOr<std::vector<int>> Scheduler::Impl::WorkersFor(const job::JobSpec& spec) const {
   std::vector<int> out;
   for (size_t i = 0; i < workers_.size(); ++i) {
     const std::string& device = workers_[i]->device->name();
@@ -276,7 +275,7 @@ absl::Status Scheduler::Impl::StartJobs() {
   std::set<int> reserved;
   for (int64_t id : candidates) {
     ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(id));
-    absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(row.spec_json, "stored spec");
+    absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row.spec_json, "stored spec");
     absl::StatusOr<std::vector<int>> workers =
         spec.ok() ? WorkersFor(*spec) : absl::StatusOr<std::vector<int>>(spec.status());
     if (!workers.ok()) {
@@ -296,7 +295,7 @@ absl::Status Scheduler::Impl::StartJobs() {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::Impl::StartJob(int64_t job_id, const pipeline::JobSpec& spec,
+absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
                                        const std::vector<int>& workers) {
   ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
   ASSIGN_OR_RETURN(pipeline::StoredJob stored, pipeline::ReadStoredJob(*store_, job_id));

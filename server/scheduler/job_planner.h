@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "server/compute/device.h"
 #include "server/compute/requirement.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/pipeline/stage.h"
 #include "server/pipeline/stored_job.h"
 #include "server/store/job_store.h"
@@ -68,7 +68,7 @@ class JobPlanner {
 
   // Off the strand: opens the source of job `stored` and reads what planning and resuming need.
   // Thread-safe; never touches the store.
-  virtual absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec,
+  virtual absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const job::JobSpec& spec,
                                                           pipeline::StoredJob stored) = 0;
 };
 

@@ -88,21 +88,21 @@ std::string JobSpecProtoToJson(const v1::JobSpec& spec) {
   return j.dump();
 }
 
-absl::StatusOr<pipeline::JobSpec> JobSpecFromProto(const v1::JobSpec& spec) {
-  return pipeline::ParseJobSpec(JobSpecProtoToJson(spec), "SubmitJobRequest.spec");
+absl::StatusOr<job::JobSpec> JobSpecFromProto(const v1::JobSpec& spec) {
+  return job::ParseJobSpec(JobSpecProtoToJson(spec), "SubmitJobRequest.spec");
 }
 
-v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
+v1::JobSpec JobSpecToProto(const job::JobSpec& spec) {
   v1::JobSpec out;
   out.set_source(spec.source);
   out.set_output(spec.output);
-  out.set_recipe(pipeline::RecipeKindName(spec.recipe));
+  out.set_recipe(job::RecipeKindName(spec.recipe));
   for (const std::string& g : spec.include) out.add_include(g);
   for (const std::string& g : spec.exclude) out.add_exclude(g);
-  out.set_weight_format(pipeline::WeightFormatName(spec.weight_format));
-  out.set_expert_cast(pipeline::ExpertCastName(spec.expert_cast));
-  out.set_export_format(pipeline::ExportFormatName(spec.export_format));
-  out.set_kv_cache(pipeline::KvCacheName(spec.kv_cache));
+  out.set_weight_format(job::WeightFormatName(spec.weight_format));
+  out.set_expert_cast(job::ExpertCastName(spec.expert_cast));
+  out.set_export_format(job::ExportFormatName(spec.export_format));
+  out.set_kv_cache(job::KvCacheName(spec.kv_cache));
   out.set_materialize_bf16(spec.materialize_bf16);
   v1::CalibrationSpec* c = out.mutable_calibration();
   c->set_amax_file(spec.calibration.amax_file);
@@ -110,7 +110,7 @@ v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
   c->set_num_samples(spec.calibration.num_samples);
   c->set_seq_len(spec.calibration.seq_len);
   c->set_calibrate_all_experts(spec.calibration.calibrate_all_experts);
-  for (const pipeline::CalibrationDataset& d : spec.calibration.datasets) {
+  for (const job::CalibrationDataset& d : spec.calibration.datasets) {
     v1::CalibrationDataset* dataset = c->add_datasets();
     dataset->set_path(d.path);
     dataset->set_samples(d.samples);
@@ -118,17 +118,17 @@ v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec) {
   c->set_min_seq_len(spec.calibration.min_seq_len);
   c->set_seed(spec.calibration.seed);
   c->set_add_bos(spec.calibration.add_bos);
-  c->set_mode(pipeline::CalibrationModeName(spec.calibration.mode));
-  c->set_w2_input(pipeline::W2InputName(spec.calibration.w2_input));
-  c->set_expert_amax(pipeline::ExpertAmaxName(spec.calibration.expert_amax));
-  c->set_uncalibrated(pipeline::UncalibratedFillName(spec.calibration.uncalibrated));
-  c->set_numerics(pipeline::CalibrationNumericsName(spec.calibration.numerics));
+  c->set_mode(job::CalibrationModeName(spec.calibration.mode));
+  c->set_w2_input(job::W2InputName(spec.calibration.w2_input));
+  c->set_expert_amax(job::ExpertAmaxName(spec.calibration.expert_amax));
+  c->set_uncalibrated(job::UncalibratedFillName(spec.calibration.uncalibrated));
+  c->set_numerics(job::CalibrationNumericsName(spec.calibration.numerics));
   c->set_amax_out(spec.calibration.amax_out);
   c->set_checkpoint_seconds(spec.calibration.checkpoint_seconds);
   v1::EvaluateSpec* e = out.mutable_evaluate();
   if (spec.evaluate.enabled.has_value()) e->set_enabled(*spec.evaluate.enabled);
   e->set_num_samples(spec.evaluate.num_samples);
-  const pipeline::QualityGate& gate = spec.evaluate.gate;
+  const job::QualityGate& gate = spec.evaluate.gate;
   v1::QualityGate* g = e->mutable_gate();
   if (gate.max_mean_kl) g->set_max_mean_kl(*gate.max_mean_kl);
   if (gate.min_top1_agreement) g->set_min_top1_agreement(*gate.min_top1_agreement);

@@ -11,16 +11,16 @@
 #include "absl/status/statusor.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "quantd/v1/quantd.pb.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
 
 // Validates a request's spec with the same rules (and messages) as a JSON spec file; errors are
 // InvalidArgument naming the field: "SubmitJobRequest.spec: field 'weight_format' ...".
-absl::StatusOr<pipeline::JobSpec> JobSpecFromProto(const v1::JobSpec& spec);
+absl::StatusOr<job::JobSpec> JobSpecFromProto(const v1::JobSpec& spec);
 // Every field spelled out, defaults included.
-v1::JobSpec JobSpecToProto(const pipeline::JobSpec& spec);
+v1::JobSpec JobSpecToProto(const job::JobSpec& spec);
 // The proto's JSON form of a spec as the JSON spec file spells it (snake_case keys, numbers as
 // numbers), which ParseJobSpec reads.
 std::string JobSpecProtoToJson(const v1::JobSpec& spec);

@@ -38,11 +38,10 @@ struct Largest {
   }
 };
 
-bool SameDatasets(const std::vector<pipeline::CalibrationDataset>& a,
-                  const std::vector<pipeline::CalibrationDataset>& b) {
+bool SameDatasets(const std::vector<job::CalibrationDataset>& a,
+                  const std::vector<job::CalibrationDataset>& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                    [](const pipeline::CalibrationDataset& x,
-                       const pipeline::CalibrationDataset& y) {
+                    [](const job::CalibrationDataset& x, const job::CalibrationDataset& y) {
                       return x.path == y.path && x.samples == y.samples;
                     });
 }
@@ -59,11 +58,11 @@ std::optional<int64_t> CalibratedLayers(const std::vector<store::TaskRow>& tasks
 
 }  // namespace
 
-bool SameCalibrationOtherNumerics(const pipeline::JobSpec& a, const pipeline::JobSpec& b) {
-  const pipeline::CalibrationSpec& x = a.calibration;
-  const pipeline::CalibrationSpec& y = b.calibration;
-  return a.source == b.source && x.mode == pipeline::CalibrationMode::kData &&
-         y.mode == pipeline::CalibrationMode::kData && x.dataset == y.dataset &&
+bool SameCalibrationOtherNumerics(const job::JobSpec& a, const job::JobSpec& b) {
+  const job::CalibrationSpec& x = a.calibration;
+  const job::CalibrationSpec& y = b.calibration;
+  return a.source == b.source && x.mode == job::CalibrationMode::kData &&
+         y.mode == job::CalibrationMode::kData && x.dataset == y.dataset &&
          SameDatasets(x.datasets, y.datasets) && x.num_samples == y.num_samples &&
          x.seq_len == y.seq_len && x.min_seq_len == y.min_seq_len && x.seed == y.seed &&
          x.add_bos == y.add_bos && x.calibrate_all_experts == y.calibrate_all_experts &&
@@ -71,13 +70,13 @@ bool SameCalibrationOtherNumerics(const pipeline::JobSpec& a, const pipeline::Jo
 }
 
 void AddNumericsComparison(const std::vector<store::AmaxRow>& amax,
-                           pipeline::CalibrationNumerics numerics, int64_t peer_job,
+                           job::CalibrationNumerics numerics, int64_t peer_job,
                            const std::vector<store::AmaxRow>& peer_amax, v1::JobReport* report) {
   std::map<std::string, double> peer;
   for (const store::AmaxRow& row : peer_amax) {
     if (row.kind == kInputKind) peer.emplace(row.module, row.value);
   }
-  const bool official = numerics == pipeline::CalibrationNumerics::kOfficial;
+  const bool official = numerics == job::CalibrationNumerics::kOfficial;
   Largest job;
   std::map<int64_t, Largest> layers;
   for (const store::AmaxRow& row : amax) {
@@ -92,8 +91,8 @@ void AddNumericsComparison(const std::vector<store::AmaxRow>& amax,
     }
   }
   report->set_numerics_peer_job(peer_job);
-  report->set_numerics_peer(pipeline::CalibrationNumericsName(
-      official ? pipeline::CalibrationNumerics::kMath : pipeline::CalibrationNumerics::kOfficial));
+  report->set_numerics_peer(job::CalibrationNumericsName(
+      official ? job::CalibrationNumerics::kMath : job::CalibrationNumerics::kOfficial));
   report->set_numerics_compared_modules(job.modules);
   report->set_numerics_max_rel_diff(job.difference);
   report->set_numerics_max_rel_diff_module(job.module);
@@ -108,11 +107,11 @@ void AddNumericsComparison(const std::vector<store::AmaxRow>& amax,
 }
 
 absl::Status AddNumericsComparisonFromStore(store::JobStore& store, int64_t job_id,
-                                            const pipeline::JobSpec& spec,
+                                            const job::JobSpec& spec,
                                             const std::vector<store::AmaxRow>& amax,
                                             const std::vector<store::TaskRow>& tasks,
                                             v1::JobReport* report) {
-  if (spec.calibration.mode != pipeline::CalibrationMode::kData) return absl::OkStatus();
+  if (spec.calibration.mode != job::CalibrationMode::kData) return absl::OkStatus();
   const std::optional<int64_t> layers = CalibratedLayers(tasks);
   if (!layers.has_value()) return absl::OkStatus();
   std::vector<int64_t> candidates;  // ascending id
@@ -123,7 +122,7 @@ absl::Status AddNumericsComparisonFromStore(store::JobStore& store, int64_t job_
     for (const store::JobRow& row : jobs) {
       after = row.id;
       if (row.id == job_id) continue;
-      absl::StatusOr<pipeline::JobSpec> other = pipeline::ParseJobSpec(row.spec_json, "stored spec");
+      absl::StatusOr<job::JobSpec> other = job::ParseJobSpec(row.spec_json, "stored spec");
       if (other.ok() && SameCalibrationOtherNumerics(spec, *other)) candidates.push_back(row.id);
     }
   }

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "quantd/v1/quantd.pb.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
@@ -25,7 +25,7 @@ namespace quantd::scheduler {
 // calibrate_all_experts) and different numerics: the token ids and the experts they reach are
 // then the same, and only the forward's roundings differ. The export choices (w2_input,
 // expert_amax, uncalibrated, amax_out) do not change the recorded rows and are not compared.
-bool SameCalibrationOtherNumerics(const pipeline::JobSpec& a, const pipeline::JobSpec& b);
+bool SameCalibrationOtherNumerics(const job::JobSpec& a, const job::JobSpec& b);
 
 // Compares the input amax rows (store::JobStore::ListAmax) of the report's job, calibrated with
 // `numerics`, against those of `peer_job`, calibrated with the other mode: for every module with
@@ -33,7 +33,7 @@ bool SameCalibrationOtherNumerics(const pipeline::JobSpec& a, const pipeline::Jo
 // a_math is). Sets the report's numerics_* fields, and those of each of its LayerReports
 // (report->layers, from AddLayerCalibration) whose layer has a module in both.
 void AddNumericsComparison(const std::vector<store::AmaxRow>& amax,
-                           pipeline::CalibrationNumerics numerics, int64_t peer_job,
+                           job::CalibrationNumerics numerics, int64_t peer_job,
                            const std::vector<store::AmaxRow>& peer_amax, v1::JobReport* report);
 
 // Finds the peer of job `job_id` (spec `spec`, its calibrate tasks in `tasks`) in `store`: the
@@ -42,7 +42,7 @@ void AddNumericsComparison(const std::vector<store::AmaxRow>& amax,
 // the source's files, so a source rewritten in place between the two jobs goes unnoticed). With
 // one, AddNumericsComparison; without one, nothing. Reads only.
 absl::Status AddNumericsComparisonFromStore(store::JobStore& store, int64_t job_id,
-                                            const pipeline::JobSpec& spec,
+                                            const job::JobSpec& spec,
                                             const std::vector<store::AmaxRow>& amax,
                                             const std::vector<store::TaskRow>& tasks,
                                             v1::JobReport* report);

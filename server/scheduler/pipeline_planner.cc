@@ -50,7 +50,7 @@ class LoadedPipelineJob final : public LoadedJob {
 
 class PipelinePlanner final : public JobPlanner {
  public:
-  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec& spec,
+  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const job::JobSpec& spec,
                                                   pipeline::StoredJob stored) override {
     ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PreparedJob> job,
                      pipeline::PreparedJob::Load(spec, std::move(stored)));

@@ -7,8 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
 #include "server/checkpoint/sha256.h"
-#include "server/pipeline/job_paths.h"
-#include "server/pipeline/progress.h"
+#include "server/compute/device_name.h"
+#include "server/job/job_paths.h"
+#include "server/job/progress.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
 #include "server/store/job_store.h"
@@ -32,13 +33,13 @@ absl::StatusOr<int64_t> FindOrCreateJob(store::JobStore& store, const RunOptions
   for (const store::JobRow& job : *jobs) {
     if (job.request_id == request_id) continue;
     std::string what;
-    absl::StatusOr<pipeline::JobSpec> other = pipeline::ParseJobSpec(job.spec_json, "state");
+    absl::StatusOr<job::JobSpec> other = job::ParseJobSpec(job.spec_json, "state");
     // A state file written by an earlier release stores that release's canonical spec (fewer
     // fields, paths as given): the same job when it reads, today and resolved, as this spec.
     if (other.ok()) {
-      pipeline::JobSpec resolved = *other;
-      if (pipeline::ResolveJobPaths(&resolved, /*allow_relative=*/true).ok() &&
-          pipeline::JobSpecToJson(resolved) == pipeline::JobSpecToJson(options.spec)) {
+      job::JobSpec resolved = *other;
+      if (job::ResolveJobPaths(&resolved, /*allow_relative=*/true).ok() &&
+          job::JobSpecToJson(resolved) == job::JobSpecToJson(options.spec)) {
         return job.id;
       }
     }
@@ -49,7 +50,7 @@ absl::StatusOr<int64_t> FindOrCreateJob(store::JobStore& store, const RunOptions
                                                       " belongs to a different job spec", what,
                                                       "; use another --state file for this spec"));
   }
-  return store.CreateJob(request_id, pipeline::JobSpecToJson(options.spec), NowMs());
+  return store.CreateJob(request_id, job::JobSpecToJson(options.spec), NowMs());
 }
 
 // The worker devices: options.devices, else the spec's, else "auto"; "auto" resolved; cycled
@@ -61,7 +62,7 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const RunOptions& options
   for (std::string& d : devices) {
     if (d == "auto") d = kernels::CudaDeviceCount() > 0 ? "cuda:0" : "cpu";
     int index = 0;
-    if (!pipeline::ParseDeviceName(d, &index)) {
+    if (!compute::ParseDeviceName(d, &index)) {
       return absl::InvalidArgumentError(
           absl::StrCat("device \"", d, "\": expected cpu, cuda:N or auto"));
     }
@@ -72,8 +73,8 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const RunOptions& options
 }
 
 // The progress line's view of the job: its first unfinished stage (the last one when done).
-pipeline::ProgressSnapshot StageSnapshot(const v1::Job& job) {
-  pipeline::ProgressSnapshot s;
+job::ProgressSnapshot StageSnapshot(const v1::Job& job) {
+  job::ProgressSnapshot s;
   for (const v1::StageProgress& p : job.stages()) {
     s.stage = p.kind();
     s.tasks_done = p.tasks_done();
@@ -89,9 +90,9 @@ pipeline::ProgressSnapshot StageSnapshot(const v1::Job& job) {
 
 }  // namespace
 
-std::string RunRequestId(const pipeline::JobSpec& spec) {
+std::string RunRequestId(const job::JobSpec& spec) {
   checkpoint::Sha256 sha;
-  const std::string json = pipeline::JobSpecToJson(spec);
+  const std::string json = job::JobSpecToJson(spec);
   sha.Update(json.data(), json.size());
   return absl::StrCat("run:", sha.HexDigest());
 }
@@ -118,7 +119,7 @@ absl::Status RunJob(const RunOptions& options) {
   if (!job.ok()) return job.status();
 
   std::mutex printer_mu;  // the scheduler thread logs while this thread shows progress
-  pipeline::ProgressPrinter printer(options.progress, options.progress_tty);
+  job::ProgressPrinter printer(options.progress, options.progress_tty);
   auto message = [&](const std::string& line) {
     std::lock_guard<std::mutex> l(printer_mu);
     printer.Message(line);

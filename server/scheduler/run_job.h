@@ -28,13 +28,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 namespace quantd::scheduler {
 
 struct RunOptions {
   std::string state_path;  // SQLite state file, created when absent
-  pipeline::JobSpec spec;  // the job to run
+  job::JobSpec spec;       // the job to run
   int workers = 2;         // tasks in flight at once (>= 1)
   // Where kernels run: "cpu", "cuda:N" or "auto" (CUDA device 0 when there is one, else the CPU);
   // worker i uses devices[i % size]. Empty: the spec's devices (empty there too: "auto").
@@ -46,7 +46,7 @@ struct RunOptions {
 };
 
 // "run:" + hex SHA-256 of JobSpecToJson(spec).
-std::string RunRequestId(const pipeline::JobSpec& spec);
+std::string RunRequestId(const job::JobSpec& spec);
 
 // Runs the job to the end. OK: the job SUCCEEDED (now or in an earlier run). Cancelled: `cancel`
 // was set and the job is PAUSED. FailedPrecondition: the job FAILED (the message is the job's

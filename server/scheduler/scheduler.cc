@@ -230,7 +230,7 @@ void Scheduler::Impl::Log(int64_t job_id, const std::string& kind,
   if (options_.log) options_.log(job_id, kind, message);
 }
 
-void Scheduler::Impl::Submit(const std::string& request_id, const pipeline::JobSpec& spec,
+void Scheduler::Impl::Submit(const std::string& request_id, const job::JobSpec& spec,
                              std::function<void(absl::StatusOr<v1::Job>, bool)> done) {
   Post(
       [this, request_id, spec, done] {
@@ -351,7 +351,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Start(std::unique_ptr<stor
   return scheduler;
 }
 
-void Scheduler::SubmitAsync(const std::string& request_id, const pipeline::JobSpec& spec,
+void Scheduler::SubmitAsync(const std::string& request_id, const job::JobSpec& spec,
                             std::function<void(absl::StatusOr<v1::Job>, bool)> done) {
   impl_->Submit(request_id, spec, std::move(done));
 }
@@ -369,8 +369,8 @@ void Scheduler::ReportAsync(int64_t job_id, int worst,
   impl_->Report(job_id, worst, std::move(done));
 }
 
-absl::StatusOr<v1::Job> Scheduler::Submit(const std::string& request_id,
-                                          const pipeline::JobSpec& spec, bool* created) {
+absl::StatusOr<v1::Job> Scheduler::Submit(const std::string& request_id, const job::JobSpec& spec,
+                                          bool* created) {
   std::promise<absl::StatusOr<v1::Job>> answer;
   SubmitAsync(request_id, spec, [&](absl::StatusOr<v1::Job> job, bool was_created) {
     if (created != nullptr) *created = was_created;

@@ -49,9 +49,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "quantd/v1/quantd.pb.h"
-#include "server/metrics/metrics.h"
 #include "server/compute/device.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
+#include "server/metrics/metrics.h"
 #include "server/scheduler/clock.h"
 #include "server/scheduler/job_board.h"
 #include "server/scheduler/job_planner.h"
@@ -103,7 +103,7 @@ class Scheduler {
   // The commands below post to the strand and return at once; `done` runs on the strand once the
   // command ran (or at once with Unavailable when the scheduler has stopped) and must not block.
   using JobDone = std::function<void(absl::StatusOr<v1::Job>)>;
-  void SubmitAsync(const std::string& request_id, const pipeline::JobSpec& spec,
+  void SubmitAsync(const std::string& request_id, const job::JobSpec& spec,
                    std::function<void(absl::StatusOr<v1::Job>, bool created)> done);
   void CancelAsync(int64_t job_id, bool pause, const std::string& reason, JobDone done);
   void ResumeAsync(int64_t job_id, JobDone done);
@@ -119,7 +119,7 @@ class Scheduler {
   // same id and spec return the original job with *created = false; the same id with another spec
   // is AlreadyExists. ResourceExhausted when queue_limit jobs are PENDING; Unavailable after
   // Shutdown began.
-  absl::StatusOr<v1::Job> Submit(const std::string& request_id, const pipeline::JobSpec& spec,
+  absl::StatusOr<v1::Job> Submit(const std::string& request_id, const job::JobSpec& spec,
                                  bool* created);
   // CANCELLED (pause = false) or PAUSED (pause = true); a running job gets there once its tasks
   // stopped and reads RUNNING with reason "cancelling"/"pausing" until then. The transitions are

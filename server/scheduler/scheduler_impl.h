@@ -106,7 +106,7 @@ class Scheduler::Impl {
   absl::Status Init() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void Shutdown(std::chrono::milliseconds grace) ABSL_LOCKS_EXCLUDED(state_mu_);
 
-  void Submit(const std::string& request_id, const pipeline::JobSpec& spec,
+  void Submit(const std::string& request_id, const job::JobSpec& spec,
               std::function<void(absl::StatusOr<v1::Job>, bool)> done);
   void Cancel(int64_t job_id, bool pause, const std::string& reason, JobDone done);
   void Resume(int64_t job_id, JobDone done);
@@ -191,7 +191,7 @@ class Scheduler::Impl {
   void Log(int64_t job_id, const std::string& kind, const std::string& message) const;
 
   // --- admission.cc: commands, and which waiting job starts next
-  absl::StatusOr<v1::Job> DoSubmit(const std::string& request_id, const pipeline::JobSpec& spec,
+  absl::StatusOr<v1::Job> DoSubmit(const std::string& request_id, const job::JobSpec& spec,
                                    bool* created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   absl::StatusOr<v1::Job> DoCancel(int64_t job_id, bool pause, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
@@ -201,13 +201,13 @@ class Scheduler::Impl {
   absl::StatusOr<v1::JobReport> DoReport(int64_t job_id, int worst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_);
   // The workers a job may use: every worker whose device its spec names (all when none).
-  absl::StatusOr<std::vector<int>> WorkersFor(const pipeline::JobSpec& spec) const;
+  absl::StatusOr<std::vector<int>> WorkersFor(const job::JobSpec& spec) const;
   absl::Status StartJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // StartJobs when something changed since it last ran (reconsider_) and no shutdown began.
   absl::Status Reconsider() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // RUNNING, holding `workers`; its source is read on the planning pool, then OnLoaded.
-  absl::Status StartJob(int64_t job_id, const pipeline::JobSpec& spec,
-                        const std::vector<int>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  absl::Status StartJob(int64_t job_id, const job::JobSpec& spec, const std::vector<int>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void OnLoaded(int64_t job_id, uint64_t serial, absl::StatusOr<std::unique_ptr<LoadedJob>> loaded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // Ends the job when nothing of it runs and it finished, failed or was asked to stop.

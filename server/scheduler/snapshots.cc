@@ -52,7 +52,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   v1::Job job;
   job.set_id(row.id);
   job.set_request_id(row.request_id);
-  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(row.spec_json, "stored spec");
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row.spec_json, "stored spec");
   if (spec.ok()) *job.mutable_spec() = JobSpecToProto(*spec);
   job.set_state(JobStateToProto(row.state));
   job.set_reason(row.reason);

@@ -1,4 +1,4 @@
-// libFuzzer target: pipeline::ParseJobSpec (the JSON job spec of `quantd run` and, through the
+// libFuzzer target: job::ParseJobSpec (the JSON job spec of `quantd run` and, through the
 // same validation, of SubmitJob) on arbitrary text. Besides the sanitizers' checks: every error
 // is InvalidArgument prefixed with the origin, and every accepted spec survives
 // JobSpecToJson -> ParseJobSpec unchanged (the canonical JSON is a fixed point).
@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 namespace {
 
@@ -21,8 +21,8 @@ void Check(bool condition) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using quantd::pipeline::JobSpecToJson;
-  using quantd::pipeline::ParseJobSpec;
+  using quantd::job::JobSpecToJson;
+  using quantd::job::ParseJobSpec;
   const std::string text(reinterpret_cast<const char*>(data), size);
   const auto spec = ParseJobSpec(text, kOrigin);
   if (!spec.ok()) {

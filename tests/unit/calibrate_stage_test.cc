@@ -346,7 +346,7 @@ TEST_F(LayerCheckpointTest, ResumeSkipsLayersNotCheckpointedAndRejectsAGoneOrEdi
 }
 
 TEST_F(LayerCheckpointTest, JobKeepsAtMostTwoBoundariesAndNoneOnceCalibrated) {
-  pipeline::JobSpec spec;
+  job::JobSpec spec;
   spec.calibration.checkpoint_seconds = 0;
   auto job = JobCalibration::Create(spec, dir_, 0);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -383,7 +383,7 @@ TEST_F(LayerCheckpointTest, JobKeepsAtMostTwoBoundariesAndNoneOnceCalibrated) {
 // A restart requeues layer 0 slice 1 (task 12): its stored rows stay until its rerun replaces
 // them, in the job's table as in the store, so its tokens count once.
 TEST_F(LayerCheckpointTest, RestoredRowsOfARerunTaskAreReplacedNotAdded) {
-  auto job = JobCalibration::Create(pipeline::JobSpec(), dir_, 0);
+  auto job = JobCalibration::Create(job::JobSpec(), dir_, 0);
   ASSERT_TRUE(job.ok()) << job.status();
   const auto layer_task = [](int64_t id, int64_t slice, store::TaskState state) {
     CalibrateTask t;
@@ -485,7 +485,7 @@ TEST_F(TokensFileTest, RoundTripChecksumAndVocabulary) {
 }
 
 TEST(CalibrateDependenciesTest, ShardWaitsForItsLayersOnly) {
-  pipeline::JobSpec spec;
+  job::JobSpec spec;
   const pipeline::CalibrationLayout layout{4, 2};
   pipeline::ShardTask task;
   task.shard = "model-00002-of-00004.safetensors";
@@ -498,9 +498,9 @@ TEST(CalibrateDependenciesTest, ShardWaitsForItsLayersOnly) {
   EXPECT_EQ(names, (std::vector<std::string>{"layer1.slice0", "layer1.slice1", "layer3.slice0",
                                              "layer3.slice1"}));
   // The model-max fill needs every layer; so does a module outside the decoder layers.
-  spec.calibration.uncalibrated = pipeline::UncalibratedFill::kModelMax;
+  spec.calibration.uncalibrated = job::UncalibratedFill::kModelMax;
   EXPECT_EQ(pipeline::CalibrateDependencies(layout, spec, task).size(), 8u);
-  spec.calibration.uncalibrated = pipeline::UncalibratedFill::kLayerMax;
+  spec.calibration.uncalibrated = job::UncalibratedFill::kLayerMax;
   task.modules = {"head"};
   EXPECT_EQ(pipeline::CalibrateDependencies(layout, spec, task).size(), 8u);
   // A shard without NVFP4 modules waits for no calibration.

@@ -16,6 +16,10 @@
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
+
+using job::CalibrationDataset;
+using job::CalibrationSpec;
+
 namespace {
 
 using Ids = std::vector<int32_t>;

@@ -147,8 +147,7 @@ class ExportTest : public testing::Test {
       }
     }
   }
-  std::map<std::string, float> Export(const pipeline::CalibrationSpec& spec,
-                                      ExportReport* report) {
+  std::map<std::string, float> Export(const job::CalibrationSpec& spec, ExportReport* report) {
     absl::StatusOr<std::map<std::string, float>> m = ExportInputAmax(table_, config_, spec, report);
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? *m : std::map<std::string, float>{};
@@ -158,7 +157,7 @@ class ExportTest : public testing::Test {
 };
 
 TEST_F(ExportTest, DefaultsPerExpertMaxOfW2InputsLayerMaxFill) {
-  pipeline::CalibrationSpec spec;
+  job::CalibrationSpec spec;
   ExportReport report;
   std::map<std::string, float> m = Export(spec, &report);
   EXPECT_EQ(m.size(), 1u + 2 * 3 * 3);
@@ -179,15 +178,15 @@ TEST_F(ExportTest, DefaultsPerExpertMaxOfW2InputsLayerMaxFill) {
 }
 
 TEST_F(ExportTest, EachOptionChangesExactlyItsPart) {
-  pipeline::CalibrationSpec spec;
+  job::CalibrationSpec spec;
   ExportReport r1;
-  spec.w2_input = pipeline::W2Input::kUnweighted;
+  spec.w2_input = job::W2Input::kUnweighted;
   EXPECT_EQ(Export(spec, &r1)["layers.0.ffn.experts.0.w2"], 0.25f);
-  spec.w2_input = pipeline::W2Input::kWeighted;
+  spec.w2_input = job::W2Input::kWeighted;
   EXPECT_EQ(Export(spec, &r1)["layers.0.ffn.experts.2.w2"], 2.5f);
 
   spec = {};
-  spec.uncalibrated = pipeline::UncalibratedFill::kModelMax;
+  spec.uncalibrated = job::UncalibratedFill::kModelMax;
   ExportReport r2;
   std::map<std::string, float> m = Export(spec, &r2);
   EXPECT_EQ(m["layers.1.ffn.experts.2.w2"], 12.25f);  // layer 1 holds the model max too
@@ -195,7 +194,7 @@ TEST_F(ExportTest, EachOptionChangesExactlyItsPart) {
   EXPECT_EQ(r2.filled.size(), 3u);
 
   spec = {};
-  spec.expert_amax = pipeline::ExpertAmax::kLayerMax;
+  spec.expert_amax = job::ExpertAmax::kLayerMax;
   ExportReport r3;
   m = Export(spec, &r3);
   for (int e = 0; e < 3; ++e) {
@@ -207,7 +206,7 @@ TEST_F(ExportTest, EachOptionChangesExactlyItsPart) {
 }
 
 TEST_F(ExportTest, ZeroNonExpertAmaxAndNoCalibratedExpertAreErrors) {
-  pipeline::CalibrationSpec spec;
+  job::CalibrationSpec spec;
   ExportReport report;
   AmaxTable zero = Slice("z");
   zero.Record("layers.0.attn.wq_a", 0.0f, 3);

@@ -27,6 +27,10 @@
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
+
+using job::JobSpec;
+using job::ParseJobSpec;
+
 namespace {
 
 using evaluation::EvaluateTask;

@@ -103,7 +103,7 @@ QualityReport ReportWith(double mean_kl, double top1, double ratio) {
 }
 
 TEST(QualityGate, NamesEveryBrokenFigureAndTheWorstLayer) {
-  pipeline::QualityGate gate;
+  job::QualityGate gate;
   gate.max_mean_kl = 0.1;
   gate.min_top1_agreement = 0.9;
   gate.max_ppl_ratio = 1.05;
@@ -114,7 +114,7 @@ TEST(QualityGate, NamesEveryBrokenFigureAndTheWorstLayer) {
             "quality gate: mean_kl 0.2 > max_mean_kl 0.1; top1_agreement 0.5 < "
             "min_top1_agreement 0.9; ppl_ratio 1.5 > max_ppl_ratio 1.05; lowest teacher-forced "
             "SQNR at layer 1 (13.98 dB)");
-  EXPECT_EQ(BrokenBounds(pipeline::QualityGate{}, ReportWith(9, 0, 9)).size(), 0u);
+  EXPECT_EQ(BrokenBounds(job::QualityGate{}, ReportWith(9, 0, 9)).size(), 0u);
   // NaN figures never pass a bound.
   EXPECT_FALSE(CheckQualityGate(gate, ReportWith(std::nan(""), 1, 1)).ok());
 }
@@ -125,7 +125,7 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   auto tokenizer = tokenizer::Tokenizer::LoadDir(std::string(QUANTD_SOURCE_DIR) +
                                                  "/tests/data/deepseek_v3_tokenizer");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  pipeline::CalibrationSpec spec;
+  job::CalibrationSpec spec;
   spec.min_seq_len = 1;
   spec.add_bos = false;
   spec.seed = 3;
@@ -150,7 +150,7 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   for (int32_t id : evaluated) EXPECT_EQ(calibrated.count(id), 0u) << id;
   EXPECT_EQ(std::count_if(evaluated.begin(), evaluated.end(), [](int32_t id) { return id < 200; }), 3);
   // The next samples of each file's order: the same as a calibration of 3 + 3 and 3 + 2 samples.
-  pipeline::CalibrationSpec longer = spec;
+  job::CalibrationSpec longer = spec;
   longer.num_samples = 0;
   longer.datasets[0].samples = 6;
   longer.datasets[1].samples = 5;
@@ -169,7 +169,7 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   absl::StatusOr<std::vector<std::vector<int32_t>>> all = LoadHeldOutSamples(spec, 0, **tokenizer);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->size(), 32u);
-  pipeline::CalibrationSpec most = spec;
+  job::CalibrationSpec most = spec;
   most.num_samples = 37;  // 19 from a, 18 from b: 1 and 2 lines left
   absl::StatusOr<std::vector<std::vector<int32_t>>> few = LoadHeldOutSamples(most, 0, **tokenizer);
   ASSERT_TRUE(few.ok()) << few.status();
@@ -186,7 +186,7 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
                 "evaluate.num_samples, add lines, calibrate on fewer samples, or set "
                 "evaluate.enabled to false");
   // No data set at all.
-  EXPECT_EQ(LoadHeldOutSamples(pipeline::CalibrationSpec{}, 4, **tokenizer).status().code(),
+  EXPECT_EQ(LoadHeldOutSamples(job::CalibrationSpec{}, 4, **tokenizer).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

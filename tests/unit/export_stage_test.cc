@@ -20,6 +20,10 @@
 #include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using job::JobSpec;
+using job::ParseJobSpec;
+
 namespace {
 
 namespace fs = std::filesystem;

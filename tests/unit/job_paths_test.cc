@@ -1,5 +1,5 @@
 // job_paths.h: path text limits, resolution, and overlap by components and by device/inode.
-#include "server/pipeline/job_paths.h"
+#include "server/job/job_paths.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "tests/unit/test_dirs.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 namespace {
 
 namespace fs = std::filesystem;
@@ -234,4 +234,4 @@ TEST_F(JobPathsTest, OtherJobsOutputsAreRefused) {
 }
 
 }  // namespace
-}  // namespace quantd::pipeline
+}  // namespace quantd::job

@@ -31,9 +31,9 @@ constexpr char kFullSpec[] = R"({
   "devices": ["cpu"], "host_memory_bytes": 4096, "overwrite": true})";
 
 TEST(JobProtoTest, EveryKeySurvivesJsonToProtoToJson) {
-  absl::StatusOr<pipeline::JobSpec> parsed = pipeline::ParseJobSpec(kFullSpec, "spec.json");
+  absl::StatusOr<job::JobSpec> parsed = job::ParseJobSpec(kFullSpec, "spec.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  const std::string canonical = pipeline::JobSpecToJson(*parsed);
+  const std::string canonical = job::JobSpecToJson(*parsed);
 
   const v1::JobSpec proto = JobSpecToProto(*parsed);
   const v1::CalibrationSpec& c = proto.calibration();
@@ -61,14 +61,14 @@ TEST(JobProtoTest, EveryKeySurvivesJsonToProtoToJson) {
   ASSERT_TRUE(c.has_checkpoint_seconds());
   EXPECT_EQ(c.checkpoint_seconds(), 0);
 
-  absl::StatusOr<pipeline::JobSpec> back = JobSpecFromProto(proto);
+  absl::StatusOr<job::JobSpec> back = JobSpecFromProto(proto);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(pipeline::JobSpecToJson(*back), canonical);
+  EXPECT_EQ(job::JobSpecToJson(*back), canonical);
 }
 
 TEST(JobProtoTest, DefaultsSurviveTheRoundTrip) {
-  absl::StatusOr<pipeline::JobSpec> parsed =
-      pipeline::ParseJobSpec(R"({"source": "/s", "output": "/o"})", "spec.json");
+  absl::StatusOr<job::JobSpec> parsed =
+      job::ParseJobSpec(R"({"source": "/s", "output": "/o"})", "spec.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const v1::JobSpec proto = JobSpecToProto(*parsed);
   // The defaults are spelled out, the optional ones with their has-bit set.
@@ -82,9 +82,9 @@ TEST(JobProtoTest, DefaultsSurviveTheRoundTrip) {
   EXPECT_EQ(proto.calibration().numerics(), "official");
   EXPECT_TRUE(proto.calibration().has_checkpoint_seconds());
   EXPECT_EQ(proto.calibration().checkpoint_seconds(), 300);
-  absl::StatusOr<pipeline::JobSpec> back = JobSpecFromProto(proto);
+  absl::StatusOr<job::JobSpec> back = JobSpecFromProto(proto);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(pipeline::JobSpecToJson(*back), pipeline::JobSpecToJson(*parsed));
+  EXPECT_EQ(job::JobSpecToJson(*back), job::JobSpecToJson(*parsed));
 
   // A request that leaves every calibration field unset gets the JSON spec's defaults.
   v1::JobSpec request;
@@ -94,7 +94,7 @@ TEST(JobProtoTest, DefaultsSurviveTheRoundTrip) {
   EXPECT_EQ(JobSpecProtoToJson(request), R"({"calibration":{},"output":"/o","source":"/s"})");
   back = JobSpecFromProto(request);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(pipeline::JobSpecToJson(*back), pipeline::JobSpecToJson(*parsed));
+  EXPECT_EQ(job::JobSpecToJson(*back), job::JobSpecToJson(*parsed));
 }
 
 TEST(JobProtoTest, RequestSpellsTheKeysAsTheJsonSpecDoes) {
@@ -119,7 +119,7 @@ TEST(JobProtoTest, RequestSpellsTheKeysAsTheJsonSpecDoes) {
 
 TEST(JobProtoTest, EvaluateGateKeepsSetAndUnsetBoundsApart) {
   // min_top1_agreement 0 is a bound that is set (and always holds); max_ppl_ratio is unset.
-  absl::StatusOr<pipeline::JobSpec> parsed = pipeline::ParseJobSpec(
+  absl::StatusOr<job::JobSpec> parsed = job::ParseJobSpec(
       R"({"source": "/s", "output": "/o", "evaluate": {"num_samples": 8,
           "gate": {"max_mean_kl": 0.05, "min_top1_agreement": 0}}})",
       "spec.json");
@@ -137,15 +137,15 @@ TEST(JobProtoTest, EvaluateGateKeepsSetAndUnsetBoundsApart) {
             nlohmann::json::parse(
                 R"({"num_samples": 8, "gate": {"max_mean_kl": 0.05, "min_top1_agreement": 0.0}})"));
 
-  absl::StatusOr<pipeline::JobSpec> back = JobSpecFromProto(proto);
+  absl::StatusOr<job::JobSpec> back = JobSpecFromProto(proto);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->evaluate.gate.max_mean_kl, 0.05);
   EXPECT_EQ(back->evaluate.gate.min_top1_agreement, 0.0);
   EXPECT_FALSE(back->evaluate.gate.max_ppl_ratio.has_value());
-  EXPECT_EQ(pipeline::JobSpecToJson(*back), pipeline::JobSpecToJson(*parsed));
+  EXPECT_EQ(job::JobSpecToJson(*back), job::JobSpecToJson(*parsed));
 
   // A spec without "evaluate" comes back with nothing set in it.
-  parsed = pipeline::ParseJobSpec(R"({"source": "/s", "output": "/o"})", "spec.json");
+  parsed = job::ParseJobSpec(R"({"source": "/s", "output": "/o"})", "spec.json");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   back = JobSpecFromProto(JobSpecToProto(*parsed));
   ASSERT_TRUE(back.ok()) << back.status();
@@ -153,7 +153,7 @@ TEST(JobProtoTest, EvaluateGateKeepsSetAndUnsetBoundsApart) {
 }
 
 TEST(JobProtoTest, EvaluateEnabledIsWrittenOnlyWhenSet) {
-  pipeline::JobSpec spec;
+  job::JobSpec spec;
   spec.source = "/s";
   spec.output = "/o";
   EXPECT_FALSE(JobSpecToProto(spec).evaluate().has_enabled());
@@ -208,7 +208,7 @@ TEST(JobProtoTest, RequestErrorsNameTheCalibrationField) {
     request.set_source("/s");
     request.set_output("/o");
     c.set(request.mutable_calibration());
-    absl::StatusOr<pipeline::JobSpec> spec = JobSpecFromProto(request);
+    absl::StatusOr<job::JobSpec> spec = JobSpecFromProto(request);
     ASSERT_FALSE(spec.ok()) << c.error;
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(spec.status().message(), absl::StrCat("SubmitJobRequest.spec: ", c.error));

@@ -1,11 +1,12 @@
 // Job spec parsing: defaults, every enum, and a named error for each kind of bad input.
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 #include <gtest/gtest.h>
 
-#include "server/pipeline/job_paths.h"
+#include "server/compute/device_name.h"
+#include "server/job/job_paths.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 namespace {
 
 std::string ErrorOf(const std::string& json) {
@@ -131,16 +132,16 @@ TEST(JobSpecTest, LimitsNameTheFieldAndQuoteNothing) {
 
 TEST(DeviceNameTest, CpuOrCudaWithOneOrTwoDigits) {
   int index = 7;
-  EXPECT_TRUE(ParseDeviceName("cpu", &index));
+  EXPECT_TRUE(compute::ParseDeviceName("cpu", &index));
   EXPECT_EQ(index, -1);
-  EXPECT_TRUE(ParseDeviceName("cuda:0", &index));
+  EXPECT_TRUE(compute::ParseDeviceName("cuda:0", &index));
   EXPECT_EQ(index, 0);
-  EXPECT_TRUE(ParseDeviceName("cuda:17", &index));
+  EXPECT_TRUE(compute::ParseDeviceName("cuda:17", &index));
   EXPECT_EQ(index, 17);
   for (const char* bad : {"", "gpu", "CPU", "cuda", "cuda:", "cuda:100", "cuda:-1", "cuda:+1",
                           "cuda:1a", "cuda: 1", " cpu", "cuda:0 "}) {
     index = 7;
-    EXPECT_FALSE(ParseDeviceName(bad, &index)) << bad;
+    EXPECT_FALSE(compute::ParseDeviceName(bad, &index)) << bad;
     EXPECT_EQ(index, 7) << bad;
   }
 }
@@ -203,9 +204,9 @@ TEST(JobSpecCalibrationTest, CheckpointSecondsDefaultValidationAndCanonicalJson)
 }
 
 }  // namespace
-}  // namespace quantd::pipeline
+}  // namespace quantd::job
 
-namespace quantd::pipeline {
+namespace quantd::job {
 namespace {
 
 TEST(JobSpecCalibrationTest, DefaultsAndDatasets) {
@@ -348,4 +349,4 @@ TEST(JobSpecEvaluateTest, BadEvaluateNamesTheField) {
 }
 
 }  // namespace
-}  // namespace quantd::pipeline
+}  // namespace quantd::job

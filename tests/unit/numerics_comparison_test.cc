@@ -20,7 +20,7 @@
 namespace quantd::scheduler {
 namespace {
 
-using pipeline::CalibrationNumerics;
+using job::CalibrationNumerics;
 using store::AmaxRow;
 
 // The official job's rows, and the math job's rows for the same modules.
@@ -105,8 +105,8 @@ TEST(NumericsComparisonTest, AmaxThatIsZeroOnlyInMathIsInfinitelyFar) {
   EXPECT_EQ(report.layers(0).numerics_max_rel_diff(), std::numeric_limits<double>::infinity());
 }
 
-pipeline::JobSpec Spec(const std::string& calibration) {
-  absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(
+job::JobSpec Spec(const std::string& calibration) {
+  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(
       R"({"source": "/models/v4", "output": "/out", "calibration": {)" + calibration + "}}",
       "test");
   EXPECT_TRUE(spec.ok()) << spec.status();
@@ -116,8 +116,8 @@ pipeline::JobSpec Spec(const std::string& calibration) {
 constexpr char kData[] = R"("datasets": [{"path": "/cal/a.jsonl", "samples": 8}], "seed": 3)";
 
 TEST(NumericsComparisonTest, SameCalibrationOtherNumerics) {
-  const pipeline::JobSpec official = Spec(kData);
-  const pipeline::JobSpec math = Spec(std::string(kData) + R"(, "numerics": "math")");
+  const job::JobSpec official = Spec(kData);
+  const job::JobSpec math = Spec(std::string(kData) + R"(, "numerics": "math")");
   EXPECT_TRUE(SameCalibrationOtherNumerics(official, math));
   EXPECT_TRUE(SameCalibrationOtherNumerics(math, official));
   EXPECT_FALSE(SameCalibrationOtherNumerics(official, official));
@@ -136,7 +136,7 @@ TEST(NumericsComparisonTest, SameCalibrationOtherNumerics) {
         SameCalibrationOtherNumerics(official, Spec(other + R"(, "numerics": "math")")))
         << other;
   }
-  pipeline::JobSpec elsewhere = math;
+  job::JobSpec elsewhere = math;
   elsewhere.source = "/models/other";
   EXPECT_FALSE(SameCalibrationOtherNumerics(official, elsewhere));
 }
@@ -154,7 +154,7 @@ class NumericsComparisonStoreTest : public testing_util::TempDirTest {
   // 0), finished when `calibrated`, with `rows` as its amax.
   int64_t AddJob(const std::string& calibration, int64_t layers, bool calibrated,
                  const std::vector<AmaxRow>& rows) {
-    const std::string spec = pipeline::JobSpecToJson(Spec(calibration));
+    const std::string spec = job::JobSpecToJson(Spec(calibration));
     absl::StatusOr<int64_t> id = store_->CreateJob("", spec, ++now_);
     EXPECT_TRUE(id.ok()) << id.status();
     calibration::CalibrateTask task;
@@ -179,7 +179,7 @@ class NumericsComparisonStoreTest : public testing_util::TempDirTest {
   v1::JobReport Report(int64_t id) {
     absl::StatusOr<store::JobRow> row = store_->GetJob(id);
     EXPECT_TRUE(row.ok()) << row.status();
-    absl::StatusOr<pipeline::JobSpec> spec = pipeline::ParseJobSpec(row->spec_json, "stored");
+    absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row->spec_json, "stored");
     EXPECT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<std::vector<AmaxRow>> amax = store_->ListAmax(id);
     absl::StatusOr<std::vector<store::TaskRow>> tasks = store_->ListTasks(id);

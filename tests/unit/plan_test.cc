@@ -16,6 +16,12 @@
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
+
+using job::ExportFormat;
+using job::JobSpec;
+using job::ParseJobSpec;
+using job::WeightFormat;
+
 namespace {
 
 class PlanTest : public testing::TestWithParam<fixture::Arch> {

@@ -29,6 +29,12 @@
 #include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using job::ExpertCast;
+using job::JobSpec;
+using job::ParseJobSpec;
+using job::WeightFormat;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -18,12 +18,20 @@
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/sha256.h"
 #include "server/fixture/fixture.h"
+#include "server/job/progress.h"
 #include "server/pipeline/prepared_job.h"
-#include "server/pipeline/progress.h"
 #include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
 namespace quantd::pipeline {
+
+using job::FormatDuration;
+using job::FormatProgressLine;
+using job::JobSpec;
+using job::ParseJobSpec;
+using job::ProgressPrinter;
+using job::ProgressSnapshot;
+
 namespace {
 
 namespace fs = std::filesystem;

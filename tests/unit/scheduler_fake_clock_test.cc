@@ -178,7 +178,7 @@ class FakeLoaded final : public LoadedJob {
 class FakePlanner final : public JobPlanner {
  public:
   explicit FakePlanner(FakeStages* stages) : stages_(stages) {}
-  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const pipeline::JobSpec&,
+  absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const job::JobSpec&,
                                                   pipeline::StoredJob stored) override {
     std::unique_lock<std::mutex> lock(mu_);
     ++loads_;
@@ -273,10 +273,10 @@ class SchedulerFakeClockTest : public testing_util::TempDirTest {
     return std::move(*s);
   }
 
-  pipeline::JobSpec Spec() {
-    auto spec = pipeline::ParseJobSpec("{\"source\": \"" + dir_ + "/src\", \"output\": \"" + dir_ +
-                                           "/out\", \"weight_format\": \"w4a16_nvfp4\"}",
-                                       "test");
+  job::JobSpec Spec() {
+    auto spec = job::ParseJobSpec("{\"source\": \"" + dir_ + "/src\", \"output\": \"" + dir_ +
+                                      "/out\", \"weight_format\": \"w4a16_nvfp4\"}",
+                                  "test");
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
   }

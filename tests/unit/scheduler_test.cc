@@ -35,11 +35,10 @@ class SchedulerTest : public testing_util::TempDirTest {
     ASSERT_TRUE(summary.ok()) << summary.status();
   }
 
-  pipeline::JobSpec Spec(const std::string& out, const std::string& extra = "") {
-    auto spec = pipeline::ParseJobSpec("{\"source\": \"" + src_ + "\", \"output\": \"" + dir_ +
-                                           "/" + out + "\", \"weight_format\": \"w4a16_nvfp4\"" +
-                                           extra + "}",
-                                       "test");
+  job::JobSpec Spec(const std::string& out, const std::string& extra = "") {
+    auto spec = job::ParseJobSpec("{\"source\": \"" + src_ + "\", \"output\": \"" + dir_ + "/" +
+                                      out + "\", \"weight_format\": \"w4a16_nvfp4\"" + extra + "}",
+                                  "test");
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
   }
@@ -56,7 +55,7 @@ class SchedulerTest : public testing_util::TempDirTest {
     return std::move(*scheduler);
   }
 
-  v1::Job Submit(Scheduler& s, const pipeline::JobSpec& spec, const std::string& request_id = "") {
+  v1::Job Submit(Scheduler& s, const job::JobSpec& spec, const std::string& request_id = "") {
     auto job = s.Submit(request_id, spec, nullptr);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *job : v1::Job();

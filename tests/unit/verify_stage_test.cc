@@ -33,6 +33,12 @@
 #include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using job::ExpertCast;
+using job::ExportFormat;
+using job::JobSpec;
+using job::ParseJobSpec;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -27,6 +27,14 @@
 #include "server/pipeline/stages/shard_io.h"
 
 namespace quantd::pipeline {
+
+using job::CalibrationMode;
+using job::CalibrationNumerics;
+using job::CalibrationSpec;
+using job::JobSpec;
+using job::UncalibratedFill;
+using job::WeightFormat;
+
 namespace {
 
 using calibration::CalibrateTask;

@@ -38,7 +38,7 @@ namespace quantd::pipeline {
 inline constexpr int64_t kAutoSlices = 2;
 
 // Whether the job calibrates in a calibrate stage.
-bool NeedsCalibration(const JobSpec& spec);
+bool NeedsCalibration(const job::JobSpec& spec);
 
 // The layer tasks' shape: decoder layers and slices per layer (0 layers: no calibration).
 struct CalibrationLayout {
@@ -57,7 +57,7 @@ absl::StatusOr<uint64_t> LayerCheckpointBytes(const PlanInput& input, int64_t to
 // NVFP4 modules belongs to ("layers.<L>."); of every layer when a module lies outside the decoder
 // layers or calibration.uncalibrated is model_max (the fill needs the whole model).
 std::vector<store::TaskRef> CalibrateDependencies(const CalibrationLayout& layout,
-                                                  const JobSpec& spec, const ShardTask& task);
+                                                  const job::JobSpec& spec, const ShardTask& task);
 
 // The input amax a quantize task of `task` uses in a calibrating job: the export
 // (calibration/export_amax.h) of the finished calibrate tasks' rows. FailedPrecondition when one

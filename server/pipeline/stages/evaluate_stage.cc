@@ -26,6 +26,10 @@
 #include "server/tokenizer/tokenizer.h"
 
 namespace quantd::pipeline {
+
+using job::CalibrationNumericsName;
+using job::JobSpec;
+
 namespace {
 
 using evaluation::EvaluateTask;

@@ -40,7 +40,7 @@ namespace quantd::pipeline {
 inline constexpr std::string_view kQualityGateReason = "QUALITY_GATE";
 
 // Whether a job of `spec` plans the evaluate stage.
-bool NeedsEvaluation(const JobSpec& spec);
+bool NeedsEvaluation(const job::JobSpec& spec);
 
 class EvaluateStage final : public Stage {
  public:

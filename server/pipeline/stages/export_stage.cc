@@ -56,6 +56,11 @@
 #include "server/pipeline/stages/verify_rules.h"
 
 namespace quantd::pipeline {
+
+using job::JobSpec;
+using job::KvCache;
+using job::WeightFormat;
+
 namespace {
 
 using nlohmann::json;

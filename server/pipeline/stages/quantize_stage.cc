@@ -19,6 +19,12 @@
 #include "server/pipeline/stages/verify_rules.h"
 
 namespace quantd::pipeline {
+
+using job::ExpertCast;
+using job::ExportFormat;
+using job::JobSpec;
+using job::WeightFormat;
+
 namespace {
 
 // Elements per step on a backend with its own memory: each kernel launch has plenty of work, and

@@ -19,6 +19,9 @@
 #include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using job::WeightFormat;
+
 namespace {
 
 using checkpoint::Dtype;

@@ -7,8 +7,8 @@
 // resolved, "." and ".." removed), and by device and inode: the outer directory's (st_dev,
 // st_ino) against the inner path's and each of its existing ancestors' (a bind mount or a second
 // mount of one file system names one directory by two canonical paths).
-#ifndef QUANTD_SERVER_PIPELINE_JOB_PATHS_H_
-#define QUANTD_SERVER_PIPELINE_JOB_PATHS_H_
+#ifndef QUANTD_SERVER_JOB_JOB_PATHS_H_
+#define QUANTD_SERVER_JOB_JOB_PATHS_H_
 
 #include <limits.h>
 #include <stddef.h>
@@ -19,9 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 
 // The longest path a spec may hold: one byte less than PATH_MAX, which counts the NUL.
 inline constexpr size_t kMaxPathBytes = PATH_MAX - 1;
@@ -57,6 +57,6 @@ struct ClaimedDir {
 // or spec.calibration.amax_out overlapping one of `claimed`.
 absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDir>& claimed);
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::job
 
-#endif  // QUANTD_SERVER_PIPELINE_JOB_PATHS_H_
+#endif  // QUANTD_SERVER_JOB_JOB_PATHS_H_

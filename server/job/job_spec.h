@@ -36,8 +36,8 @@
 //
 // Limits: the JSON text at most kMaxJobSpecBytes; every path at most kMaxPathBytes of valid
 // UTF-8 (job_paths.h); at most kMaxGlobs include / exclude globs of at most kMaxGlobBytes each.
-#ifndef QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
-#define QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
+#ifndef QUANTD_SERVER_JOB_JOB_SPEC_H_
+#define QUANTD_SERVER_JOB_JOB_SPEC_H_
 
 #include <stdint.h>
 
@@ -46,9 +46,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/compute/device_name.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 
 enum class RecipeKind { kExperts, kFull, kCustom };
 enum class WeightFormat { kNvfp4, kW4A16Nvfp4 };
@@ -164,9 +163,6 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
 // Canonical JSON (all fields, defaults spelled out); ParseJobSpec(ToJson(s)) == s.
 std::string JobSpecToJson(const JobSpec& spec);
 
-// Device names: "cpu" or "cuda:N" (server/compute/device_name.h).
-using compute::ParseDeviceName;
-
 const char* RecipeKindName(RecipeKind k);
 const char* WeightFormatName(WeightFormat f);
 const char* ExpertCastName(ExpertCast c);
@@ -178,6 +174,6 @@ const char* ExpertAmaxName(ExpertAmax e);
 const char* UncalibratedFillName(UncalibratedFill u);
 const char* CalibrationNumericsName(CalibrationNumerics n);
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::job
 
-#endif  // QUANTD_SERVER_PIPELINE_JOB_SPEC_H_
+#endif  // QUANTD_SERVER_JOB_JOB_SPEC_H_

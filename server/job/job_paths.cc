@@ -1,4 +1,4 @@
-#include "server/pipeline/job_paths.h"
+#include "server/job/job_paths.h"
 
 #include <sys/stat.h>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/utf8.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 namespace {
 
 namespace fs = std::filesystem;
@@ -203,4 +203,4 @@ absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDi
   return absl::OkStatus();
 }
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::job

@@ -1,13 +1,14 @@
-#include "server/pipeline/job_spec.h"
+#include "server/job/job_spec.h"
 
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/pipeline/job_paths.h"
+#include "server/compute/device_name.h"
+#include "server/job/job_paths.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 namespace {
 
 using nlohmann::json;
@@ -145,7 +146,7 @@ absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
   }
   for (const json& d : *v) {
     int index = 0;
-    if (!d.is_string() || !ParseDeviceName(d.get<std::string>(), &index)) {
+    if (!d.is_string() || !compute::ParseDeviceName(d.get<std::string>(), &index)) {
       return r.Error("devices", absl::StrCat("has ", d.dump(), "; expected \"cpu\" or \"cuda:N\""));
     }
     if (std::find(devices->begin(), devices->end(), d.get<std::string>()) != devices->end()) {
@@ -397,4 +398,4 @@ std::string JobSpecToJson(const JobSpec& spec) {
   return j.dump();
 }
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::job

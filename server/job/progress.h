@@ -6,8 +6,8 @@
 // source bytes: finished tasks count their planned bytes_total, running tasks what they reported
 // through StageContext::add_progress so far (the scheduler's snapshots carry both). The calibrate
 // and evaluate stages count tokens instead: "calibrate  3/8 tasks  1536/4096 tokens  410 tokens/s".
-#ifndef QUANTD_SERVER_PIPELINE_PROGRESS_H_
-#define QUANTD_SERVER_PIPELINE_PROGRESS_H_
+#ifndef QUANTD_SERVER_JOB_PROGRESS_H_
+#define QUANTD_SERVER_JOB_PROGRESS_H_
 
 #include <stdint.h>
 
@@ -16,7 +16,7 @@
 #include <ostream>
 #include <string>
 
-namespace quantd::pipeline {
+namespace quantd::job {
 
 // What one progress line shows.
 struct ProgressSnapshot {
@@ -66,6 +66,6 @@ class ProgressPrinter {
   Clock::time_point last_draw_;     // last terminal redraw
 };
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::job
 
-#endif  // QUANTD_SERVER_PIPELINE_PROGRESS_H_
+#endif  // QUANTD_SERVER_JOB_PROGRESS_H_

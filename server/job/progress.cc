@@ -1,4 +1,4 @@
-#include "server/pipeline/progress.h"
+#include "server/job/progress.h"
 
 #include <math.h>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace quantd::pipeline {
+namespace quantd::job {
 
 std::string FormatDuration(double seconds) {
   const int64_t s = std::max<int64_t>(0, llround(seconds));
@@ -92,4 +92,4 @@ void ProgressPrinter::ClearLine() {
   line_drawn_ = false;
 }
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::job

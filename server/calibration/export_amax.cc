@@ -98,9 +98,9 @@ absl::StatusOr<std::map<std::string, float>> ExportInputAmax(const AmaxTable& ta
   return out;
 }
 
-std::map<std::string, float> ConstantInputAmax(const pipeline::TensorInventory& inventory) {
+std::map<std::string, float> ConstantInputAmax(const checkpoint::TensorInventory& inventory) {
   std::map<std::string, float> out;
-  for (const pipeline::LinearModule& m : inventory.linears) {
+  for (const checkpoint::LinearModule& m : inventory.linears) {
     out[m.name] = formats::kNvfp4AmaxDivisor;
   }
   return out;

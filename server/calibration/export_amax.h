@@ -15,9 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "server/calibration/amax_table.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/job/job_spec.h"
 #include "server/model/v4_config.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::calibration {
 
@@ -39,7 +39,7 @@ absl::StatusOr<std::map<std::string, float>> ExportInputAmax(const AmaxTable& ta
                                                              ExportReport* report);
 
 // calibration.mode "constant": amax 2688 (input_scale 1.0) for every linear module of `inventory`.
-std::map<std::string, float> ConstantInputAmax(const pipeline::TensorInventory& inventory);
+std::map<std::string, float> ConstantInputAmax(const checkpoint::TensorInventory& inventory);
 
 // The amax_file JSON ({module: amax}, sorted): `exported`, plus "<module>.unweighted" and
 // "<module>.weighted" for every routed w2 of `table`. Written atomically to `path`.

@@ -15,7 +15,7 @@ absl::StatusOr<DeviceLinear> UploadLinear(const DeviceForwardContext& ctx, Linea
   d.input_scale = w.input_scale;
   const size_t bytes = static_cast<size_t>(w.view.rows * w.view.cols) *
                        (w.view.type == kernels::FloatType::kBF16 ? 2 : 4);
-  pipeline::DenseWeight& decoded = w.host.dense;
+  checkpoint::DenseWeight& decoded = w.host.dense;
   if (decoded.holder.data() != nullptr && decoded.tensor.data == decoded.holder.data() &&
       decoded.tensor.type == w.view.type && decoded.bytes == bytes &&
       IsMemoryOf(ctx, decoded.holder.data())) {

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 #include "server/base/status_macros.h"
-#include "server/pipeline/stage.h"
 
 namespace quantd::model {
 namespace {
@@ -15,8 +14,8 @@ namespace {
 absl::Status TensorShapeError(const std::string& name, const std::vector<int64_t>& got,
                               const std::vector<int64_t>& want, const std::string& dtype) {
   return absl::InvalidArgumentError(absl::StrCat("tensor ", name, ": ", dtype, " ",
-                                                 pipeline::ShapeString(got), ", expected ",
-                                                 pipeline::ShapeString(want)));
+                                                 checkpoint::ShapeString(got), ", expected ",
+                                                 checkpoint::ShapeString(want)));
 }
 
 // A one-element F32 scale of an NVFP4 module (ModelOpt: [], compressed-tensors: [1]), checked
@@ -40,8 +39,8 @@ absl::StatusOr<float> LoadNvfp4Scalar(const V4Checkpoint& ckpt, const std::strin
 // An NVFP4 weight (`m`, as the inventory classified it) decoded to float32 with the backend's
 // Nvfp4Dequant; the input scale, when the module has one, into w->input_scale.
 absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                             const pipeline::LinearModule& m, LinearWeight* w) {
-  const bool ct = m.format == pipeline::TensorFormat::kNvfp4CompressedTensors;
+                             const checkpoint::LinearModule& m, LinearWeight* w) {
+  const bool ct = m.format == checkpoint::TensorFormat::kNvfp4CompressedTensors;
   const std::string& weight_name = m.tensors.front();
   const std::string scale_name = m.name + ".weight_scale";
   const checkpoint::TensorView* weight = ckpt.dir->Find(weight_name);
@@ -67,12 +66,12 @@ absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend
   }
   kernels::Buffer data_holder, scales_holder;
   ASSIGN_OR_RETURN(const void* data,
-                   pipeline::ToBackend(backend, weight->data, weight->size, 1, &data_holder));
+                   checkpoint::ToBackend(backend, weight->data, weight->size, 1, &data_holder));
   ASSIGN_OR_RETURN(const void* scale_bytes,
-                   pipeline::ToBackend(backend, scales->data, scales->size, 1, &scales_holder));
+                   checkpoint::ToBackend(backend, scales->data, scales->size, 1, &scales_holder));
   src.data = static_cast<const uint8_t*>(data);
   src.scales = static_cast<const uint8_t*>(scale_bytes);
-  pipeline::DenseWeight& dense = w->host.dense;
+  checkpoint::DenseWeight& dense = w->host.dense;
   dense.bytes = static_cast<size_t>(elements) * sizeof(float);
   ASSIGN_OR_RETURN(dense.holder, backend.Allocate(dense.bytes));
   dense.tensor = {dense.holder.data(), kernels::FloatType::kF32, m.out_features, m.in_features};
@@ -81,7 +80,7 @@ absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend
     return absl::Status(s.code(), absl::StrCat("tensor ", weight_name, ": ", s.message()));
   }
   ASSIGN_OR_RETURN(w->host.data,
-                   pipeline::ToHost(backend, dense.holder.data(), dense.bytes, &w->host.staging));
+                   checkpoint::ToHost(backend, dense.holder.data(), dense.bytes, &w->host.staging));
   w->view = dense.tensor;
   w->view.data = w->host.data;
   ReleasePages(ckpt, *weight);
@@ -100,8 +99,8 @@ void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path) {
   auto ckpt = std::make_unique<V4Checkpoint>();
   ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path));
-  ASSIGN_OR_RETURN(ckpt->inventory, pipeline::BuildInventory(*ckpt->dir));
-  if (ckpt->inventory.arch != pipeline::ModelArch::kDeepseekV4) {
+  ASSIGN_OR_RETURN(ckpt->inventory, checkpoint::BuildInventory(*ckpt->dir));
+  if (ckpt->inventory.arch != checkpoint::ModelArch::kDeepseekV4) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": not a DeepSeek-V4 checkpoint (model_type \"", ckpt->inventory.model_type, "\")"));
   }
@@ -114,30 +113,27 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
                                         const std::string& module, int64_t out, int64_t in) {
   LinearWeight w;
   w.module = module;
-  if (const pipeline::LinearModule* m = pipeline::FindLinear(ckpt.inventory, module);
-      m != nullptr && (m->format == pipeline::TensorFormat::kNvfp4 ||
-                       m->format == pipeline::TensorFormat::kNvfp4CompressedTensors)) {
+  if (const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
+      m != nullptr && (m->format == checkpoint::TensorFormat::kNvfp4 ||
+                       m->format == checkpoint::TensorFormat::kNvfp4CompressedTensors)) {
     if (m->out_features != out || m->in_features != in) {
       return TensorShapeError(m->tensors.front(), {m->out_features, m->in_features}, {out, in},
-                              pipeline::FormatName(m->format));
+                              checkpoint::FormatName(m->format));
     }
     RETURN_IF_ERROR(LoadNvfp4Linear(ckpt, backend, *m, &w));
     return w;
   }
-  pipeline::StageContext ctx;
-  ctx.source = ckpt.dir.get();
-  ctx.inventory = &ckpt.inventory;
-  ctx.backend = &backend;
-  ASSIGN_OR_RETURN(pipeline::SourceWeight source, pipeline::FindSourceWeight(ctx, module));
-  const pipeline::LinearModule& m = *source.module;
+  ASSIGN_OR_RETURN(checkpoint::SourceWeight source,
+                   checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
+  const checkpoint::LinearModule& m = *source.module;
   if (m.out_features != out || m.in_features != in) {
     return TensorShapeError(m.tensors.front(), {m.out_features, m.in_features}, {out, in},
-                            pipeline::FormatName(m.format));
+                            checkpoint::FormatName(m.format));
   }
-  w.quantized_source = m.format == pipeline::TensorFormat::kFp8BlockE8m0 ||
-                       m.format == pipeline::TensorFormat::kFp8BlockF32 ||
-                       m.format == pipeline::TensorFormat::kMxfp4;
-  ASSIGN_OR_RETURN(w.host, pipeline::DecodeWeightToHost(backend, source));
+  w.quantized_source = m.format == checkpoint::TensorFormat::kFp8BlockE8m0 ||
+                       m.format == checkpoint::TensorFormat::kFp8BlockF32 ||
+                       m.format == checkpoint::TensorFormat::kMxfp4;
+  ASSIGN_OR_RETURN(w.host, checkpoint::DecodeWeightToHost(backend, source));
   w.view = w.host.dense.tensor;
   w.view.data = w.host.data;
   if (w.host.data == source.weight->data) {  // read in place from the mapped shard
@@ -145,7 +141,7 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
     w.copy.assign(bytes, bytes + w.host.dense.bytes);
     w.view.data = w.copy.data();
   }
-  pipeline::ReleaseSource(ctx, source);
+  checkpoint::ReleaseSource(*ckpt.dir, source);
   return w;
 }
 

@@ -1,5 +1,5 @@
 // Reading DeepSeek-V4 weights for the forward from a source checkpoint: linear layers decoded
-// from FP8-block / MXFP4 by the device's kernels (pipeline/stages/shard_io.h DecodeWeightToHost),
+// from FP8-block / MXFP4 by the device's kernels (checkpoint/source_weight.h DecodeWeightToHost),
 // small parameters (norms, mHC, sinks, biases, tid2eid) converted to float32 / int32. Every
 // tensor's dtype and shape are checked against the config; errors name the tensor.
 #ifndef QUANTD_SERVER_MODEL_V4_WEIGHTS_H_
@@ -15,16 +15,16 @@
 #include "kernels/backend.h"
 #include "kernels/tensor_views.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/source_weight.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/model/v4_config.h"
-#include "server/pipeline/stages/shard_io.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::model {
 
 // An opened DeepSeek-V4 source checkpoint: its files, tensor inventory and config.
 struct V4Checkpoint {
   std::unique_ptr<checkpoint::CheckpointDir> dir;
-  pipeline::TensorInventory inventory;
+  checkpoint::TensorInventory inventory;
   V4Config config;
 };
 
@@ -43,7 +43,7 @@ struct LinearWeight {
   // NVFP4 fake-quantized with it (kernels/nvfp4_fake_quant.h) in both numerics, as the runtime
   // quantizes it. 0 for every other weight, W4A16 NVFP4 included (weights only).
   float input_scale = 0.0f;
-  pipeline::HostWeight host;      // the decoded values (or the source bytes read in place)
+  checkpoint::HostWeight host;    // the decoded values (or the source bytes read in place)
   std::vector<uint8_t> copy;      // BF16/F32 values copied out of the mapped source, else empty
   kernels::DenseTensor view;      // host view of the values: host.data or copy
 

@@ -4,6 +4,10 @@
 
 namespace quantd::pipeline {
 
+using checkpoint::ModelArch;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInventory;
+
 using job::ExportFormat;
 using job::JobSpec;
 

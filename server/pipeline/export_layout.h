@@ -8,8 +8,8 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/job/job_spec.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
 
@@ -18,7 +18,8 @@ enum class ExportLayout { kModelOpt, kModelOptMixed, kCompressedTensors };
 // modelopt-mixed when a DeepSeek-V4 source with an FP8 quantization_config gets only routed
 // experts as NVFP4 and the spec asks for ModelOpt; compressed-tensors when the spec asks for it;
 // plain modelopt otherwise.
-ExportLayout ChooseExportLayout(const job::JobSpec& spec, const TensorInventory& inventory,
+ExportLayout ChooseExportLayout(const job::JobSpec& spec,
+                                const checkpoint::TensorInventory& inventory,
                                 const nlohmann::json& source_config,
                                 const std::set<std::string>& quantized_modules);
 
@@ -30,7 +31,7 @@ ExportLayout ChooseExportLayout(const job::JobSpec& spec, const TensorInventory&
 bool KeepsSourceQuantization(ExportLayout layout);
 
 // True for the source formats that KeepsSourceQuantization == false turns into BF16.
-bool IsBlockQuantizedFormat(TensorFormat format);
+bool IsBlockQuantizedFormat(checkpoint::TensorFormat format);
 
 }  // namespace quantd::pipeline
 

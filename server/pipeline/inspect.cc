@@ -8,10 +8,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/pipeline/recipe.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::ArchName;
+using checkpoint::BuildInventory;
+using checkpoint::FormatName;
+using checkpoint::LinearModule;
+using checkpoint::TensorInfo;
+using checkpoint::TensorInventory;
 
 namespace fs = std::filesystem;
 using nlohmann::json;

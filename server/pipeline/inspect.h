@@ -9,7 +9,7 @@
 //   tensor_bytes  int      bytes of tensor data (what the index's total_size counts)
 //   file_bytes    int      bytes of all shard files, headers included
 //   by_dtype      object   safetensors dtype ("BF16", "F8_E4M3", ...) -> {tensors, bytes}
-//   by_format     object   detected format (tensor_inventory.h names) -> {tensors, bytes};
+//   by_format     object   detected format (checkpoint::FormatName) -> {tensors, bytes};
 //                          scale tensors count under "scale"
 //   linear_modules object  weight format -> number of linear modules (2-D weights) in it
 //   recipes       object   "experts" and "full" -> {modules, bytes, fusion_groups,

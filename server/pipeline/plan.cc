@@ -17,6 +17,12 @@
 
 namespace quantd::pipeline {
 
+using checkpoint::FormatName;
+using checkpoint::LinearModule;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInfo;
+using checkpoint::TensorInventory;
+
 using job::ExportFormat;
 using job::JobSpec;
 using job::RecipeKind;

@@ -28,9 +28,9 @@
 
 #include "absl/status/statusor.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/job/job_spec.h"
 #include "server/pipeline/recipe.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
 namespace quantd::pipeline {
@@ -78,7 +78,7 @@ struct OutputShard {
 struct PlanInput {
   const job::JobSpec* spec = nullptr;
   const checkpoint::CheckpointDir* source = nullptr;
-  const TensorInventory* inventory = nullptr;
+  const checkpoint::TensorInventory* inventory = nullptr;
   std::vector<OutputShard> output_shards;           // in file-name order
   std::map<std::string, uint64_t> source_shards;    // source shard file -> bytes of its tensors
 };
@@ -98,7 +98,8 @@ struct Plan {
 };
 
 // The recipe the spec names (built-in or include/exclude globs), plus the spec's exclusions.
-absl::StatusOr<Recipe> RecipeForSpec(const job::JobSpec& spec, const TensorInventory& inventory);
+absl::StatusOr<Recipe> RecipeForSpec(const job::JobSpec& spec,
+                                     const checkpoint::TensorInventory& inventory);
 
 class StageRegistry;  // stage_registry.h
 
@@ -106,10 +107,11 @@ class StageRegistry;  // stage_registry.h
 // recipe selects nothing, or a selected module's format cannot be quantized (only FP8-block,
 // MXFP4, BF16 and F32 weights can).
 absl::StatusOr<Plan> BuildPlan(const job::JobSpec& spec, const checkpoint::CheckpointDir& source,
-                               const TensorInventory& inventory, const StageRegistry& stages);
+                               const checkpoint::TensorInventory& inventory,
+                               const StageRegistry& stages);
 // The same with the built-in stages (BuiltinStages()).
 absl::StatusOr<Plan> BuildPlan(const job::JobSpec& spec, const checkpoint::CheckpointDir& source,
-                               const TensorInventory& inventory);
+                               const checkpoint::TensorInventory& inventory);
 
 // Refuses, with the numbers, when the output (and BF16 copy, and the layer checkpoints in
 // `work_dir`, the job's work directory) would not fit.

@@ -25,6 +25,10 @@
 
 namespace quantd::pipeline {
 
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::TensorInventory;
+
 using job::CalibrationMode;
 using job::CheckJobPathsUnchanged;
 using job::JobSpec;

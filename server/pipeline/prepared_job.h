@@ -57,6 +57,7 @@
 #include "server/calibration/job_calibration.h"
 #include "server/calibration/layer_checkpoint.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/compute/device.h"
 #include "server/evaluation/job_evaluation.h"
 #include "server/job/job_spec.h"
@@ -65,7 +66,6 @@
 #include "server/pipeline/stage.h"
 #include "server/pipeline/stage_registry.h"
 #include "server/pipeline/stored_job.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
 namespace quantd::pipeline {
@@ -154,7 +154,7 @@ class PreparedJob {
   job::JobSpec spec_;                                  // the job's spec
   StoredJob stored_;                                   // the store's view when Load began
   std::unique_ptr<checkpoint::CheckpointDir> source_;  // the source checkpoint, opened once
-  TensorInventory inventory_;                          // of source_
+  checkpoint::TensorInventory inventory_;              // of source_
   Plan plan_;                                          // rebuilt from spec + source on every start
   std::vector<store::AmaxRow> file_amax_;  // calibration.amax_file, read by Load on the first start
   // DONE tasks whose output Load found gone or changed, with the reason: Attach requeues them.
@@ -182,8 +182,8 @@ inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;
 // Reads calibration.amax_file: a JSON object {module: input_amax}. Every value must be a finite
 // float32 >= 0 and every module a linear module of `inventory`. Errors name the file and the
 // module, but never quote a key that is not a module name, nor a value.
-absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path,
-                                                         const TensorInventory& inventory);
+absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(
+    const std::string& path, const checkpoint::TensorInventory& inventory);
 
 // The DONE tasks among `tasks` whose output file is missing, or whose size or SHA-256 differs
 // from the recorded ones, with the reason for each (one line). Tasks whose output is a directory

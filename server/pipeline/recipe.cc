@@ -9,6 +9,13 @@
 
 namespace quantd::pipeline {
 
+using checkpoint::LeafName;
+using checkpoint::LinearModule;
+using checkpoint::ModelArch;
+using checkpoint::ModuleOf;
+using checkpoint::NaturalLess;
+using checkpoint::TensorInventory;
+
 bool GlobMatch(absl::string_view pattern, absl::string_view name) {
   size_t p = 0, n = 0;
   size_t star = absl::string_view::npos, star_n = 0;  // last '*' and where its match ends

@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/pipeline/tensor_inventory.h"
+#include "server/checkpoint/tensor_inventory.h"
 
 namespace quantd::pipeline {
 
@@ -49,7 +49,8 @@ const std::vector<std::vector<std::string>>& FusedSets();
 
 // "experts" or "full" for the inventory's architecture (deepseek_v4 or deepseek_v3; other
 // architectures have no built-in recipe).
-absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInventory& inventory);
+absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name,
+                                     const checkpoint::TensorInventory& inventory);
 // Exclude globs win over include globs; the reason of an exclusion is "exclude <glob>".
 Recipe GlobRecipe(const std::vector<std::string>& include, const std::vector<std::string>& exclude);
 
@@ -64,7 +65,8 @@ struct RecipePlan {
 // {gate_proj, up_proj}, {wq_a, wkv}, {q_a_proj, kv_a_proj_with_mqa} and {q_proj, k_proj, v_proj}
 // under one parent, members in that order, groups in natural order. Fails when a recipe
 // quantizes one member of such a set but not another that exists.
-absl::StatusOr<RecipePlan> PlanRecipe(const TensorInventory& inventory, const Recipe& recipe);
+absl::StatusOr<RecipePlan> PlanRecipe(const checkpoint::TensorInventory& inventory,
+                                      const Recipe& recipe);
 
 }  // namespace quantd::pipeline
 

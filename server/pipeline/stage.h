@@ -32,10 +32,10 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/compute/device.h"
 #include "server/job/job_spec.h"
 #include "server/pipeline/plan.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
 namespace quantd::calibration {
@@ -59,7 +59,7 @@ struct RecordedOutput {
 struct StageContext {
   const job::JobSpec* spec = nullptr;
   const checkpoint::CheckpointDir* source = nullptr;  // opened once per run
-  const TensorInventory* inventory = nullptr;         // of `source`
+  const checkpoint::TensorInventory* inventory = nullptr;  // of `source`
   const Plan* plan = nullptr;                         // the job's plan
   const std::vector<store::TaskRow>* stored_tasks = nullptr;  // the plan as stored
   kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on

@@ -15,11 +15,18 @@
 #include "kernels/reference.h"
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/sha256.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::NaturalLess;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInfo;
+using checkpoint::TensorInventory;
 
 using job::JobSpec;
 using job::ParseJobSpec;

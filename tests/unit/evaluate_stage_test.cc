@@ -16,17 +16,20 @@
 #include <string>
 #include <vector>
 
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/evaluation/evaluate_task.h"
 #include "server/evaluation/job_evaluation.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage_registry.h"
 #include "server/pipeline/stages/evaluate_stage.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/scheduler/evaluation_report.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::TensorInventory;
 
 using job::JobSpec;
 using job::ParseJobSpec;

@@ -15,11 +15,15 @@
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::TensorInventory;
 
 using job::JobSpec;
 using job::ParseJobSpec;

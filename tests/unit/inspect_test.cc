@@ -16,13 +16,20 @@
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/fixture/fixture_spec.h"
 #include "server/pipeline/inspect.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::ModelArch;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInfo;
+using checkpoint::TensorInventory;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -10,12 +10,18 @@
 #include <filesystem>
 #include <set>
 
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/stage_registry.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInfo;
+using checkpoint::TensorInventory;
 
 using job::ExportFormat;
 using job::JobSpec;

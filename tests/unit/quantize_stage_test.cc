@@ -24,11 +24,17 @@
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/safetensors_writer.h"
 #include "server/checkpoint/sha256.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::NaturalLess;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInventory;
 
 using job::ExpertCast;
 using job::JobSpec;

@@ -9,11 +9,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/recipe.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::ModelArch;
+using checkpoint::NaturalLess;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInventory;
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -17,13 +17,18 @@
 
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/sha256.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/job/progress.h"
 #include "server/pipeline/prepared_job.h"
-#include "server/pipeline/tensor_inventory.h"
 #include "server/store/job_store.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::LinearModule;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInventory;
 
 using job::FormatDuration;
 using job::FormatProgressLine;

@@ -23,16 +23,22 @@
 #include "kernels/formats.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/sha256.h"
+#include "server/checkpoint/source_weight.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
-#include "server/checkpoint/sha256.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/quantize_stage.h"
-#include "server/pipeline/stages/shard_io.h"
 #include "server/pipeline/stages/verify_rules.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BuildInventory;
+using checkpoint::FindLinear;
+using checkpoint::LinearModule;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInventory;
 
 using job::ExpertCast;
 using job::ExportFormat;

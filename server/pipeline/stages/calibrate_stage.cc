@@ -24,7 +24,6 @@
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/inspect_stage.h"
-#include "server/pipeline/stages/shard_io.h"
 
 namespace quantd::pipeline {
 

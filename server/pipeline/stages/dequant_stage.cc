@@ -10,10 +10,21 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/source_weight.h"
 #include "server/pipeline/stages/inspect_stage.h"
-#include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/stages/shard_output.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::FindLinear;
+using checkpoint::FindTensorInfo;
+using checkpoint::LinearModule;
+using checkpoint::NaturalLess;
+using checkpoint::ReleaseSource;
+using checkpoint::TensorError;
+using checkpoint::TensorFormat;
+using checkpoint::TensorInfo;
+
 namespace {
 
 bool Dequantized(TensorFormat f) {
@@ -108,7 +119,7 @@ absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const Dequant
       status = AppendDecodedWeight(ctx, **writer, e.module);
     }
     if (!status.ok()) return status;
-    ReleaseSource(ctx, e.source);
+    ReleaseSource(*ctx.source, e.source);
     AddProgress(ctx, e.source->size);
   }
   absl::StatusOr<TaskOutput> out = FinishShard(ctx, **writer, path);

@@ -57,6 +57,9 @@
 
 namespace quantd::pipeline {
 
+using checkpoint::LinearModule;
+using checkpoint::TensorInventory;
+
 using job::JobSpec;
 using job::KvCache;
 using job::WeightFormat;

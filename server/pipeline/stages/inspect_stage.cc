@@ -7,6 +7,9 @@
 
 namespace quantd::pipeline {
 
+using checkpoint::BuildInventory;
+using checkpoint::TensorInventory;
+
 absl::StatusOr<std::vector<store::TaskPlan>> InspectStage::Plan(const PlanInput&) const {
   return std::vector<store::TaskPlan>{{std::string(kKind), "{}", 0, "", {}, {}}};
 }

@@ -11,14 +11,30 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "server/base/status_macros.h"
-#include "server/pipeline/stages/calibrate_stage.h"
-#include "server/pipeline/stages/inspect_stage.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/source_weight.h"
+#include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/input_scales.h"
-#include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/stages/inspect_stage.h"
+#include "server/pipeline/stages/shard_output.h"
 #include "server/pipeline/stages/verify_rules.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::BackendMxfp4;
+using checkpoint::ComputesOnHost;
+using checkpoint::DecodeWeightRows;
+using checkpoint::DenseWeight;
+using checkpoint::FindLinear;
+using checkpoint::FindSourceWeight;
+using checkpoint::LinearModule;
+using checkpoint::NaturalLess;
+using checkpoint::ReleaseSource;
+using checkpoint::SourceWeight;
+using checkpoint::StageMxfp4;
+using checkpoint::TensorFormat;
+using checkpoint::ToHost;
+using checkpoint::WeightError;
 
 using job::ExpertCast;
 using job::ExportFormat;
@@ -122,7 +138,7 @@ absl::Status QuantizeRun::Prepare() {
     entries_.push_back(std::move(e));
   }
   for (const std::string& module : task_.modules) {
-    absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx_, module);
+    absl::StatusOr<SourceWeight> w = FindSourceWeight(*ctx_.source, *ctx_.inventory, module);
     if (!w.ok()) return w.status();
     const std::vector<OutputTensor> tensors =
         Nvfp4ModuleTensors(spec, module, w->module->out_features, w->module->in_features);
@@ -346,7 +362,7 @@ absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
   if (entry.source != nullptr) {
     absl::Status s = AppendChunked(writer, entry.source->data, entry.source->size);
     if (!s.ok()) return s;
-    ReleaseSource(ctx_, entry.source);
+    ReleaseSource(*ctx_.source, entry.source);
     AddProgress(ctx_, entry.source->size);
     return absl::OkStatus();
   }
@@ -382,7 +398,7 @@ absl::Status QuantizeRun::WriteEntry(checkpoint::SafetensorsWriter& writer,
   }
   if (!status.ok()) return status;
   if (--q.unwritten == 0) {
-    ReleaseSource(ctx_, weights_.at(entry.module));
+    ReleaseSource(*ctx_.source, weights_.at(entry.module));
     AddProgress(ctx_, q.source_bytes);
     pending_.erase(entry.module);
   }

@@ -3,9 +3,9 @@
 // weight_scale_2 and one input_scale. MXFP4 experts use the lossless cast unless
 // spec.expert_cast is requantize. While a module's source and quantized values are in memory it
 // measures the error of the output against the source (verify_rules.h ErrorStats): the source as
-// the quantizer saw it (shard_io.h DecodeWeight), the output decoded as readers decode the file
-// (Nvfp4Dequant with weight_scale_2, or 1 / weight_global_scale). The verify stage proves that
-// the file holds exactly these bytes (its recorded SHA-256).
+// the quantizer saw it (checkpoint/source_weight.h DecodeWeight), the output decoded as readers
+// decode the file (Nvfp4Dequant with weight_scale_2, or 1 / weight_global_scale). The verify stage
+// proves that the file holds exactly these bytes (its recorded SHA-256).
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_QUANTIZE_STAGE_H_
 

@@ -21,10 +21,16 @@
 #include "kernels/formats.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/pipeline/recipe.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::LeafName;
+using checkpoint::ModuleOf;
+using checkpoint::NaturalLess;
+using checkpoint::ShapeString;
+
 namespace {
 
 using checkpoint::Dtype;

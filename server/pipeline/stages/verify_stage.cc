@@ -13,12 +13,22 @@
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/safetensors_reader.h"
+#include "server/checkpoint/source_weight.h"
+#include "server/checkpoint/tensor_inventory.h"
 #include "server/pipeline/stages/quantize_stage.h"
-#include "server/pipeline/stages/shard_io.h"
+#include "server/pipeline/stages/shard_output.h"
 #include "server/pipeline/stages/verify_rules.h"
-#include "server/pipeline/tensor_inventory.h"
 
 namespace quantd::pipeline {
+
+using checkpoint::DecodeWeightToHost;
+using checkpoint::FindLinear;
+using checkpoint::FindSourceWeight;
+using checkpoint::HostWeight;
+using checkpoint::LinearModule;
+using checkpoint::ReleaseSource;
+using checkpoint::ShapeString;
+using checkpoint::SourceWeight;
 
 using job::WeightFormat;
 
@@ -75,7 +85,7 @@ void CheckShardContents(const StageContext& ctx, const ShardTask& task,
 // A module written as BF16 must equal its source decoded the official way, bit for bit.
 absl::Status CheckBf16Module(const StageContext& ctx, const std::string& module,
                              const TensorView& written, std::vector<Violation>* out) {
-  absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, module);
+  absl::StatusOr<SourceWeight> w = FindSourceWeight(*ctx.source, *ctx.inventory, module);
   if (!w.ok()) return w.status();
   absl::StatusOr<HostWeight> decoded = DecodeWeightToHost(*ctx.backend, *w);
   if (!decoded.ok()) return decoded.status();
@@ -88,7 +98,7 @@ absl::Status CheckBf16Module(const StageContext& ctx, const std::string& module,
                     absl::StrCat("BF16 weight differs from the decoded source at element ", i)});
     break;
   }
-  ReleaseSource(ctx, *w);
+  ReleaseSource(*ctx.source, *w);
   return absl::OkStatus();
 }
 

@@ -1,14 +1,13 @@
-// What the stages that write one safetensors shard from the source checkpoint (quantize,
-// dequant) share: finding a module's source tensors, moving bytes between host memory (the
-// mmapped source, the writer) and the backend's memory, decoding a source weight, streaming into
-// the writer, progress, cancellation, and errors that name the shard and the tensor.
-#ifndef QUANTD_SERVER_PIPELINE_STAGES_SHARD_IO_H_
-#define QUANTD_SERVER_PIPELINE_STAGES_SHARD_IO_H_
+// A linear module's weight in the source checkpoint, as the quantize, dequant and verify stages
+// and the DeepSeek-V4 forward (model/v4_weights.h) read it: finding its source tensors by the
+// inventory, moving bytes between host memory (the mmapped source) and a kernel backend's memory,
+// decoding it to a dense tensor, and errors that name the shard and the tensor.
+#ifndef QUANTD_SERVER_CHECKPOINT_SOURCE_WEIGHT_H_
+#define QUANTD_SERVER_CHECKPOINT_SOURCE_WEIGHT_H_
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,18 +15,16 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "server/checkpoint/safetensors_reader.h"
-#include "server/checkpoint/safetensors_writer.h"
-#include "server/pipeline/stage.h"
-#include "server/pipeline/tensor_inventory.h"
+#include "server/checkpoint/tensor_inventory.h"
 
-namespace quantd::pipeline {
+namespace quantd::checkpoint {
 
 // nullptr when the inventory has no such tensor / module.
 const TensorInfo* FindTensorInfo(const TensorInventory& inventory, const std::string& name);
 const LinearModule* FindLinear(const TensorInventory& inventory, const std::string& name);
 
 // File name of the source shard holding `tensor` ("" when absent).
-std::string SourceShardOf(const StageContext& ctx, const std::string& tensor);
+std::string SourceShardOf(const CheckpointDir& source, const std::string& tensor);
 // `status` with "<shard>: tensor <tensor>: " in front of its message, code unchanged.
 absl::Status TensorError(const std::string& shard, const std::string& tensor,
                          const absl::Status& status);
@@ -36,14 +33,16 @@ absl::Status TensorError(const std::string& shard, const std::string& tensor,
 struct SourceWeight {
   const LinearModule* module = nullptr;            // format and logical shape
   std::string shard;                               // source shard of the weight, for errors
-  const checkpoint::TensorView* weight = nullptr;  // the stored weight
-  const checkpoint::TensorView* scale = nullptr;   // its scales; nullptr for BF16 / F32 weights
+  const TensorView* weight = nullptr;              // the stored weight
+  const TensorView* scale = nullptr;               // its scales; nullptr for BF16 / F32 weights
 };
-absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std::string& module);
+absl::StatusOr<SourceWeight> FindSourceWeight(const CheckpointDir& source,
+                                              const TensorInventory& inventory,
+                                              const std::string& module);
 // Releases the mapped source pages of a tensor, or of a module's weight and scales, once a task
 // is done with them (SafetensorsFile::ReleasePages), so memory does not grow with shard size.
-void ReleaseSource(const StageContext& ctx, const checkpoint::TensorView* tensor);
-void ReleaseSource(const StageContext& ctx, const SourceWeight& w);
+void ReleaseSource(const CheckpointDir& source, const TensorView* tensor);
+void ReleaseSource(const CheckpointDir& source, const SourceWeight& w);
 // TensorError for the weight of `w`.
 absl::Status WeightError(const SourceWeight& w, const absl::Status& status);
 
@@ -92,28 +91,6 @@ struct HostWeight {
 };
 absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w);
 
-// Creates the directory of `path` (and its parents) and a writer for `path` declaring `tensors`
-// in the given order, with __metadata__ {"format": "pt"}.
-absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
-    const std::string& path, std::vector<checkpoint::TensorSpec> tensors);
-// Streams `size` bytes of host memory into the writer in large chunks.
-absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size);
-// Appends the weight of `module` decoded to BF16 (DecodeWeight) and releases its source pages.
-absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
-                                 const std::string& module);
-// Finishes the writer (fsync, rename) and describes the file: path, size, SHA-256. Refuses (and
-// removes the .tmp file) when a source shard shrank while the task read it (CheckSourceIntact).
-absl::StatusOr<TaskOutput> FinishShard(const StageContext& ctx,
-                                       checkpoint::SafetensorsWriter& writer,
-                                       const std::string& path);
+}  // namespace quantd::checkpoint
 
-// DataLoss naming the source shard that shrank under the job (its mapped reads saw zeros:
-// checkpoint/mapped_region_guard.h); the job fails, the process lives.
-absl::Status CheckSourceIntact(const StageContext& ctx);
-// Cancelled, naming the shard, once ctx.cancelled is set; CheckSourceIntact's DataLoss before that.
-absl::Status CheckCancelled(const StageContext& ctx, const std::string& shard);
-void AddProgress(const StageContext& ctx, uint64_t source_bytes);
-
-}  // namespace quantd::pipeline
-
-#endif  // QUANTD_SERVER_PIPELINE_STAGES_SHARD_IO_H_
+#endif  // QUANTD_SERVER_CHECKPOINT_SOURCE_WEIGHT_H_

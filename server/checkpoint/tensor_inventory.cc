@@ -1,4 +1,4 @@
-#include "server/pipeline/tensor_inventory.h"
+#include "server/checkpoint/tensor_inventory.h"
 
 #include <algorithm>
 #include <map>
@@ -11,10 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
-namespace quantd::pipeline {
-
-using checkpoint::Dtype;
-using checkpoint::TensorView;
+namespace quantd::checkpoint {
 
 std::string FormatName(TensorFormat f) {
   switch (f) {
@@ -91,7 +88,7 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // DtypeName returns a std::string_view, which absl::StrCat does not take.
-std::string DtypeStr(Dtype d) { return std::string(checkpoint::DtypeName(d)); }
+std::string DtypeStr(Dtype d) { return std::string(DtypeName(d)); }
 
 // Last name components that only scale tensors have.
 bool IsScaleLeaf(const std::string& leaf) {
@@ -230,7 +227,7 @@ ModelArch DetectArch(const std::string& model_type, const std::map<std::string, 
 
 }  // namespace
 
-absl::StatusOr<TensorInventory> BuildInventory(const checkpoint::CheckpointDir& dir) {
+absl::StatusOr<TensorInventory> BuildInventory(const CheckpointDir& dir) {
   TensorInventory inv;
   const nlohmann::json& config = dir.config();
   if (auto it = config.find("model_type"); it != config.end() && it->is_string()) {
@@ -301,4 +298,4 @@ absl::StatusOr<TensorInventory> BuildInventory(const checkpoint::CheckpointDir& 
   return inv;
 }
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::checkpoint

@@ -1,4 +1,4 @@
-#include "server/pipeline/stages/shard_io.h"
+#include "server/checkpoint/source_weight.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,14 +7,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/checkpoint/sha256.h"
 
-namespace quantd::pipeline {
+namespace quantd::checkpoint {
 namespace {
-
-// Appends of at least the writer's buffer size go straight to write(); chunks this large keep
-// the number of system calls small without ever copying a whole tensor.
-constexpr uint64_t kChunkBytes = 64ull << 20;
 
 // The element of `items` (sorted by NaturalLess on .name) named `name`, or nullptr.
 template <typename T>
@@ -74,8 +69,8 @@ const LinearModule* FindLinear(const TensorInventory& inventory, const std::stri
   return FindByName(inventory.linears, name);
 }
 
-std::string SourceShardOf(const StageContext& ctx, const std::string& tensor) {
-  const checkpoint::SafetensorsFile* file = ctx.source->ShardOf(tensor);
+std::string SourceShardOf(const CheckpointDir& source, const std::string& tensor) {
+  const SafetensorsFile* file = source.ShardOf(tensor);
   return file == nullptr ? std::string() : std::filesystem::path(file->path()).filename().string();
 }
 
@@ -89,20 +84,22 @@ absl::Status WeightError(const SourceWeight& w, const absl::Status& status) {
   return TensorError(w.shard, w.weight->name, status);
 }
 
-absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std::string& module) {
+absl::StatusOr<SourceWeight> FindSourceWeight(const CheckpointDir& source,
+                                              const TensorInventory& inventory,
+                                              const std::string& module) {
   SourceWeight w;
-  w.module = FindLinear(*ctx.inventory, module);
+  w.module = FindLinear(inventory, module);
   if (w.module == nullptr || w.module->tensors.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("module ", module, " is not a linear module of ", ctx.source->dir()));
+        absl::StrCat("module ", module, " is not a linear module of ", source.dir()));
   }
   const std::string& weight_name = w.module->tensors.front();
-  w.weight = ctx.source->Find(weight_name);
+  w.weight = source.Find(weight_name);
   if (w.weight == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", weight_name, " is missing from ", ctx.source->dir()));
+        absl::StrCat("tensor ", weight_name, " is missing from ", source.dir()));
   }
-  w.shard = SourceShardOf(ctx, weight_name);
+  w.shard = SourceShardOf(source, weight_name);
   uint64_t weight_bytes = 0, scale_bytes = 0;
   if (absl::Status s = ExpectedBytes(*w.module, &weight_bytes, &scale_bytes); !s.ok()) {
     return WeightError(w, s);
@@ -118,9 +115,9 @@ absl::StatusOr<SourceWeight> FindSourceWeight(const StageContext& ctx, const std
     return WeightError(w, absl::InvalidArgumentError("its scale tensor is missing"));
   }
   const std::string& scale_name = w.module->tensors[1];
-  w.scale = ctx.source->Find(scale_name);
+  w.scale = source.Find(scale_name);
   if (w.scale == nullptr || w.scale->size != scale_bytes) {
-    return TensorError(SourceShardOf(ctx, scale_name), scale_name,
+    return TensorError(SourceShardOf(source, scale_name), scale_name,
                        absl::InvalidArgumentError(absl::StrCat(
                            w.scale == nullptr ? "missing" : absl::StrCat(w.scale->size, " bytes"),
                            ", expected ", scale_bytes, " for the scales of ", weight_name)));
@@ -260,30 +257,6 @@ absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const So
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
-    const std::string& path, std::vector<checkpoint::TensorSpec> tensors) {
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return absl::ErrnoToStatus(
-          ec.value(), absl::StrCat("cannot create directory ", dir.string(), ": ", ec.message()));
-    }
-  }
-  return checkpoint::SafetensorsWriter::Create(path, std::move(tensors), {{"format", "pt"}});
-}
-
-absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size) {
-  const uint8_t* bytes = static_cast<const uint8_t*>(data);
-  for (uint64_t done = 0; done < size;) {
-    const uint64_t n = std::min(kChunkBytes, size - done);
-    if (absl::Status s = writer.Append(bytes + done, n); !s.ok()) return s;
-    done += n;
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w) {
   absl::StatusOr<DenseWeight> dense = DecodeWeight(backend, w);
   if (!dense.ok()) return dense.status();
@@ -296,58 +269,16 @@ absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const S
   return out;
 }
 
-absl::Status AppendDecodedWeight(const StageContext& ctx, checkpoint::SafetensorsWriter& writer,
-                                 const std::string& module) {
-  absl::StatusOr<SourceWeight> w = FindSourceWeight(ctx, module);
-  if (!w.ok()) return w.status();
-  absl::StatusOr<HostWeight> decoded = DecodeWeightToHost(*ctx.backend, *w);
-  if (!decoded.ok()) return decoded.status();
-  if (absl::Status s = AppendChunked(writer, decoded->data, decoded->dense.bytes); !s.ok()) {
-    return s;
-  }
-  ReleaseSource(ctx, *w);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<TaskOutput> FinishShard(const StageContext& ctx,
-                                       checkpoint::SafetensorsWriter& writer,
-                                       const std::string& path) {
-  // The writer removes its .tmp file when it is destroyed unfinished.
-  if (absl::Status s = CheckSourceIntact(ctx); !s.ok()) return s;
-  if (absl::Status s = writer.Finish(); !s.ok()) return s;
-  TaskOutput out;
-  out.path = path;
-  out.bytes = writer.total_bytes();
-  out.sha256 = writer.sha256();  // hashed while writing: no second read of the file
-  return out;
-}
-
-absl::Status CheckSourceIntact(const StageContext& ctx) {
-  return ctx.source == nullptr ? absl::OkStatus() : ctx.source->CheckIntact();
-}
-
-absl::Status CheckCancelled(const StageContext& ctx, const std::string& shard) {
-  if (absl::Status s = CheckSourceIntact(ctx); !s.ok()) return s;
-  if (ctx.cancelled != nullptr && ctx.cancelled->load(std::memory_order_relaxed)) {
-    return absl::CancelledError(absl::StrCat(shard, ": cancelled"));
-  }
-  return absl::OkStatus();
-}
-
-void AddProgress(const StageContext& ctx, uint64_t source_bytes) {
-  if (ctx.add_progress) ctx.add_progress(source_bytes);
-}
-
-void ReleaseSource(const StageContext& ctx, const checkpoint::TensorView* tensor) {
+void ReleaseSource(const CheckpointDir& source, const TensorView* tensor) {
   if (tensor == nullptr) return;
-  if (const checkpoint::SafetensorsFile* f = ctx.source->ShardOf(tensor->name); f != nullptr) {
+  if (const SafetensorsFile* f = source.ShardOf(tensor->name); f != nullptr) {
     f->ReleasePages(*tensor);
   }
 }
 
-void ReleaseSource(const StageContext& ctx, const SourceWeight& w) {
-  ReleaseSource(ctx, w.weight);
-  ReleaseSource(ctx, w.scale);
+void ReleaseSource(const CheckpointDir& source, const SourceWeight& w) {
+  ReleaseSource(source, w.weight);
+  ReleaseSource(source, w.scale);
 }
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::checkpoint

@@ -17,8 +17,8 @@
 //   other           anything else (I64 tid2eid, F16, ...)
 // A quantized weight without its scale, a scale of the wrong dtype or shape, or a scale-named
 // tensor without a weight is an error that names the tensors.
-#ifndef QUANTD_SERVER_PIPELINE_TENSOR_INVENTORY_H_
-#define QUANTD_SERVER_PIPELINE_TENSOR_INVENTORY_H_
+#ifndef QUANTD_SERVER_CHECKPOINT_TENSOR_INVENTORY_H_
+#define QUANTD_SERVER_CHECKPOINT_TENSOR_INVENTORY_H_
 
 #include <stdint.h>
 
@@ -30,7 +30,7 @@
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/dtype.h"
 
-namespace quantd::pipeline {
+namespace quantd::checkpoint {
 
 enum class TensorFormat {
   kFp8BlockE8m0,
@@ -53,7 +53,7 @@ std::string ArchName(ModelArch a);
 
 struct TensorInfo {
   std::string name;
-  checkpoint::Dtype dtype;
+  Dtype dtype;
   std::vector<int64_t> shape;
   uint64_t bytes = 0;
   std::string shard;    // file name of the shard holding it
@@ -81,7 +81,7 @@ struct TensorInventory {
   std::vector<LinearModule> linears;  // natural order of names
 };
 
-absl::StatusOr<TensorInventory> BuildInventory(const checkpoint::CheckpointDir& dir);
+absl::StatusOr<TensorInventory> BuildInventory(const CheckpointDir& dir);
 
 // "layers.0.attn.wq_a.weight" -> "weight" (the whole name when it has no '.').
 std::string LeafName(const std::string& name);
@@ -93,6 +93,6 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 // Natural order: runs of digits compare as numbers, so "layers.2" < "layers.10".
 bool NaturalLess(absl::string_view a, absl::string_view b);
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::checkpoint
 
-#endif  // QUANTD_SERVER_PIPELINE_TENSOR_INVENTORY_H_
+#endif  // QUANTD_SERVER_CHECKPOINT_TENSOR_INVENTORY_H_

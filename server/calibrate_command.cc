@@ -15,6 +15,7 @@
 #include "server/calibration/activation_store.h"
 #include "server/calibration/amax_table.h"
 #include "server/calibration/calibrate_layer.h"
+#include "server/calibration/calibration_data.h"
 #include "server/calibration/calibration_tokens.h"
 #include "server/calibration/export_amax.h"
 #include "server/calibration/layer_checkpoint.h"
@@ -22,7 +23,6 @@
 #include "server/compute/device.h"
 #include "server/job/job_spec.h"
 #include "server/model/v4_weights.h"
-#include "server/pipeline/calibration_data.h"
 
 namespace quantd {
 namespace {

@@ -1,7 +1,7 @@
 // `quantd calibrate SPEC.json --amax-out FILE`: the layer-by-layer calibration of the spec's
 // source (a DeepSeek-V4 checkpoint) on the CPU, without the daemon. The spec's calibration data
-// sets are tokenized (pipeline/calibration_data.h), embedded, and moved through the decoder layers
-// in order; each layer's inputs are recorded by calibration/amax_observer.h and the table is
+// sets are tokenized (calibration/calibration_data.h), embedded, and moved through the decoder
+// layers in order; each layer's inputs are recorded by calibration/amax_observer.h and the table is
 // exported under the spec's calibration options (calibration/export_amax.h) as an amax_file
 // that `quantd run` reads through calibration.amax_file. `calibration.mode: "constant"` writes
 // amax 2688 (input_scale 1.0) for every linear module with no forward pass.

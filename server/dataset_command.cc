@@ -9,9 +9,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "server/calibration/calibration_data.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/job/job_spec.h"
-#include "server/pipeline/calibration_data.h"
 #include "server/tokenizer/tokenizer.h"
 
 namespace quantd {
@@ -26,9 +26,9 @@ int Fail(std::ostream& err, const absl::Status& status, int code) {
 }
 
 // Sample lengths in power-of-two buckets [2^k, 2^(k+1)), the empty ones left out.
-void PrintHistogram(const pipeline::CalibrationSet& set, std::ostream& out) {
+void PrintHistogram(const calibration::CalibrationSet& set, std::ostream& out) {
   std::vector<int64_t> counts(32, 0);
-  for (const pipeline::CalibrationSample& s : set.samples) {
+  for (const calibration::CalibrationSample& s : set.samples) {
     int bucket = 0;
     while ((int64_t{2} << bucket) <= static_cast<int64_t>(s.ids.size())) ++bucket;
     ++counts[bucket];
@@ -52,20 +52,22 @@ int DatasetMain(const DatasetArgs& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tokenizer =
       tokenizer::Tokenizer::LoadDir(tokenizer_dir);
   if (!tokenizer.ok()) return Fail(err, tokenizer.status(), kFailure);
-  absl::StatusOr<pipeline::CalibrationSet> set = pipeline::LoadCalibrationSet(spec->calibration, **tokenizer);
+  absl::StatusOr<calibration::CalibrationSet> set =
+      calibration::LoadCalibrationSet(spec->calibration, **tokenizer);
   if (!set.ok()) return Fail(err, set.status(), kFailure);
-  absl::StatusOr<std::string> sha256 = pipeline::WriteCalibrationTokens(*set, args.out_path);
+  absl::StatusOr<std::string> sha256 = calibration::WriteCalibrationTokens(*set, args.out_path);
   if (!sha256.ok()) return Fail(err, sha256.status(), kFailure);
 
-  for (const pipeline::CalibrationFileStats& f : set->files) {
+  for (const calibration::CalibrationFileStats& f : set->files) {
     int64_t truncated = 0;
-    for (const pipeline::CalibrationSample& s : set->samples) truncated += s.source == f.path && s.truncated;
+    for (const calibration::CalibrationSample& s : set->samples)
+      truncated += s.source == f.path && s.truncated;
     out << absl::StrFormat("%s: %d samples, %d selected, %d skipped (under %d tokens), %d truncated to %d\n",
                            f.path, f.lines, f.asked, f.skipped, spec->calibration.min_seq_len, truncated,
                            spec->calibration.seq_len);
   }
   int64_t tokens = 0, shortest = INT64_MAX, longest = 0;
-  for (const pipeline::CalibrationSample& s : set->samples) {
+  for (const calibration::CalibrationSample& s : set->samples) {
     const int64_t n = static_cast<int64_t>(s.ids.size());
     tokens += n;
     shortest = std::min(shortest, n);

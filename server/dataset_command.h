@@ -1,5 +1,5 @@
 // `quantd dataset --spec SPEC.json --out FILE [--tokenizer DIR]`: shows what a job would calibrate
-// on. Reads the spec's calibration data sets (pipeline/calibration_data.h) with the tokenizer of
+// on. Reads the spec's calibration data sets (calibration/calibration_data.h) with the tokenizer of
 // DIR (default: the spec's source checkpoint), prints per-file counts, token totals and a
 // histogram of sample lengths, and writes the selected token ids to FILE in the format the job
 // stores (one {"source", "line", "input_ids"} object per line), with its SHA-256.

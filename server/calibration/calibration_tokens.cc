@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/calibration/calibration_data.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
-#include "server/pipeline/calibration_data.h"
 #include "server/tokenizer/tokenizer.h"
 
 namespace quantd::calibration {
@@ -36,10 +36,9 @@ absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               bool fold_ids) {
   ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
                    tokenizer::Tokenizer::LoadDir(tokenizer_dir));
-  ASSIGN_OR_RETURN(pipeline::CalibrationSet set,
-                   pipeline::LoadCalibrationSet(spec.calibration, *tokenizer));
+  ASSIGN_OR_RETURN(CalibrationSet set, LoadCalibrationSet(spec.calibration, *tokenizer));
   SampleIds ids;
-  for (pipeline::CalibrationSample& s : set.samples) {
+  for (CalibrationSample& s : set.samples) {
     for (int32_t& id : s.ids) {
       if (id < vocab) continue;
       if (!fold_ids) {

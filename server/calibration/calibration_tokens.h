@@ -1,5 +1,5 @@
 // The token ids a calibration runs on: the spec's calibration data sets tokenized with the
-// source's tokenizer (pipeline/calibration_data.h), checked against the model's vocabulary. The
+// source's tokenizer (calibration/calibration_data.h), checked against the model's vocabulary. The
 // calibrate stage stores them once per job in a tokens file (checksummed: the SHA-256 is the
 // tokenize task's recorded output), so that a resumed job calibrates on exactly the same tokens
 // whatever happened to the data set files since.

@@ -7,14 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
-#include "server/pipeline/calibration_data.h"
+#include "server/calibration/calibration_data.h"
 
 namespace quantd::evaluation {
 namespace {
 
 // How a file's lines divide: "F has L lines; calibration takes C of them (S shorter than
 // min_seq_len = M skipped), K are left".
-std::string FileLines(const pipeline::CalibrationFileStats& stats, int64_t calibration,
+std::string FileLines(const calibration::CalibrationFileStats& stats, int64_t calibration,
                       int64_t left, int64_t min_seq_len) {
   return absl::StrCat(stats.path, " has ", stats.lines, " lines; calibration takes ", calibration,
                       " of them and ", stats.skipped, " are shorter than min_seq_len = ",
@@ -34,7 +34,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
     return absl::InvalidArgumentError("evaluate.num_samples must not be negative");
   }
   absl::StatusOr<std::vector<job::CalibrationDataset>> calibrated =
-      pipeline::ResolveCalibrationDatasets(calibration);
+      calibration::ResolveCalibrationDatasets(calibration);
   if (!calibrated.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("evaluation draws its held-out samples from the calibration data: ",
@@ -52,8 +52,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
     shares.push_back(wanted / files + (f < wanted % files ? 1 : 0));
     extended.datasets.push_back({(*calibrated)[f].path, (*calibrated)[f].samples + shares[f]});
   }
-  absl::StatusOr<pipeline::CalibrationSet> set =
-      pipeline::LoadCalibrationSet(extended, tokenizer, /*allow_fewer=*/true);
+  absl::StatusOr<calibration::CalibrationSet> set =
+      calibration::LoadCalibrationSet(extended, tokenizer, /*allow_fewer=*/true);
   if (!set.ok()) {
     return absl::Status(set.status().code(),
                         absl::StrCat("held-out samples: ", set.status().message()));
@@ -63,7 +63,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
   std::vector<std::string> lines;  // each file's lines, for the message when none is left
   size_t next = 0;
   for (int64_t f = 0; f < files; ++f) {
-    const pipeline::CalibrationFileStats& stats = set->files[f];
+    const calibration::CalibrationFileStats& stats = set->files[f];
     const int64_t calibration_samples = (*calibrated)[f].samples;
     const int64_t left = std::max<int64_t>(0, stats.taken - calibration_samples);
     if (exact && left < shares[f]) {

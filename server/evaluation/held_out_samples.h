@@ -1,6 +1,6 @@
 // Held-out samples for evaluation: drawn from the job's calibration data sets, disjoint from the
 // calibration samples. Each file's lines are visited in the seeded order calibration uses
-// (pipeline/calibration_data.h); calibration takes the first usable `samples` of a file, the
+// (calibration/calibration_data.h); calibration takes the first usable `samples` of a file, the
 // evaluation takes the next ones (its count shared evenly over the files, the earlier files taking
 // the remainder), with the same seq_len / min_seq_len / add_bos rules. The same spec and files give
 // the same held-out tokens on every machine.

@@ -153,18 +153,20 @@ void JobEvaluation::Restore(const std::vector<store::EvaluationLayerRow>& rows,
   }
 }
 
-void JobEvaluation::OnTaskDone(const store::TaskRow& row, const pipeline::TaskOutput& output) {
+void JobEvaluation::OnTaskDone(const store::TaskRow& row, const std::string& output_path,
+                               const std::optional<store::EvaluationLayerRow>& layer,
+                               const std::optional<store::EvaluationRow>& figures) {
   const std::optional<EvaluateTask> task = EvaluateTaskOf(row);
   if (!task.has_value()) return;
   absl::MutexLock lock(&mu_);
   switch (task->kind) {
     case EvaluateTask::Kind::kLayer:
-      if (output.evaluation_layer.has_value()) layers_[task->layer] = *output.evaluation_layer;
+      if (layer.has_value()) layers_[task->layer] = *layer;
       if (task->layer > 0) activations_->ReleaseLayer(task->layer - 1);
-      if (!output.path.empty()) checkpoints_->OnBoundaryCommitted(task->layer);
+      if (!output_path.empty()) checkpoints_->OnBoundaryCommitted(task->layer);
       break;
     case EvaluateTask::Kind::kHead:
-      if (output.evaluation.has_value()) figures_ = output.evaluation;
+      if (figures.has_value()) figures_ = figures;
       activations_->ReleaseLayer(task->layers - 1);
       break;
     case EvaluateTask::Kind::kGate:

@@ -40,7 +40,6 @@
 #include "server/evaluation/evaluate_task.h"
 #include "server/evaluation/evaluation_batches.h"
 #include "server/model/v4_weights.h"
-#include "server/pipeline/stage.h"
 #include "server/store/job_store.h"
 
 namespace quantd::evaluation {
@@ -84,9 +83,11 @@ class JobEvaluation {
   void Restore(const std::vector<store::EvaluationLayerRow>& rows,
                const std::vector<store::TaskRow>& tasks) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // An evaluate task's completion was committed with `output` (its figures, its checkpoint).
-  void OnTaskDone(const store::TaskRow& task, const pipeline::TaskOutput& output)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // An evaluate task's completion was committed with its output: a layer's figures (`layer`) and
+  // checkpoint manifest (`output_path`, "" when it kept none), or the head's figures (`figures`).
+  void OnTaskDone(const store::TaskRow& task, const std::string& output_path,
+                  const std::optional<store::EvaluationLayerRow>& layer,
+                  const std::optional<store::EvaluationRow>& figures) ABSL_LOCKS_EXCLUDED(mu_);
   // The committed figures of every layer so far, by layer.
   std::map<int64_t, store::EvaluationLayerRow> Layers() const ABSL_LOCKS_EXCLUDED(mu_);
   // The head's committed figures; nullopt before it finished in this process.

@@ -429,7 +429,7 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
         RecordedOutput{output.path, static_cast<int64_t>(output.bytes), output.sha256};
   }
   if (evaluation_ != nullptr && task.stage_kind == EvaluateStage::kKind) {
-    evaluation_->OnTaskDone(task, output);
+    evaluation_->OnTaskDone(task, output.path, output.evaluation_layer, output.evaluation);
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
 // Calibration data sets: selection (deterministic by seed, min/max length, per-file counts),
 // BOS and chat rendering, the stored token file, and a named error for each kind of bad input.
-#include "server/pipeline/calibration_data.h"
+#include "server/calibration/calibration_data.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include "server/tokenizer/chat_encoding.h"
 #include "tests/unit/test_dirs.h"
 
-namespace quantd::pipeline {
+namespace quantd::calibration {
 
 using job::CalibrationDataset;
 using job::CalibrationSpec;
@@ -228,4 +228,4 @@ TEST_F(CalibrationDataTest, BuiltInExampleDataIsUsable) {
 }
 
 }  // namespace
-}  // namespace quantd::pipeline
+}  // namespace quantd::calibration

@@ -290,9 +290,7 @@ class EvaluateResumeTest : public testing::Test {
     row.output_path = (*file)->path;
     row.output_bytes = static_cast<int64_t>((*file)->bytes);
     row.output_sha256 = (*file)->sha256;
-    pipeline::TaskOutput out;
-    out.path = row.output_path;
-    job.OnTaskDone(row, out);
+    job.OnTaskDone(row, row.output_path, std::nullopt, std::nullopt);
   }
 
   std::filesystem::path work_;

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "server/calibration/calibration_data.h"
 #include "server/evaluation/held_out_samples.h"
 #include "server/evaluation/next_token_metrics.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/quality_report.h"
 #include "server/evaluation/sqnr.h"
-#include "server/pipeline/calibration_data.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::evaluation {
@@ -136,8 +136,8 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
     spec.datasets.push_back({path, 0});
   }
   spec.num_samples = 6;  // 3 per file
-  absl::StatusOr<pipeline::CalibrationSet> calibration =
-      pipeline::LoadCalibrationSet(spec, **tokenizer);
+  absl::StatusOr<calibration::CalibrationSet> calibration =
+      calibration::LoadCalibrationSet(spec, **tokenizer);
   ASSERT_TRUE(calibration.ok()) << calibration.status();
   absl::StatusOr<std::vector<std::vector<int32_t>>> held_out =
       LoadHeldOutSamples(spec, 5, **tokenizer);  // 3 from a, 2 from b
@@ -154,7 +154,8 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   longer.num_samples = 0;
   longer.datasets[0].samples = 6;
   longer.datasets[1].samples = 5;
-  absl::StatusOr<pipeline::CalibrationSet> both = pipeline::LoadCalibrationSet(longer, **tokenizer);
+  absl::StatusOr<calibration::CalibrationSet> both =
+      calibration::LoadCalibrationSet(longer, **tokenizer);
   ASSERT_TRUE(both.ok()) << both.status();
   const std::vector<int32_t> want = {both->samples[3].ids[0], both->samples[4].ids[0],
                                      both->samples[5].ids[0], both->samples[9].ids[0],

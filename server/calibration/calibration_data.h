@@ -16,8 +16,8 @@
 // line that is not a JSON object, a sample with none (or more than one) of the three fields, a
 // malformed conversation, ids outside the tokenizer's vocabulary, and fewer usable samples than
 // asked are InvalidArgument errors naming the file and line.
-#ifndef QUANTD_SERVER_PIPELINE_CALIBRATION_DATA_H_
-#define QUANTD_SERVER_PIPELINE_CALIBRATION_DATA_H_
+#ifndef QUANTD_SERVER_CALIBRATION_CALIBRATION_DATA_H_
+#define QUANTD_SERVER_CALIBRATION_CALIBRATION_DATA_H_
 
 #include <stdint.h>
 
@@ -28,7 +28,7 @@
 #include "server/job/job_spec.h"
 #include "server/tokenizer/tokenizer.h"
 
-namespace quantd::pipeline {
+namespace quantd::calibration {
 
 inline constexpr int64_t kDefaultCalibrationSamples = 512;
 
@@ -74,6 +74,6 @@ absl::StatusOr<std::string> WriteCalibrationTokens(const CalibrationSet& set, co
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadCalibrationTokens(const std::string& path,
                                                                         const std::string& sha256);
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::calibration
 
-#endif  // QUANTD_SERVER_PIPELINE_CALIBRATION_DATA_H_
+#endif  // QUANTD_SERVER_CALIBRATION_CALIBRATION_DATA_H_

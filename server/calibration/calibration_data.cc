@@ -1,4 +1,4 @@
-#include "server/pipeline/calibration_data.h"
+#include "server/calibration/calibration_data.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -11,7 +11,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/tokenizer/chat_encoding.h"
 
-namespace quantd::pipeline {
+namespace quantd::calibration {
 
 using job::CalibrationDataset;
 using job::CalibrationSpec;
@@ -252,4 +252,4 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ReadCalibrationTokens(const st
   return samples;
 }
 
-}  // namespace quantd::pipeline
+}  // namespace quantd::calibration

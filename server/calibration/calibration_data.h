@@ -1,5 +1,5 @@
 // Calibration data: the token sequences a job measures activations on, from the JSONL files its
-// spec names (job_spec.h, "calibration"). Every line of a file is one sample with exactly one of
+// spec names (job/job_spec.h "calibration"). Every line of a file is one sample with exactly one of
 //   {"text": STRING}                        prose: BOS (when add_bos) + its tokens, no template
 //   {"messages": [{"role", "content", ...}]} a conversation, rendered by tokenizer/chat_encoding.h
 //                                            (its BOS text only when add_bos)

@@ -46,7 +46,7 @@ void ReleaseSource(const CheckpointDir& source, const SourceWeight& w);
 // TensorError for the weight of `w`.
 absl::Status WeightError(const SourceWeight& w, const absl::Status& status);
 
-// Whether the backend's kernels work on host memory (the CPU backends, named "cpu-*" in
+// Whether the backend's kernels work on host memory (the CPU backends, named "cpu-*" in kernels/
 // backend.h): host pointers can then be handed to them and their buffers read in place.
 bool ComputesOnHost(const kernels::Backend& backend);
 // Host bytes as the backend's kernels can read them: `host` itself on a host backend when it is

@@ -12,16 +12,16 @@
 //    "materialize_bf16": DIR,                              optional BF16 copy of the source
 //    "calibration": {"amax_file": PATH,
 //                    "datasets": [{"path": JSONL, "samples": N}...],  calibration text (see
-//                    "dataset": JSONL, "num_samples": N, calibration/calibration_data.h) "seq_len":
-//                    N, "min_seq_len": N, "seed": N,        default 512, 16, 0 "add_bos": BOOL,
-//                    "calibrate_all_experts": BOOL,   default true, false "mode":
-//                    "data"|"constant",                        default "data" "w2_input":
-//                    "unweighted"|"weighted"|"max",        default "max" "expert_amax":
-//                    "per_expert"|"layer_max",          default "per_expert" "uncalibrated":
-//                    "layer_max"|"model_max",          default "layer_max" "numerics":
-//                    "official"|"math",                    default "official" "amax_out": PATH,
-//                    optional "checkpoint_seconds": N},                          default 300; 0:
-//                    each layer
+//                    "dataset": JSONL, "num_samples": N,            calibration/calibration_data.h)
+//                    "seq_len": N, "min_seq_len": N, "seed": N,        default 512, 16, 0
+//                    "add_bos": BOOL, "calibrate_all_experts": BOOL,   default true, false
+//                    "mode": "data"|"constant",                        default "data"
+//                    "w2_input": "unweighted"|"weighted"|"max",        default "max"
+//                    "expert_amax": "per_expert"|"layer_max",          default "per_expert"
+//                    "uncalibrated": "layer_max"|"model_max",          default "layer_max"
+//                    "numerics": "official"|"math",                    default "official"
+//                    "amax_out": PATH,                                  optional
+//                    "checkpoint_seconds": N},                          default 300; 0: each layer
 //                                  (of the calibrate and the evaluate stage: layer checkpoints)
 //      (calibration options: see CalibrationSpec)
 //    "evaluate": {"enabled": BOOL,                        default true for a job that calibrates
@@ -32,7 +32,7 @@
 //                          "max_ppl_ratio": X}},          (see EvaluateSpec)
 //    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
 //    "host_memory_bytes": N,                              default: no budget beyond the plan's
-//    "overwrite": BOOL}                                   default false: see output_marker.h
+//    "overwrite": BOOL}                                   default false: pipeline/output_marker.h
 //
 // Limits: the JSON text at most kMaxJobSpecBytes; every path at most kMaxPathBytes of valid
 // UTF-8 (job_paths.h); at most kMaxGlobs include / exclude globs of at most kMaxGlobBytes each.

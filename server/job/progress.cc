@@ -20,7 +20,7 @@ std::string FormatProgressLine(const ProgressSnapshot& s) {
   std::string line = absl::StrCat(s.stage, "  ", s.tasks_done, "/", s.tasks_total, " tasks");
   if (s.bytes_total == 0) return line;
   if (s.stage == "calibrate" || s.stage == "evaluate") {
-    // The calibrate and evaluate stages count tokens (stages/calibrate_stage.h), not bytes.
+    // The calibrate and evaluate stages count tokens, not bytes (pipeline/stages/).
     absl::StrAppend(&line, absl::StrFormat("  %d/%d tokens", s.bytes_done, s.bytes_total));
     if (!s.bytes_per_second.has_value()) return line;
     absl::StrAppend(&line, absl::StrFormat("  %.0f tokens/s", *s.bytes_per_second));

@@ -5,15 +5,23 @@
 // stored in the JobStore and tasks are leased once their dependencies are done. The built-in
 // stages (stage_registry.cc), in display order, and what their tasks wait for:
 //
-//   inspect   1 task      re-reads the source headers and checks disk space before any write
-//   dequant   1 / shard   (materialize_bf16 only) source shard -> BF16 shard of the same name;
-//                         after inspect
-//   quantize  1 / shard   output shard: tensors copied unchanged + modules written as NVFP4;
-//                         after inspect (not after the BF16 copy)
-//   export    1 task      index.json, config.json, hf_quant_config.json, tokenizer files; after
-//                         every quantize and dequant task
-//   verify    1 / shard   re-reads an output shard: export rules and error statistics; after the
-//                         quantize task of its shard and export
+//   inspect    1 task      re-reads the source headers and checks disk space before any write
+//   dequant    1 / shard   (materialize_bf16 only) source shard -> BF16 shard of the same name;
+//                          after inspect
+//   calibrate  1 + 1 / (layer, slice) (+ 1)   (W4A4 calibrating on data: stages/calibrate_stage.h)
+//                          the calibration tokens, after inspect; decoder layer L over one slice
+//                          of the batches, after every slice of layer L-1 (layer 0: the tokens);
+//                          calibration.amax_out, after the last layer
+//   quantize   1 / shard   output shard: tensors copied unchanged + modules written as NVFP4;
+//                          after inspect (not after the BF16 copy) and, when the job calibrates,
+//                          every slice of the layers its modules belong to
+//   export     1 task      index.json, config.json, hf_quant_config.json, tokenizer files; after
+//                          every quantize and dequant task
+//   verify     1 / shard   re-reads an output shard: export rules and error statistics; after the
+//                          quantize task of its shard
+//   evaluate   1 / layer + head + gate   (a job calibrating on data: stages/evaluate_stage.h) the
+//                          output against its source on held-out samples, one task after the
+//                          other: layer 0 after export and every verify task
 //
 // Output shards mirror the source shards, except that a fusion group (modules that must share
 // weight_scale_2 and input_scale) is always written whole into the shard of its first member.

@@ -29,7 +29,7 @@ class StageRegistry {
   std::vector<std::unique_ptr<Stage>> stages_;  // fixed at construction
 };
 
-// inspect, dequant, quantize, export, verify.
+// inspect, dequant, calibrate, quantize, export, verify, evaluate.
 const StageRegistry& BuiltinStages();
 
 }  // namespace quantd::pipeline

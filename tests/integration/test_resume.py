@@ -2,7 +2,7 @@
 the same command again: the final output is byte-identical to an uninterrupted run's, no .tmp file
 survives, and no task that was done before the kill is redone.
 
-Deterministic kill points use the runner's test hook QUANTD_TEST_KILL_AT (server/pipeline/runner.h).
+Deterministic kill points use the runner's test hook QUANTD_TEST_KILL_AT (server/scheduler/kill_hook.h).
 """
 
 import random

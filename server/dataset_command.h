@@ -1,8 +1,8 @@
 // `quantd dataset --spec SPEC.json --out FILE [--tokenizer DIR]`: shows what a job would calibrate
 // on. Reads the spec's calibration data sets (calibration/calibration_data.h) with the tokenizer of
 // DIR (default: the spec's source checkpoint), prints per-file counts, token totals and a
-// histogram of sample lengths, and writes the selected token ids to FILE in the format the job
-// stores (one {"source", "line", "input_ids"} object per line), with its SHA-256.
+// histogram of sample lengths, and writes the selected token ids to FILE (one {"source", "line",
+// "input_ids"} object per line: itself a calibration data set), with its SHA-256.
 //
 // Exit codes: 0 written, 1 the data sets or the tokenizer failed a check (the message names the
 // file and line), 2 usage or an invalid spec.

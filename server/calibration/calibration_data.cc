@@ -222,34 +222,4 @@ absl::StatusOr<std::string> WriteCalibrationTokens(const CalibrationSet& set, co
   return sha.HexDigest();
 }
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> ReadCalibrationTokens(const std::string& path,
-                                                                        const std::string& sha256) {
-  ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path, kMaxCalibrationFileBytes));
-  checkpoint::Sha256 sha;
-  sha.Update(contents.data(), contents.size());
-  if (sha.HexDigest() != sha256) {
-    return absl::DataLossError(absl::StrCat(path, ": SHA-256 differs from the one recorded for the job"));
-  }
-  std::vector<std::vector<int32_t>> samples;
-  size_t begin = 0;
-  for (int64_t line = 1; begin < contents.size(); ++line) {
-    size_t end = contents.find('\n', begin);
-    if (end == std::string::npos) end = contents.size();
-    const json value = json::parse(contents.begin() + begin, contents.begin() + end, nullptr, false);
-    begin = end + 1;
-    auto ids = value.is_object() ? value.find("input_ids") : value.end();
-    if (!value.is_object() || ids == value.end() || !ids->is_array()) {
-      return absl::DataLossError(absl::StrCat(path, ":", line, ": not a stored calibration sample"));
-    }
-    std::vector<int32_t>& out = samples.emplace_back();
-    for (const json& id : *ids) {
-      if (!id.is_number_integer()) {
-        return absl::DataLossError(absl::StrCat(path, ":", line, ": not a stored calibration sample"));
-      }
-      out.push_back(id.get<int32_t>());
-    }
-  }
-  return samples;
-}
-
 }  // namespace quantd::calibration

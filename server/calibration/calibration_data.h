@@ -64,15 +64,10 @@ absl::StatusOr<CalibrationSet> LoadCalibrationSet(const job::CalibrationSpec& sp
                                                   const tokenizer::Tokenizer& tokenizer,
                                                   bool allow_fewer = false);
 
-// Stores the selected tokens, once per job, so that a resumed job calibrates on exactly the same
-// tokens: one line per sample, {"source": FILE, "line": N, "input_ids": [...]} (itself a valid
-// calibration data set), written atomically. Returns the file's SHA-256 (lowercase hex), which
-// the job records next to it.
+// Writes the selected tokens (`quantd dataset --out`): one line per sample, {"source": FILE,
+// "line": N, "input_ids": [...]} (itself a valid calibration data set), written atomically.
+// Returns the file's SHA-256 (lowercase hex).
 absl::StatusOr<std::string> WriteCalibrationTokens(const CalibrationSet& set, const std::string& path);
-
-// Reads a file WriteCalibrationTokens wrote; DataLoss when its SHA-256 is not `sha256`.
-absl::StatusOr<std::vector<std::vector<int32_t>>> ReadCalibrationTokens(const std::string& path,
-                                                                        const std::string& sha256);
 
 }  // namespace quantd::calibration
 

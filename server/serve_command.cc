@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include "server/scheduler/scheduler.h"
 #include "server/store/file_lock.h"
 #include "server/store/job_store.h"
+#include "server/store/private_files.h"
 
 namespace quantd {
 namespace {
@@ -287,6 +289,74 @@ absl::StatusOr<api::ApiServerOptions> ApiOptions(const ServeConfig& config) {
   return options;
 }
 
+// Creates the state dir, private (store/private_files.h): mode 0700, or 0710 with the socket's
+// group when a unix socket lies in it and --socket-group names that group, so that the group's
+// members reach the socket (mode 0660) but can neither list the dir nor open what is in it. An
+// existing state dir keeps its mode (the files quantd keeps in it are private either way); a
+// warning names one that other users may enter or list.
+absl::Status PrepareStateDir(const std::string& dir, const api::ApiServerOptions& api) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path path = fs::absolute(dir, ec).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();  // "state/" names "state"
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the state dir ", dir, " exists and is not a directory"));
+    }
+    if ((st.st_mode & S_IRWXO) != 0) {
+      spdlog::warn(
+          "the state dir {} can be entered or listed by other users (mode {:04o}); the "
+          "files quantd keeps there are private, chmod o-rwx it to hide their names too",
+          dir, st.st_mode & 07777);
+    }
+    return absl::OkStatus();
+  }
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the state dir ", dir, ": ", ec.message()));
+  }
+  if (absl::StatusOr<bool> made = store::CreatePrivateDir(path.string()); !made.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the state dir ", dir, ": ", made.status().message()));
+  }
+  if (!api.unix_socket.group.has_value()) return absl::OkStatus();
+  for (const std::string& address : api.listen) {
+    if (!absl::StartsWith(address, "unix:")) continue;
+    const fs::path socket = fs::absolute(address.substr(5), ec).lexically_normal();
+    if (socket.parent_path() != path) continue;
+    if (chown(path.c_str(), -1, *api.unix_socket.group) != 0 ||
+        chmod(path.c_str(), store::kPrivateDirMode | S_IXGRP) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot let group ", *api.unix_socket.group,
+                                                        " reach the socket in the "
+                                                        "state dir ",
+                                                        dir, ": ", strerror(errno)));
+    }
+    break;
+  }
+  return absl::OkStatus();
+}
+
+// Writes serve.json atomically (its .tmp, fsync, rename), private from the start: the .tmp is
+// created 0600 (store/private_files.h) before anything is written to it.
+absl::Status WriteServeJson(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  unlink(tmp.c_str());  // a crashed daemon's
+  RETURN_IF_ERROR(store::CreatePrivateFile(tmp));
+  const int fd = open(tmp.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  absl::Status status = fd >= 0 ? checkpoint::WriteFully(fd, text.data(), text.size(), tmp)
+                                : absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", tmp));
+  if (fd >= 0) {
+    absl::Status closed = checkpoint::SyncAndClose(fd, tmp);
+    if (status.ok()) status = closed;
+  }
+  if (status.ok()) status = checkpoint::CommitTmpFile(tmp, path);
+  if (!status.ok()) unlink(tmp.c_str());
+  return status;
+}
+
 // Raises the soft RLIMIT_NOFILE to the hard limit: a low soft limit (often 1024) lets a flood of
 // idle connections take every descriptor, and gRPC 1.51 then stops accepting for good.
 void RaiseDescriptorLimit() {
@@ -479,10 +549,8 @@ int ServeMain(const ServeConfig& config) {
   absl::StatusOr<std::vector<std::string>> devices = ResolveDevices(config);
   if (!devices.ok()) return CannotStart(devices.status());
   std::error_code ec;
-  std::filesystem::create_directories(config.state_dir, ec);
-  if (ec) {
-    return CannotStart(absl::FailedPreconditionError(
-        absl::StrCat("cannot create the state dir ", config.state_dir, ": ", ec.message())));
+  if (absl::Status s = PrepareStateDir(config.state_dir, *api_options); !s.ok()) {
+    return CannotStart(s);
   }
   absl::StatusOr<std::unique_ptr<store::FileLock>> lock = LockStateDir(config.state_dir);
   if (!lock.ok()) return CannotStart(lock.status());
@@ -552,10 +620,10 @@ int ServeMain(const ServeConfig& config) {
   const json ready = {{"pid", static_cast<int64_t>(getpid())},
                       {"listen", (*server)->bound_addresses()},
                       {"metrics_listen", metrics->listen_address()}};
-  if (absl::Status s = checkpoint::WriteFileAtomically(serve_json, ready.dump() + "\n"); !s.ok()) {
+  if (absl::Status written = WriteServeJson(serve_json, ready.dump() + "\n"); !written.ok()) {
     (*server)->Shutdown(std::chrono::milliseconds(0));
     (*scheduler)->Shutdown(std::chrono::milliseconds(0));
-    return CannotStart(s);
+    return CannotStart(written);
   }
   spdlog::info("quantd {} serving on {} (metrics: {}); {}", QUANTD_VERSION,
                absl::StrJoin((*server)->bound_addresses(), ", "),

@@ -72,24 +72,32 @@ void HistoryPruner::Loop() {
   }
 }
 
-void HistoryPruner::PruneOnce() {
+int PruneHistory(scheduler::Scheduler& scheduler, const RetentionPolicy& policy, int64_t now_ms,
+                 const std::function<void()>& selected) {
   std::vector<v1::Job> jobs;
   bool more = true;
   for (int64_t after_id = 0; more;) {
     std::vector<v1::Job> page =
-        scheduler_->board().List(v1::JOB_STATE_UNSPECIFIED, after_id, 1000, &more);
+        scheduler.board().List(v1::JOB_STATE_UNSPECIFIED, after_id, 1000, &more);
     if (page.empty()) break;
     after_id = page.back().id();
     for (v1::Job& job : page) jobs.push_back(std::move(job));
   }
+  const std::vector<int64_t> prune = JobsToPrune(jobs, policy, now_ms);
+  if (selected) selected();
+  int pruned = 0;
+  for (int64_t id : prune) {
+    // A job resumed (or deleted) since the listing is refused and kept.
+    if (scheduler.Delete(id, store::DeletePrecondition::kFinished).ok()) ++pruned;
+  }
+  return pruned;
+}
+
+void HistoryPruner::PruneOnce() {
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-  int pruned = 0;
-  for (int64_t id : JobsToPrune(jobs, policy_, now_ms)) {
-    // A job resumed since the listing is refused by the scheduler and kept.
-    if (scheduler_->Delete(id).ok()) ++pruned;
-  }
+  const int pruned = PruneHistory(*scheduler_, policy_, now_ms);
   if (pruned > 0 && log_) {
     log_(absl::StrCat("history retention: deleted ", pruned, " finished job(s)"));
   }

@@ -1,7 +1,9 @@
 // History retention (`quantd serve --retain-jobs N --retain-days D`): finished jobs (SUCCEEDED,
 // FAILED, CANCELLED) beyond the newest N, or finished more than D days ago, are deleted through
 // the scheduler (as DeleteJob would), so the database and ListJobs stay bounded. PENDING, RUNNING
-// and PAUSED jobs are never pruned. Output files stay on disk.
+// and PAUSED jobs are never pruned: the jobs are selected from a snapshot, and each is deleted only
+// if it is still finished in the transaction that deletes it (store::DeletePrecondition), so a job
+// resumed in between is kept. Output files stay on disk.
 #ifndef QUANTD_SERVER_API_HISTORY_PRUNER_H_
 #define QUANTD_SERVER_API_HISTORY_PRUNER_H_
 
@@ -31,6 +33,12 @@ struct RetentionPolicy {
 // The ids of the finished jobs among `jobs` that `policy` prunes at `now_ms` (Unix ms).
 std::vector<int64_t> JobsToPrune(const std::vector<v1::Job>& jobs, const RetentionPolicy& policy,
                                  int64_t now_ms);
+
+// One pass at `now_ms` (Unix ms): selects from the scheduler's board the jobs `policy` prunes, then
+// deletes each that is still finished. Returns how many it deleted. `selected` (a seam for tests)
+// runs between the selection and the first delete.
+int PruneHistory(scheduler::Scheduler& scheduler, const RetentionPolicy& policy, int64_t now_ms,
+                 const std::function<void()>& selected = nullptr);
 
 // Prunes once at Start and then every `period`, until destroyed.
 class HistoryPruner {

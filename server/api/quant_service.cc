@@ -386,6 +386,9 @@ std::vector<job::ClaimedDir> QuantService::ClaimedDirs(const std::string& reques
       for (const std::string* dir : {&job.spec().output(), &job.spec().materialize_bf16()}) {
         if (!dir->empty()) claimed.push_back({job.id(), *dir});
       }
+      if (!job.spec().calibration().amax_out().empty()) {
+        claimed.push_back({job.id(), job.spec().calibration().amax_out(), /*amax_out=*/true});
+      }
     }
     if (page.empty()) break;
   }
@@ -478,7 +481,8 @@ grpc::ServerUnaryReactor* QuantService::DeleteJob(grpc::CallbackServerContext* c
       RETURN_IF_ERROR(authorizer_->AllowChange(*context, "DeleteJob", request->id()));
     }
     RETURN_IF_ERROR(CheckId(request->id()));
-    scheduler_->DeleteAsync(request->id(), [finish](absl::Status s) { finish(s); });
+    scheduler_->DeleteAsync(request->id(), store::DeletePrecondition::kNotRunning,
+                            [finish](absl::Status s) { finish(s); });
     return absl::OkStatus();
   });
 }

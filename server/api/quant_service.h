@@ -82,8 +82,9 @@ class QuantService final : public v1::QuantService::CallbackService {
                                        const std::function<absl::Status(const Finisher&)>& start);
   // Counts one finished RPC in the metrics.
   void Record(const char* method, absl::StatusCode code);
-  // The output directories that jobs on the board own (PENDING, RUNNING, PAUSED, SUCCEEDED),
-  // except those of the job a resubmission of `request_id` would return.
+  // The output directories and calibration.amax_out files that jobs on the board own (PENDING,
+  // RUNNING, PAUSED, SUCCEEDED), except those of the job a resubmission of `request_id` would
+  // return.
   std::vector<job::ClaimedDir> ClaimedDirs(const std::string& request_id) const;
 
   // Registers a new stream; false once BeginShutdown ran.

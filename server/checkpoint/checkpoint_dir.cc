@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/base/excerpt.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 
@@ -58,12 +59,13 @@ absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path) {
   }
   for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
     if (!it->is_string()) {
-      return Invalid(path, absl::StrCat("weight_map entry for \"", it.key(), "\" is not a string"));
+      return Invalid(
+          path, absl::StrCat("weight_map entry for ", base::Excerpt(it.key()), " is not a string"));
     }
     const std::string& shard = it->get_ref<const std::string&>();
     if (!IsPlainFileName(shard)) {
-      return Invalid(path, absl::StrCat("tensor \"", it.key(), "\" maps to shard \"", shard,
-                                        "\", which is not a plain file name"));
+      return Invalid(path, absl::StrCat("tensor ", base::Excerpt(it.key()), " maps to shard ",
+                                        base::Excerpt(shard), ", which is not a plain file name"));
     }
     index.weight_map[it.key()] = shard;
   }
@@ -73,8 +75,8 @@ absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path) {
 absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index) {
   for (const auto& [tensor, shard] : index.weight_map) {
     if (!IsPlainFileName(shard)) {
-      return Invalid(path, absl::StrCat("tensor \"", tensor, "\" maps to shard \"", shard,
-                                        "\", which is not a plain file name"));
+      return Invalid(path, absl::StrCat("tensor ", base::Excerpt(tensor), " maps to shard ",
+                                        base::Excerpt(shard), ", which is not a plain file name"));
     }
   }
   json root = {{"metadata", {{"total_size", index.total_size}}},
@@ -121,8 +123,11 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
   for (const std::string& shard : shard_names) {
     std::string shard_path = absl::StrCat(dir, "/", shard);
     if (indexed && !FileExists(shard_path)) {
-      return absl::NotFoundError(absl::StrCat(index_path, ": shard \"", shard,
-                                              "\" is missing (", shard_path, ")"));
+      // The path too, unless the name had to be cut or escaped.
+      const std::string quoted = base::Excerpt(shard);
+      return absl::NotFoundError(absl::StrCat(
+          index_path, ": shard ", quoted, " is missing",
+          quoted == absl::StrCat("\"", shard, "\"") ? absl::StrCat(" (", shard_path, ")") : ""));
     }
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
     if (!file.ok()) return file.status();
@@ -131,18 +136,19 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
       auto [it, inserted] =
           checkpoint->tensors_.emplace(view.name, std::make_pair(shard_index, &view));
       if (!inserted) {
-        return Invalid(shard_path, absl::StrCat("tensor \"", view.name, "\" is also in ",
+        return Invalid(shard_path, absl::StrCat("tensor ", base::Excerpt(view.name), " is also in ",
                                                 checkpoint->shards_[it->second.first]->path()));
       }
       if (indexed) {
         auto listed = weight_map.find(view.name);
         if (listed == weight_map.end() || listed->second != shard) {
-          return Invalid(index_path,
-                         absl::StrCat("tensor \"", view.name, "\" is in shard \"", shard,
-                                      "\" but the index ",
-                                      listed == weight_map.end()
-                                          ? std::string("does not list it")
-                                          : absl::StrCat("maps it to \"", listed->second, "\"")));
+          return Invalid(
+              index_path,
+              absl::StrCat("tensor ", base::Excerpt(view.name), " is in shard ",
+                           base::Excerpt(shard), " but the index ",
+                           listed == weight_map.end()
+                               ? std::string("does not list it")
+                               : absl::StrCat("maps it to ", base::Excerpt(listed->second))));
         }
       }
     }
@@ -151,8 +157,9 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
 
   for (const auto& [tensor, shard] : weight_map) {
     if (!checkpoint->tensors_.count(tensor)) {
-      return Invalid(index_path, absl::StrCat("tensor \"", tensor, "\" is listed in shard \"",
-                                              shard, "\" but absent from it"));
+      return Invalid(index_path,
+                     absl::StrCat("tensor ", base::Excerpt(tensor), " is listed in shard ",
+                                  base::Excerpt(shard), " but absent from it"));
     }
   }
   return checkpoint;

@@ -11,9 +11,9 @@
 #include <set>
 #include <tuple>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "server/base/excerpt.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
@@ -27,19 +27,12 @@ using nlohmann::json;
 
 // The 8-byte little-endian header length that starts every file.
 constexpr uint64_t kLengthBytes = 8;
-// Longest name quoted in an error message; hostile names can be megabytes long.
-constexpr size_t kMaxQuotedName = 200;
-
-// `name` quoted and escaped for an error message.
-std::string Quoted(const std::string& name) {
-  absl::string_view shown(name.data(), std::min(name.size(), kMaxQuotedName));
-  return absl::StrCat("\"", absl::CHexEscape(shown), name.size() > kMaxQuotedName ? "...\"" : "\"");
-}
-
 // A JSON value as text for an error message, cut short when long.
 std::string Shown(const json& value) {
   std::string text = value.dump();
-  if (text.size() > kMaxQuotedName) text = absl::StrCat(text.substr(0, kMaxQuotedName), "...");
+  if (text.size() > base::kMaxExcerptBytes) {
+    text = absl::StrCat(text.substr(0, base::kMaxExcerptBytes), "...");
+  }
   return text;
 }
 
@@ -50,7 +43,7 @@ absl::Status FileError(const std::string& path, absl::string_view message) {
 absl::Status TensorError(const std::string& path, const std::string& tensor,
                          absl::string_view message) {
   return absl::InvalidArgumentError(
-      absl::StrCat(path, ": tensor ", Quoted(tensor), ": ", message));
+      absl::StrCat(path, ": tensor ", base::Excerpt(tensor), ": ", message));
 }
 
 // Records the first key that appears twice in one JSON object (nlohmann keeps only one of them).
@@ -99,7 +92,7 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   if (!entry.is_object()) return TensorError(path, name, "entry is not a JSON object");
   for (auto it = entry.begin(); it != entry.end(); ++it) {
     if (it.key() != "dtype" && it.key() != "shape" && it.key() != "data_offsets") {
-      return TensorError(path, name, absl::StrCat("unexpected field ", Quoted(it.key())));
+      return TensorError(path, name, absl::StrCat("unexpected field ", base::Excerpt(it.key())));
     }
   }
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
@@ -113,7 +106,7 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   std::optional<Dtype> parsed_dtype = ParseDtype(dtype.get_ref<const std::string&>());
   if (!parsed_dtype) {
     return TensorError(path, name,
-                       absl::StrCat("unknown dtype ", Quoted(dtype.get<std::string>())));
+                       absl::StrCat("unknown dtype ", base::Excerpt(dtype.get<std::string>())));
   }
 
   const json& shape = entry["shape"];
@@ -174,8 +167,8 @@ absl::Status ParseMetadata(const std::string& path, const json& value,
   if (!value.is_object()) return FileError(path, "__metadata__ is not a JSON object");
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string()) {
-      return FileError(path, absl::StrCat("__metadata__ value for ", Quoted(key),
-                                          " is not a string"));
+      return FileError(
+          path, absl::StrCat("__metadata__ value for ", base::Excerpt(key), " is not a string"));
     }
     (*metadata)[key] = v.get<std::string>();
   }
@@ -291,9 +284,9 @@ absl::Status SafetensorsFile::Parse() {
     return FileError(path_, "header is not valid JSON");
   }
   if (duplicates.found()) {
-    return FileError(path_, absl::StrCat(duplicates.at_top_level() ? "duplicate tensor name "
-                                                                   : "duplicate key ",
-                                         Quoted(duplicates.duplicate()), " in header"));
+    return FileError(
+        path_, absl::StrCat(duplicates.at_top_level() ? "duplicate tensor name " : "duplicate key ",
+                            base::Excerpt(duplicates.duplicate()), " in header"));
   }
   if (!root.is_object()) return FileError(path_, "header is not a JSON object");
 
@@ -321,7 +314,7 @@ absl::Status SafetensorsFile::Parse() {
     if (t.offset < covered) {
       return TensorError(path_, t.name,
                          absl::StrCat("data_offsets [", t.offset, ", ", t.offset + t.size,
-                                      "] overlap tensor ", Quoted(tensors_[i - 1].name)));
+                                      "] overlap tensor ", base::Excerpt(tensors_[i - 1].name)));
     }
     if (t.offset > covered) {
       return TensorError(path_, t.name,

@@ -194,9 +194,11 @@ absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDi
     if (path->empty()) continue;
     for (const ClaimedDir& c : claimed) {
       if (std::string how = Overlap(fs::path(*path), fs::path(c.dir)); !how.empty()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(field, ": ", *path, " ", how, " ", c.dir, ", an output of job ",
-                         c.job_id, " (delete that job first to reuse its directory)"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ": ", *path, " ", how, " ", c.dir,
+            c.amax_out ? ", the calibration.amax_out of job " : ", an output of job ", c.job_id,
+            c.amax_out ? " (delete that job first to reuse its file)"
+                       : " (delete that job first to reuse its directory)"));
       }
     }
   }

@@ -47,14 +47,16 @@ absl::Status ResolveJobPaths(JobSpec* spec, bool allow_relative);
 // stored by an earlier release hold, are checked for overlaps only.
 absl::Status CheckJobPathsUnchanged(const JobSpec& spec);
 
-// An output directory that a job other than the one being submitted owns.
+// A path that a job other than the one being submitted writes, and so owns: its output or
+// materialize_bf16 directory, or its calibration.amax_out file.
 struct ClaimedDir {
   int64_t job_id = 0;
   std::string dir;  // canonical, as ResolveJobPaths left it
+  bool amax_out = false;  // `dir` is that job's calibration.amax_out
 };
 
 // Refuses (FailedPrecondition naming the field and the job) spec.output, spec.materialize_bf16
-// or spec.calibration.amax_out overlapping one of `claimed`.
+// or spec.calibration.amax_out overlapping one of `claimed`: being it, inside it or containing it.
 absl::Status CheckDirsUnclaimed(const JobSpec& spec, const std::vector<ClaimedDir>& claimed);
 
 }  // namespace quantd::job

@@ -1,6 +1,5 @@
 #include "server/metrics/metrics.h"
 
-#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -12,20 +11,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
+#include "server/base/status_macros.h"
+#include "server/metrics/http_server.h"
 
 namespace quantd::metrics {
 namespace {
-
-// The metrics HTTP server: threads (each serves one connection at a time) and how long it waits
-// for a connection's request before it drops the connection.
-constexpr int kExposerThreads = 8;
-constexpr int kExposerRequestTimeoutMs = 2000;
 
 // The fixed label sets whose series exist (at 0) from the start.
 const char* const kJobStates[] = {"PENDING",   "RUNNING", "PAUSED",
@@ -53,7 +48,7 @@ absl::Status ValidateListen(const std::string& listen) {
   const std::string port = listen.substr(colon + 1);
   if (host.empty()) return bad("empty host");
   for (char c : host) {
-    // Civetweb reads ',' as a list separator; whitespace is never part of a host.
+    // ',' (a list separator where addresses are listed) and whitespace are never part of a host.
     if (c == ',' || absl::ascii_isspace(static_cast<unsigned char>(c))) {
       return bad("bad character in host");
     }
@@ -182,28 +177,18 @@ class PrometheusMetrics final : public Metrics {
     for (const char* state : kJobStates) job_series_[state] = &jobs_.Add({{"state", state}});
   }
 
-  // Starts the HTTP exposer on `listen` and records the address it bound.
+  // Starts the HTTP server (http_server.h) on `listen` and records the address it bound.
   absl::Status Listen(const std::string& listen) {
     if (absl::Status status = ValidateListen(listen); !status.ok()) return status;
-    const std::string host = listen.substr(0, listen.rfind(':'));
-    try {
-      // civetweb serves each connection on one of num_threads threads and waits up to
-      // request_timeout_ms for its request: with the defaults (2 threads, 30 s) two idle
-      // connections stall every scrape for 30 s.
-      exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-          "listening_ports", listen, "num_threads", std::to_string(kExposerThreads),
-          "request_timeout_ms", std::to_string(kExposerRequestTimeoutMs)});
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+    const size_t colon = listen.rfind(':');
+    const std::string host = listen.substr(0, colon);
+    int port = 0;
+    if (!absl::SimpleAtoi(listen.substr(colon + 1), &port)) {
+      return absl::InvalidArgumentError(absl::StrCat("metrics listen address \"", listen, "\""));
     }
-    const std::vector<int> ports = exposer_->GetListeningPorts();
-    if (ports.empty()) {
-      exposer_.reset();
-      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen));
-    }
-    exposer_->RegisterCollectable(registry_);
-    listen_address_ = absl::StrCat(host, ":", ports.front());
+    ASSIGN_OR_RETURN(server_,
+                     MetricsHttpServer::Start(host, port, [this] { return Exposition(); }));
+    listen_address_ = absl::StrCat(host, ":", server_->port());
     return absl::OkStatus();
   }
 
@@ -362,10 +347,10 @@ class PrometheusMetrics final : public Metrics {
   // (stage, task state) -> its quantd_tasks series.
   std::map<std::pair<std::string, std::string>, prometheus::Gauge*> task_series_;
 
-  // Serves the registry over HTTP; null when not serving. Declared after the registry, so it
-  // stops before the registry goes.
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string listen_address_;  // host:port exposer_ bound; "" when not serving
+  // Serves the registry over HTTP; null when not serving. Declared last, so it stops before
+  // anything its answers read goes.
+  std::string listen_address_;  // host:port server_ bound; "" when not serving
+  std::unique_ptr<MetricsHttpServer> server_;
 };
 
 }  // namespace

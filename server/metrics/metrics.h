@@ -93,7 +93,7 @@ class Metrics {
 
   // The current metrics in the Prometheus text exposition format (what a scrape returns).
   virtual std::string Exposition() const = 0;
-  // The address the HTTP exposer listens on ("127.0.0.1:9464"); "" when not serving. With port 0
+  // The address the HTTP server listens on ("127.0.0.1:9464"); "" when not serving. With port 0
   // in Serve's address, this carries the port the system picked.
   virtual std::string listen_address() const = 0;
 };

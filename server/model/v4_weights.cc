@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
+#include "server/base/excerpt.h"
 #include "server/base/status_macros.h"
 
 namespace quantd::model {
@@ -101,8 +102,9 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
   ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path));
   ASSIGN_OR_RETURN(ckpt->inventory, checkpoint::BuildInventory(*ckpt->dir));
   if (ckpt->inventory.arch != checkpoint::ModelArch::kDeepseekV4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not a DeepSeek-V4 checkpoint (model_type \"", ckpt->inventory.model_type, "\")"));
+    return absl::InvalidArgumentError(absl::StrCat(path,
+                                                   ": not a DeepSeek-V4 checkpoint (model_type ",
+                                                   base::Excerpt(ckpt->inventory.model_type), ")"));
   }
   ASSIGN_OR_RETURN(ckpt->config,
                    ParseV4Config(ckpt->dir->config(), absl::StrCat(path, "/config.json")));

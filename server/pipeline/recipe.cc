@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/excerpt.h"
 
 namespace quantd::pipeline {
 
@@ -104,8 +105,10 @@ absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInvento
     return r;
   }
   return absl::FailedPreconditionError(
-      absl::StrCat("recipe '", name, "' is defined for deepseek_v4 and deepseek_v3 checkpoints; "
-                   "this one has model_type '", inv.model_type, "' (use include/exclude globs)"));
+      absl::StrCat("recipe '", name,
+                   "' is defined for deepseek_v4 and deepseek_v3 checkpoints; "
+                   "this one has model_type ",
+                   base::Excerpt(inv.model_type), " (use include/exclude globs)"));
 }
 
 Recipe GlobRecipe(const std::vector<std::string>& include, const std::vector<std::string>& exclude) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/store/private_files.h"
 
 namespace quantd::pipeline {
 
@@ -26,6 +27,10 @@ absl::StatusOr<StoredJob> ReadStoredJob(store::JobStore& store, int64_t job_id) 
 
 std::string JobWorkDir(const std::string& db_path, int64_t job_id) {
   return absl::StrCat(db_path, ".work/job-", job_id);
+}
+
+absl::Status CreateWorkRoot(const std::string& db_path) {
+  return store::CreatePrivateDir(absl::StrCat(db_path, ".work")).status();
 }
 
 absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id) {

@@ -28,6 +28,10 @@ absl::StatusOr<StoredJob> ReadStoredJob(store::JobStore& store, int64_t job_id);
 // A job's own work directory (calibration tokens, spilled activations, layer checkpoints):
 // "<state>.work/job-<id>" next to the state database `db_path`.
 std::string JobWorkDir(const std::string& db_path, int64_t job_id);
+// Creates "<state>.work", the parent of every job's work directory, with mode 0700, or makes an
+// existing one private (store/private_files.h): what jobs keep there (calibration tokens,
+// activations) is readable by quantd's user only, whatever their own modes.
+absl::Status CreateWorkRoot(const std::string& db_path);
 // Removes JobWorkDir(db_path, job_id) with everything in it (nothing when it does not exist):
 // for a job that can no longer resume (SUCCEEDED, CANCELLED) or was deleted.
 absl::Status RemoveJobWorkDir(const std::string& db_path, int64_t job_id);

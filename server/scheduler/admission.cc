@@ -1,7 +1,10 @@
 // Admission: the commands (Submit, Cancel, Resume, Delete, Report), which waiting job starts
 // next, planning a started job off the strand, and how a job ends. Everything here runs on the
 // strand.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -11,14 +14,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
+#include "server/checkpoint/sha256.h"
 #include "server/pipeline/prepared_job.h"
 #include "server/pipeline/stage.h"
 #include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/stages/verify_stage.h"
 #include "server/scheduler/calibration_report.h"
 #include "server/scheduler/evaluation_report.h"
-#include "server/scheduler/numerics_comparison.h"
 #include "server/scheduler/job_proto.h"
+#include "server/scheduler/numerics_comparison.h"
 #include "server/scheduler/scheduler_impl.h"
 
 namespace quantd::scheduler {
@@ -37,6 +41,37 @@ absl::Status Forbidden(const std::string& message) {
 
 absl::Status ShuttingDown() {
   return WithReason(absl::UnavailableError("quantd is shutting down"), "SHUTTING_DOWN");
+}
+
+// A calibration.amax_out that exists already is replaced only if quantd wrote it or the spec says
+// overwrite: quantd wrote a file when a DONE task of a job in its store recorded that path as its
+// output with the file's present size and SHA-256 (JobStore::FindRecordedOutputs). Only a file of
+// a recorded size no larger than an amax file may be is hashed, on the strand. FailedPrecondition
+// with reason OUTPUT_EXISTS otherwise.
+absl::Status CheckAmaxOutReplaceable(store::JobStore& store, const job::JobSpec& spec) {
+  const std::string& path = spec.calibration.amax_out;
+  struct stat st;
+  if (path.empty() || spec.overwrite || lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::vector<store::RecordedOutput> recorded,
+                   store.FindRecordedOutputs(path));
+  std::optional<std::string> sha256;  // of the file, once needed
+  for (const store::RecordedOutput& r : recorded) {
+    if (!S_ISREG(st.st_mode) || r.bytes != st.st_size ||
+        static_cast<uint64_t>(st.st_size) > pipeline::kMaxAmaxFileBytes) {
+      continue;
+    }
+    if (!sha256.has_value()) {
+      absl::StatusOr<std::string> hashed = checkpoint::Sha256File(path);
+      if (!hashed.ok()) break;
+      sha256 = *std::move(hashed);
+    }
+    if (*sha256 == r.sha256) return absl::OkStatus();
+  }
+  return WithReason(absl::FailedPreconditionError(absl::StrCat(
+                        "calibration.amax_out: ", path,
+                        " exists and no job of this quantd wrote it; set overwrite to replace "
+                        "it")),
+                    "OUTPUT_EXISTS");
 }
 
 }  // namespace
@@ -64,6 +99,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::DoSubmit(const std::string& request_id,
     }
   }
   RETURN_IF_ERROR(WorkersFor(spec).status());
+  RETURN_IF_ERROR(CheckAmaxOutReplaceable(*store_, spec));
   if (options_.host_memory_bytes > 0 && spec.host_memory_bytes > options_.host_memory_bytes) {
     return WithReason(absl::InvalidArgumentError(absl::StrCat(
                           "spec.host_memory_bytes: ", spec.host_memory_bytes,
@@ -145,7 +181,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::DoResume(int64_t job_id) {
   return Snapshot(job_id);
 }
 
-absl::Status Scheduler::Impl::DoDelete(int64_t job_id) {
+absl::Status Scheduler::Impl::DoDelete(int64_t job_id, store::DeletePrecondition precondition) {
   absl::StatusOr<store::JobRow> row = store_->GetJob(job_id);
   if (!row.ok()) return absl::IsNotFound(row.status()) ? NotFound(job_id) : row.status();
   if (row->state == JobState::kRunning || active_.count(job_id) != 0) {
@@ -153,7 +189,7 @@ absl::Status Scheduler::Impl::DoDelete(int64_t job_id) {
                           "job ", job_id, " is RUNNING; cancel it first, then delete it")),
                       "JOB_RUNNING");
   }
-  RETURN_IF_ERROR(store_->DeleteJob(job_id));
+  RETURN_IF_ERROR(store_->DeleteJob(job_id, precondition));
   states_.erase(job_id);
   Log(job_id, "state", "deleted");
   RemoveWorkDir(job_id);

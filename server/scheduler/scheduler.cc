@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/pipeline/stored_job.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -49,6 +50,7 @@ absl::Status Scheduler::Impl::Init() {
     absl::MutexLock lock(&report_mu_);
     ASSIGN_OR_RETURN(report_store_, store::JobStore::OpenReadOnly(store_->db().path()));
   }
+  RETURN_IF_ERROR(pipeline::CreateWorkRoot(store_->db().path()));
   for (const std::string& name : options_.devices) {
     absl::StatusOr<std::unique_ptr<compute::Device>> device =
         options_.open_device
@@ -266,11 +268,12 @@ void Scheduler::Impl::Resume(int64_t job_id, JobDone done) {
       [done] { done(ShuttingDown()); });
 }
 
-void Scheduler::Impl::Delete(int64_t job_id, std::function<void(absl::Status)> done) {
+void Scheduler::Impl::Delete(int64_t job_id, store::DeletePrecondition precondition,
+                             std::function<void(absl::Status)> done) {
   Post(
-      [this, job_id, done] {
+      [this, job_id, precondition, done] {
         on_strand_.Assert();
-        done(ended_ ? ShuttingDown() : DoDelete(job_id));
+        done(ended_ ? ShuttingDown() : DoDelete(job_id, precondition));
       },
       [done] { done(ShuttingDown()); });
 }
@@ -361,8 +364,9 @@ void Scheduler::CancelAsync(int64_t job_id, bool pause, const std::string& reaso
 void Scheduler::ResumeAsync(int64_t job_id, JobDone done) {
   impl_->Resume(job_id, std::move(done));
 }
-void Scheduler::DeleteAsync(int64_t job_id, std::function<void(absl::Status)> done) {
-  impl_->Delete(job_id, std::move(done));
+void Scheduler::DeleteAsync(int64_t job_id, store::DeletePrecondition precondition,
+                            std::function<void(absl::Status)> done) {
+  impl_->Delete(job_id, precondition, std::move(done));
 }
 void Scheduler::ReportAsync(int64_t job_id, int worst,
                             std::function<void(absl::StatusOr<v1::JobReport>)> done) {
@@ -393,9 +397,9 @@ absl::StatusOr<v1::Job> Scheduler::Resume(int64_t job_id) {
   return answer.get_future().get();
 }
 
-absl::Status Scheduler::Delete(int64_t job_id) {
+absl::Status Scheduler::Delete(int64_t job_id, store::DeletePrecondition precondition) {
   std::promise<absl::Status> answer;
-  DeleteAsync(job_id, [&](absl::Status s) { answer.set_value(std::move(s)); });
+  DeleteAsync(job_id, precondition, [&](absl::Status s) { answer.set_value(std::move(s)); });
   return answer.get_future().get();
 }
 

@@ -107,7 +107,8 @@ class Scheduler {
                    std::function<void(absl::StatusOr<v1::Job>, bool created)> done);
   void CancelAsync(int64_t job_id, bool pause, const std::string& reason, JobDone done);
   void ResumeAsync(int64_t job_id, JobDone done);
-  void DeleteAsync(int64_t job_id, std::function<void(absl::Status)> done);
+  void DeleteAsync(int64_t job_id, store::DeletePrecondition precondition,
+                   std::function<void(absl::Status)> done);
   // A report is the exception: it is built off the strand, from a read-only connection to the
   // store (a committed snapshot), and `done` runs on the reporting thread; a slow command or a
   // busy strand does not delay it, and building it does not delay them.
@@ -128,8 +129,10 @@ class Scheduler {
   absl::StatusOr<v1::Job> Cancel(int64_t job_id, bool pause, const std::string& reason = "");
   // PAUSED or FAILED -> PENDING; failed tasks are retried.
   absl::StatusOr<v1::Job> Resume(int64_t job_id);
-  // Forgets a job that is not RUNNING (its output files stay).
-  absl::Status Delete(int64_t job_id);
+  // Forgets a job that is not RUNNING, and with DeletePrecondition::kFinished only one that is
+  // SUCCEEDED, FAILED or CANCELLED when it is deleted (its output files stay).
+  absl::Status Delete(int64_t job_id, store::DeletePrecondition precondition =
+                                          store::DeletePrecondition::kNotRunning);
   // Per-tensor statistics (worst SQNR first, at most `worst` of them, 0 = all) and the verify
   // checks.
   absl::StatusOr<v1::JobReport> Report(int64_t job_id, int worst);

@@ -110,7 +110,8 @@ class Scheduler::Impl {
               std::function<void(absl::StatusOr<v1::Job>, bool)> done);
   void Cancel(int64_t job_id, bool pause, const std::string& reason, JobDone done);
   void Resume(int64_t job_id, JobDone done);
-  void Delete(int64_t job_id, std::function<void(absl::Status)> done);
+  void Delete(int64_t job_id, store::DeletePrecondition precondition,
+              std::function<void(absl::Status)> done);
   // Answers from reporting_, not the strand: a report never waits for a command or a result.
   void Report(int64_t job_id, int worst, std::function<void(absl::StatusOr<v1::JobReport>)> done)
       ABSL_LOCKS_EXCLUDED(report_mu_);
@@ -196,7 +197,8 @@ class Scheduler::Impl {
   absl::StatusOr<v1::Job> DoCancel(int64_t job_id, bool pause, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   absl::StatusOr<v1::Job> DoResume(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
-  absl::Status DoDelete(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  absl::Status DoDelete(int64_t job_id, store::DeletePrecondition precondition)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // Runs on reporting_, reading report_store_ in one read transaction (a consistent snapshot).
   absl::StatusOr<v1::JobReport> DoReport(int64_t job_id, int worst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_);

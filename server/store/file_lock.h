@@ -13,8 +13,9 @@ namespace quantd::store {
 
 class FileLock {
  public:
-  // Locks `path`, creating it when absent. FailedPrecondition naming the path when it cannot be
-  // opened or locked; *held_elsewhere tells whether another holder of the lock was the reason,
+  // Locks `path`, creating it private (0600) when absent and making an existing one so (a
+  // symbolic link is refused). FailedPrecondition naming the path when it cannot be opened or
+  // locked; *held_elsewhere tells whether another holder of the lock was the reason,
   // so that callers can say who that is.
   static absl::StatusOr<std::unique_ptr<FileLock>> Acquire(const std::string& path,
                                                            bool* held_elsewhere);

@@ -65,7 +65,7 @@ JobRow ReadJob(const Statement& st) {
   row.spec_json = st.ColumnText(2);
   row.state = ParseJobState(st.ColumnText(3)).value_or(JobState::kFailed);
   row.reason = st.ColumnText(4);
-  row.error = st.ColumnText(5);
+  row.error = CapStoredMessage(st.ColumnText(5));
   row.created_ms = st.ColumnInt(6);
   row.updated_ms = st.ColumnInt(7);
   row.started_ms = st.ColumnOptionalInt(8);
@@ -96,7 +96,7 @@ TaskRow ReadTask(const Statement& st) {
   row.output_path = st.ColumnText(12);
   row.output_bytes = st.ColumnOptionalInt(13);
   row.output_sha256 = st.ColumnText(14);
-  row.error = st.ColumnText(15);
+  row.error = CapStoredMessage(st.ColumnText(15));
   row.label = st.ColumnText(16);
   row.requirement.gpu = st.ColumnInt(17) != 0;
   row.requirement.memory_bytes = st.ColumnInt(18);
@@ -187,7 +187,7 @@ absl::Status TaskRecord::PutEvaluation(const EvaluationRow& r) {
   up->Bind(6, r.positions).Bind(7, r.predicted).Bind(8, r.mean_kl).Bind(9, r.p99_kl);
   up->Bind(10, r.max_kl).Bind(11, r.top1_agreement).Bind(12, r.source_ppl);
   up->Bind(13, r.quantized_ppl).Bind(14, r.ppl_ratio).Bind(15, int64_t{r.gate_passed ? 1 : 0});
-  up->Bind(16, r.gate_message).Bind(17, r.seconds);
+  up->Bind(16, CapStoredMessage(r.gate_message)).Bind(17, r.seconds);
   if (absl::Status s = up->Run(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("evaluation figures: ", s.message()));
   }
@@ -202,6 +202,17 @@ const char* StageStateName(StageState s) { return kStageStateNames[static_cast<i
 const char* TaskStateName(TaskState s) { return kTaskStateNames[static_cast<int>(s)]; }
 bool IsTerminal(JobState s) {
   return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
+}
+
+std::string CapStoredMessage(std::string message) {
+  if (message.size() <= kMaxStoredMessageBytes) return message;
+  const std::string note = absl::StrCat("... (", message.size(), " bytes in all)");
+  size_t keep = kMaxStoredMessageBytes - note.size();
+  // Not inside a UTF-8 character: back over its continuation bytes (10xxxxxx).
+  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+  message.resize(keep);
+  message += note;
+  return message;
 }
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
@@ -331,13 +342,17 @@ absl::StatusOr<std::vector<JobRow>> JobStore::ListJobs(std::optional<JobState> s
   return out;
 }
 
-absl::Status JobStore::DeleteJob(int64_t job_id) {
+absl::Status JobStore::DeleteJob(int64_t job_id, DeletePrecondition precondition) {
   return db_->Transaction([&]() -> absl::Status {
     absl::StatusOr<JobRow> job = GetJob(job_id);
     if (!job.ok()) return job.status();
     if (job->state == JobState::kRunning) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", job_id, " is RUNNING; cancel it before deleting"));
+    }
+    if (precondition == DeletePrecondition::kFinished && !IsTerminal(job->state)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " is ", JobStateName(job->state), ", no longer finished; kept"));
     }
     absl::StatusOr<Statement> del = db_->Prepare("DELETE FROM jobs WHERE id = ?");
     if (!del.ok()) return del.status();
@@ -361,7 +376,8 @@ absl::Status JobStore::SetJobState(int64_t job_id, JobState state, const std::st
         "started_ms = CASE WHEN ? AND started_ms IS NULL THEN ? ELSE started_ms END, "
         "finished_ms = CASE WHEN ? THEN ? ELSE NULL END WHERE id = ?");
     if (!up.ok()) return up.status();
-    up->Bind(1, JobStateName(state)).Bind(2, reason).Bind(3, error).Bind(4, now_ms);
+    up->Bind(1, JobStateName(state)).Bind(2, reason).Bind(3, CapStoredMessage(error));
+    up->Bind(4, now_ms);
     up->Bind(5, int64_t{state == JobState::kRunning}).Bind(6, now_ms);
     up->Bind(7, int64_t{IsTerminal(state)}).Bind(8, now_ms).Bind(9, job_id);
     if (absl::Status s = up->Run(); !s.ok()) return s;
@@ -593,7 +609,8 @@ absl::Status JobStore::FailTask(const TaskLease& lease, const std::string& error
         "lease_owner = NULL, lease_expires_ms = NULL "
         "WHERE id = ? AND state = 'LEASED' AND attempt = ? AND lease_owner = ?");
     if (!up.ok()) return up.status();
-    up->Bind(1, permanent ? "FAILED" : "PENDING").Bind(2, error).Bind(3, retry_at_ms);
+    up->Bind(1, permanent ? "FAILED" : "PENDING").Bind(2, CapStoredMessage(error));
+    up->Bind(3, retry_at_ms);
     up->Bind(4, now_ms).Bind(5, lease.task_id).Bind(6, int64_t{lease.attempt}).Bind(7, lease.owner);
     if (absl::Status s = up->Run(); !s.ok()) return s;
     if (db_->Changes() == 0) {
@@ -633,7 +650,7 @@ absl::StatusOr<int> JobStore::RequeueDoneTasks(int64_t job_id,
         "UPDATE tasks SET state = 'PENDING', output_path = NULL, output_bytes = NULL, "
         "output_sha256 = NULL, not_before_ms = 0, error = ? WHERE state = 'DONE' AND id IN stale"));
     if (!up.ok()) return up.status();
-    up->Bind(1, job_id).Bind(2, reason);
+    up->Bind(1, job_id).Bind(2, CapStoredMessage(reason));
     if (absl::Status r = up->Run(); !r.ok()) return r;
     changed = db_->Changes();
     if (changed == 0) return absl::OkStatus();
@@ -725,6 +742,23 @@ absl::StatusOr<std::vector<StageProgress>> JobStore::Progress(int64_t job_id) {
   return out;
 }
 
+absl::StatusOr<std::vector<RecordedOutput>> JobStore::FindRecordedOutputs(
+    const std::string& output_path) {
+  absl::StatusOr<Statement> st = db_->Prepare(
+      "SELECT job_id, output_bytes, output_sha256 FROM tasks WHERE state = 'DONE' AND "
+      "output_path = ? AND output_bytes IS NOT NULL AND output_sha256 IS NOT NULL ORDER BY id");
+  if (!st.ok()) return st.status();
+  st->Bind(1, output_path);
+  std::vector<RecordedOutput> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back(RecordedOutput{st->ColumnInt(0), st->ColumnInt(1), st->ColumnText(2)});
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<TaskRow>> JobStore::ListTasks(int64_t job_id) {
   absl::StatusOr<Statement> st = db_->Prepare(absl::StrCat(
       "SELECT ", kTaskColumns,
@@ -747,7 +781,7 @@ absl::Status JobStore::AddEvent(int64_t job_id, const std::string& kind,
   absl::StatusOr<Statement> ins =
       db_->Prepare("INSERT INTO events (job_id, at_ms, kind, message) VALUES (?, ?, ?, ?)");
   if (!ins.ok()) return ins.status();
-  ins->Bind(1, job_id).Bind(2, now_ms).Bind(3, kind).Bind(4, message);
+  ins->Bind(1, job_id).Bind(2, now_ms).Bind(3, kind).Bind(4, CapStoredMessage(message));
   return ins->Run();
 }
 
@@ -772,7 +806,7 @@ absl::StatusOr<std::vector<EventRow>> JobStore::ListEvents(int64_t job_id, int64
     if (!row.ok()) return row.status();
     if (!*row) break;
     out.push_back(EventRow{st->ColumnInt(0), st->ColumnInt(1), st->ColumnText(2),
-                           st->ColumnText(3)});
+                           CapStoredMessage(st->ColumnText(3))});
   }
   return out;
 }
@@ -889,7 +923,7 @@ absl::StatusOr<std::optional<EvaluationRow>> JobStore::GetEvaluation(int64_t job
   r.quantized_ppl = ColumnFigure(*st, 10);
   r.ppl_ratio = ColumnFigure(*st, 11);
   r.gate_passed = st->ColumnInt(12) != 0;
-  r.gate_message = st->ColumnText(13);
+  r.gate_message = CapStoredMessage(st->ColumnText(13));
   r.seconds = st->ColumnDouble(14);
   return std::optional<EvaluationRow>(std::move(r));
 }

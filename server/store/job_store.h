@@ -11,6 +11,7 @@
 #ifndef QUANTD_SERVER_STORE_JOB_STORE_H_
 #define QUANTD_SERVER_STORE_JOB_STORE_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <functional>
@@ -39,6 +40,15 @@ const char* StageStateName(StageState s);
 const char* TaskStateName(TaskState s);
 bool IsTerminal(JobState s);
 
+// The most bytes of a stored message: a job's or task's last error, an event, a quality gate's
+// message. A longer one is cut (at a UTF-8 character boundary, with a note of its size) when it is
+// written, and rows an older release wrote longer are cut the same way when read, so that no job,
+// page of jobs or event list grows with what an input made an error say.
+inline constexpr size_t kMaxStoredMessageBytes = 4096;
+// `message` as the store keeps it: unchanged when at most kMaxStoredMessageBytes, else cut so that
+// it is, ending in "... (<size> bytes in all)".
+std::string CapStoredMessage(std::string message);
+
 struct JobRow {
   int64_t id = 0;
   std::string request_id;  // "" when the client gave none
@@ -50,6 +60,13 @@ struct JobRow {
   int64_t updated_ms = 0;
   std::optional<int64_t> started_ms;
   std::optional<int64_t> finished_ms;
+};
+
+// What JobStore::DeleteJob requires of the job's state, checked in the deleting transaction.
+enum class DeletePrecondition {
+  kNotRunning,  // any state but RUNNING (DeleteJob)
+  kFinished,    // SUCCEEDED, FAILED or CANCELLED (history retention: a job resumed since it was
+                // selected is kept)
 };
 
 // A task named in a plan: task `task` of the stage of kind `stage`.
@@ -103,6 +120,14 @@ struct TaskLease {
   int attempt = 0;
   std::string owner;
   int64_t expires_ms = 0;
+};
+
+// A file that a DONE task recorded as its output (TaskRow::output_path, output_bytes,
+// output_sha256).
+struct RecordedOutput {
+  int64_t job_id = 0;
+  int64_t bytes = 0;
+  std::string sha256;
 };
 
 struct StageProgress {
@@ -244,8 +269,10 @@ class JobStore {
   // Jobs with id > after_id (paging), optionally in one state, ascending id, at most `limit`.
   absl::StatusOr<std::vector<JobRow>> ListJobs(std::optional<JobState> state, int64_t after_id,
                                                int limit);
-  // Deletes a job and everything it owns. Refuses a RUNNING job.
-  absl::Status DeleteJob(int64_t job_id);
+  // Deletes a job and everything it owns when its state meets `precondition` at the moment of
+  // the delete (FailedPrecondition otherwise).
+  absl::Status DeleteJob(int64_t job_id,
+                         DeletePrecondition precondition = DeletePrecondition::kNotRunning);
 
   // Moves the job to `state`, enforcing the job model's transitions (FailedPrecondition
   // otherwise), and records an event. Entering RUNNING sets started_ms the first time; entering a
@@ -295,6 +322,9 @@ class JobStore {
   absl::StatusOr<int> ResetFailedTasks(int64_t job_id, int64_t now_ms);
 
   absl::StatusOr<std::vector<StageProgress>> Progress(int64_t job_id);
+  // What DONE tasks of any job recorded writing at `output_path`, by task id: how quantd knows
+  // that it wrote a file (a job's calibration.amax_out, scheduler/admission.cc).
+  absl::StatusOr<std::vector<RecordedOutput>> FindRecordedOutputs(const std::string& output_path);
   absl::StatusOr<std::vector<TaskRow>> ListTasks(int64_t job_id);
 
   absl::Status AddEvent(int64_t job_id, const std::string& kind, const std::string& message,

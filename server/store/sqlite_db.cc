@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/store/private_files.h"
 
 namespace quantd::store {
 namespace {
@@ -140,6 +141,17 @@ absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::OpenWithFlags(const std::str
 }
 
 absl::StatusOr<std::unique_ptr<SqliteDb>> SqliteDb::Open(const std::string& path) {
+  // Private (private_files.h): created 0600, an existing file made so. SQLite gives the -wal and
+  // -shm files it creates the database's mode; ones a crash left behind are made private too.
+  if (absl::Status s = CreatePrivateFile(path); !s.ok() && !absl::IsAlreadyExists(s)) {
+    return absl::Status(s.code(), absl::StrCat("state database: ", s.message()));
+  }
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    if (absl::StatusOr<bool> s = MakePrivate(path + suffix); !s.ok()) {
+      return absl::Status(s.status().code(),
+                          absl::StrCat("state database: ", s.status().message()));
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<SqliteDb> db,
                    OpenWithFlags(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE));
   // journal_mode returns a row; Exec ignores rows. A file that is not a database fails here.
@@ -214,7 +226,11 @@ absl::Status SqliteDb::QuickCheck() {
 
 absl::Status SqliteDb::BackupTo(const std::string& path) {
   const std::string tmp = absl::StrCat(path, ".tmp");
-  unlink(tmp.c_str());  // VACUUM INTO refuses an existing file
+  unlink(tmp.c_str());
+  // VACUUM INTO writes into an empty file that exists: created private first.
+  if (absl::Status s = CreatePrivateFile(tmp); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("backing up ", path_, ": ", s.message()));
+  }
   absl::StatusOr<Statement> vacuum = Prepare("VACUUM INTO ?");
   if (!vacuum.ok()) return vacuum.status();
   vacuum->Bind(1, tmp);

@@ -62,7 +62,8 @@ class Statement {
 
 class SqliteDb {
  public:
-  // Opens (creating if needed) the database file at `path` and applies the settings above.
+  // Opens (creating if needed) the database file at `path` and applies the settings above. The
+  // file and its -wal and -shm are private (private_files.h): created 0600, made so if they exist.
   static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path);
   // Opens an existing database for reading only, beside the writer: WAL lets it read a committed
   // snapshot while the writer commits. Its writes fail (SQLITE_READONLY).
@@ -84,7 +85,8 @@ class SqliteDb {
   // PRAGMA quick_check: DataLoss naming the file and SQLite's first finding when the pages or
   // indexes are damaged.
   absl::Status QuickCheck();
-  // Writes a consistent copy of the database to `path` (VACUUM INTO a .tmp, then rename).
+  // Writes a consistent copy of the database to `path` (VACUUM INTO a private .tmp, then
+  // rename), mode 0600.
   absl::Status BackupTo(const std::string& path);
   int64_t LastInsertRowId() const;
   // Rows changed by the last INSERT/UPDATE/DELETE.

@@ -308,17 +308,19 @@ def make_cert(cwd, name, ca, subject, extensions):
             cwd=cwd)
 
 
-def make_ca(cwd, name):
+def make_ca(cwd, name, subject=None):
+    """A self-signed name.key and name.pem (subject /CN=name unless given)."""
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj",
-            f"/CN={name}", cwd=cwd)
+            subject or f"/CN={name}", cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def tls_daemon(qd, tmp_path_factory):
     """Loopback TCP with mutual TLS: a CA, the daemon's certificate for 127.0.0.1, client
     certificates CN=trainer (an admin in the access config) and CN=viewer (unlisted: a reader),
-    and one from another CA."""
+    and certificates for CN=trainer that the CA did not sign: from another CA, from another CA
+    that copies the real CA's name, self-signed, and signed with the viewer's own key."""
     pki = tmp_path_factory.mktemp("pki")
     make_ca(pki, "ca")
     make_ca(pki, "rogue-ca")
@@ -327,6 +329,11 @@ def tls_daemon(qd, tmp_path_factory):
     make_cert(pki, "trainer", "ca", "/CN=trainer", client_ext)
     make_cert(pki, "viewer", "ca", "/CN=viewer", client_ext)
     make_cert(pki, "rogue", "rogue-ca", "/CN=trainer", client_ext)
+    (pki / "lookalike").mkdir()
+    make_ca(pki / "lookalike", "ca")  # subject /CN=ca, like the real CA, another key
+    make_cert(pki / "lookalike", "trainer", "ca", "/CN=trainer", client_ext)
+    make_ca(pki, "self", "/CN=trainer")
+    make_cert(pki, "minted", "viewer", "/CN=trainer", client_ext)
     (pki / "access.json").write_text(json.dumps({"callers": [
         {"tls_common_name": "trainer", "role": "admin", "allowed_roots": [str(pki)]}]}))
     d = Daemon(qd.binary, pki / "state", "--listen", "127.0.0.1:0", "--tls-cert",
@@ -340,11 +347,14 @@ def tls_daemon(qd, tmp_path_factory):
         d.close()
 
 
-def tls_stub(stubs, d, pki, client):
+def tls_stub(stubs, d, pki, client, chain=()):
+    """A stub whose channel presents client.pem (followed by the `chain` certificates), or no
+    client certificate when `client` is None."""
     credentials = grpc.ssl_channel_credentials(
         root_certificates=(pki / "ca.pem").read_bytes(),
         private_key=(pki / f"{client}.key").read_bytes() if client else None,
-        certificate_chain=(pki / f"{client}.pem").read_bytes() if client else None)
+        certificate_chain=b"".join((pki / f"{c}.pem").read_bytes() for c in (client, *chain))
+        if client else None)
     channel = grpc.secure_channel(d.tcp_address, credentials)
     d.channels.append(channel)
     return stubs[1].QuantServiceStub(channel)
@@ -376,6 +386,25 @@ def test_mutual_tls_identifies_the_client_certificate(tls_daemon, stubs, source)
     code, _ = code_and_details(
         lambda: stubs[1].QuantServiceStub(plain).ListJobs(request, timeout=RPC_TIMEOUT_S))
     assert code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_refuses_every_certificate_its_ca_did_not_sign(tls_daemon, stubs):
+    """Issue 19 item 6: client certificates naming the admin (CN=trainer) that the daemon's CA did
+    not sign get no connection, however they are presented; the daemon serves on."""
+    pb = stubs[0]
+    d, pki = tls_daemon["daemon"], tls_daemon["pki"]
+    request = pb.ListJobsRequest()
+    for client, chain in (("rogue", ()),                 # another CA
+                          ("rogue", ("rogue-ca",)),      # ... with that CA in the chain
+                          ("lookalike/trainer", ()),     # a CA with the real CA's name
+                          ("lookalike/trainer", ("lookalike/ca",)),
+                          ("self", ()),                  # self-signed
+                          ("minted", ("viewer",))):      # the reader's leaf used as a CA
+        code, details = code_and_details(
+            lambda: tls_stub(stubs, d, pki, client, chain).ListJobs(request,
+                                                                   timeout=RPC_TIMEOUT_S))
+        assert code == grpc.StatusCode.UNAVAILABLE, (client, chain, details)
+    assert tls_stub(stubs, d, pki, "trainer").ListJobs(request, timeout=RPC_TIMEOUT_S) is not None
 
 
 def test_quantctl_tls_flags(tls_daemon, quantctl):

@@ -1,6 +1,7 @@
 """Metrics of a live daemon (issue 4 §4-§5): a scrape of `quantd serve` passes
 `promtool check metrics` without a lint warning, and a real Prometheus server (Debian `prometheus`)
-scrapes the daemon so that a query for `quantd_` series returns data.
+scrapes the daemon so that a query for `quantd_` series returns data. Issue 19 item 6: slow, idle
+and oversized clients of the metrics endpoint neither keep scrapes out nor grow the daemon.
 
 The daemon listens on port 0 for gRPC and metrics; the ports it bound are in <state-dir>/serve.json.
 """
@@ -10,11 +11,13 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 
 PROMTOOL = Path("/usr/bin/promtool")
@@ -167,3 +170,75 @@ def test_prometheus_scrapes_daemon(daemon, prometheus):
     assert "quantd_queue_depth" in by_name, sorted(by_name)
     assert {s["metric"]["state"] for s in by_name["quantd_jobs"]} == {
         "PENDING", "RUNNING", "PAUSED", "SUCCEEDED", "FAILED", "CANCELLED"}, by_name["quantd_jobs"]
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def open_descriptors(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def flood(host, port, head, total_bytes):
+    """Sends `head`, then up to `total_bytes` of filler, until the server stops taking them."""
+    with socket.create_connection((host, port), timeout=30) as s:
+        try:
+            s.sendall(head)
+            chunk = b"a" * (1 << 20)
+            for _ in range(total_bytes >> 20):
+                s.sendall(chunk)
+        except OSError:  # refused and closed: what the server should do
+            pass
+
+
+def test_slow_idle_and_huge_clients_neither_keep_scrapes_out_nor_grow_the_daemon(daemon, stubs):
+    """300 connections that send their request header a byte at a time (slowloris), 300 that send
+    nothing, a 64 MiB header and a request announcing a 1 TB body (64 MiB of it sent), all at
+    once: every scrape is answered meanwhile, the gRPC API answers, and the daemon's memory and
+    descriptors stay bounded (at most 256 metrics connections are kept open)."""
+    pb, pb_grpc = stubs
+    pid = daemon["pid"]
+    host, port = daemon["metrics_listen"].rsplit(":", 1)
+    port = int(port)
+    url = f"http://{daemon['metrics_listen']}/metrics"
+    channel = grpc.insecure_channel(daemon["listen"][0])
+    stub = pb_grpc.QuantServiceStub(channel)
+    assert http_get(url)[0] == 200
+    rss_before, fds_before = rss_mib(pid), open_descriptors(pid)
+
+    slow, idle = [], []
+    floods = [threading.Thread(target=flood, args=(host, port, head, 64 << 20))
+              for head in (b"GET /metrics HTTP/1.1\r\nX-Big: ",
+                           b"GET /metrics HTTP/1.1\r\nContent-Length: 1000000000000\r\n\r\n")]
+    try:
+        for _ in range(300):
+            slow.append(socket.create_connection((host, port), timeout=30))
+            slow[-1].sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+            idle.append(socket.create_connection((host, port), timeout=30))
+        for t in floods:
+            t.start()
+        for _ in range(5):
+            for s in slow:
+                try:
+                    s.send(b"a")
+                except OSError:  # closed by the daemon to make room: fine
+                    pass
+            status, _, body = http_get(url, timeout=10)
+            assert status == 200 and "quantd_jobs{" in body
+            assert stub.ListJobs(pb.ListJobsRequest(), timeout=10) is not None
+            time.sleep(1)
+        for t in floods:
+            t.join(timeout=120)
+            assert not t.is_alive()
+        assert open_descriptors(pid) <= fds_before + 256 + 8, (fds_before,
+                                                               open_descriptors(pid))
+        assert rss_mib(pid) - rss_before < 64, (rss_before, rss_mib(pid))
+    finally:
+        for s in slow + idle:
+            s.close()
+        channel.close()
+    assert http_get(url)[0] == 200

@@ -221,6 +221,79 @@ def test_another_jobs_output_is_refused_until_that_job_is_deleted(client, stubs,
     assert tree_hashes(out) == before
 
 
+def test_another_jobs_amax_out_is_refused_until_that_job_is_deleted(client, stubs, model,
+                                                                     tmp_path):
+    """calibration.amax_out is claimed like an output: the issue's second job took over a
+    succeeded job's amax table. (A W4A16 job names it without writing it: it claims it all the
+    same.)"""
+    pb = stubs[0]
+    amax = tmp_path / "cal" / "amax.json"
+    first = client.finish(client.submit(source=str(model), output=str(tmp_path / "a"),
+                                        calibration=pb.CalibrationSpec(amax_out=str(amax))).id)
+    assert first.state == pb.SUCCEEDED, first
+    claimed = (f"the calibration.amax_out of job {first.id} (delete that job first to reuse its "
+               "file)")
+    for output, amax_out, how in ((tmp_path / "b", amax, "is"),
+                                  (tmp_path / "cal", tmp_path / "other.json", "contains")):
+        err = client.refused(grpc.StatusCode.FAILED_PRECONDITION, source=str(model),
+                             output=str(output), overwrite=True,
+                             calibration=pb.CalibrationSpec(amax_out=str(amax_out)))
+        assert dict(err.trailing_metadata())["quantd-reason"] == "OUTPUT_IN_USE"
+        field = "calibration.amax_out" if how == "is" else "output"
+        path = amax_out if how == "is" else output
+        assert err.details() == (f"SubmitJobRequest.spec: {field}: {path} {how} {amax}, "
+                                 f"{claimed}"), err.details()
+    client.delete(first.id)
+    job = client.finish(client.submit(source=str(model), output=str(tmp_path / "b"),
+                                      calibration=pb.CalibrationSpec(amax_out=str(amax))).id)
+    assert job.state == pb.SUCCEEDED, job
+    client.delete(job.id)
+
+
+def test_an_amax_out_quantd_did_not_write_is_replaced_only_with_overwrite(client, stubs, model,
+                                                                           tmp_path):
+    """An existing file at calibration.amax_out is replaced only when a job of this daemon wrote
+    it (a finished task recorded its path, size and SHA-256), or with overwrite."""
+    pb = stubs[0]
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}\n')
+    err = client.refused(grpc.StatusCode.FAILED_PRECONDITION, source=str(model),
+                         output=str(tmp_path / "a"),
+                         calibration=pb.CalibrationSpec(amax_out=str(foreign)))
+    assert dict(err.trailing_metadata())["quantd-reason"] == "OUTPUT_EXISTS"
+    assert err.details() == (f"calibration.amax_out: {foreign} exists and no job of this quantd "
+                             "wrote it; set overwrite to replace it")
+    job = client.finish(client.submit(source=str(model), output=str(tmp_path / "a"),
+                                      overwrite=True,
+                                      calibration=pb.CalibrationSpec(amax_out=str(foreign))).id)
+    assert job.state == pb.SUCCEEDED, job  # W4A16: accepted, and it writes no amax table
+    client.delete(job.id)
+    assert foreign.read_text() == '{"mine": true}\n'
+
+    # A calibrating job writes the table, then fails its quality gate: FAILED, it no longer
+    # claims the file, and the file is quantd's.
+    amax = tmp_path / "amax.json"
+    data = Path(__file__).resolve().parents[1] / "data" / "calibration_sample.jsonl"
+    writer = client.finish(client.submit(
+        source=str(model), output=str(tmp_path / "w4a4"), weight_format="nvfp4",
+        calibration=pb.CalibrationSpec(dataset=str(data), num_samples=8, seq_len=48,
+                                       amax_out=str(amax)),
+        evaluate=pb.EvaluateSpec(num_samples=4, gate=pb.QualityGate(max_mean_kl=0))).id)
+    assert writer.state == pb.FAILED and writer.reason == "QUALITY_GATE", writer
+    written = amax.read_bytes()
+    amax.write_bytes(written + b" ")  # changed since: no longer what quantd wrote
+    err = client.refused(grpc.StatusCode.FAILED_PRECONDITION, source=str(model),
+                         output=str(tmp_path / "b"),
+                         calibration=pb.CalibrationSpec(amax_out=str(amax)))
+    assert dict(err.trailing_metadata())["quantd-reason"] == "OUTPUT_EXISTS"
+    amax.write_bytes(written)
+    job = client.finish(client.submit(source=str(model), output=str(tmp_path / "b"),
+                                      calibration=pb.CalibrationSpec(amax_out=str(amax))).id)
+    assert job.state == pb.SUCCEEDED, job
+    client.delete(job.id)
+    client.delete(writer.id)
+
+
 def test_two_daemons_never_write_one_output(qd, stubs, source, tmp_path):
     """The issue's corrupt shard: a second daemon (its own state dir) targets the output that a
     first daemon's job is writing. The marker's lock (and its job id) refuse the second job."""

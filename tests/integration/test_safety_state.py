@@ -1,22 +1,37 @@
 """Issue 9 items 4 and 5 against the real daemon: a state store that checks itself (a damaged or
 lost database stops the start with a clear message), history retention, ListJobs pages under the
 message size limit, and limits that hostile connections cannot exhaust (idle gRPC connections
-under a low descriptor limit, half-open metrics connections).
+under a low descriptor limit, half-open metrics connections). Issue 19 item 4: a stored error is
+at most 4 KiB however long an older release wrote it, and the state (database, work directory,
+calibration tokens) is private to the daemon's user, checked as a second local user (and
+`quantd run`'s to its own).
 """
 
 import json
 import os
 import resource
 import shutil
+import signal
 import socket
+import sqlite3
+import stat
 import subprocess
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from daemon import Daemon
 from job_client import RPC_TIMEOUT_S, JobClient
+from run_helpers import write_spec
+
+SOCKET_GID = 47921  # the socket's group in the tests below
+READER = 47922      # a uid in that group: a reader
+TENANT = "qd-tenant"  # a second local user (useradd), for the private state test
+DATA = REPO / "tests" / "data" / "calibration_sample.jsonl"
 
 class Client(JobClient):
     def list_all(self, page_size=0):
@@ -249,3 +264,180 @@ def test_a_stale_serve_json_is_replaced_not_trusted(qd, tmp_path):
         assert proc.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
         d.close()
     assert not (state / "serve.json").exists()
+
+
+@pytest.fixture
+def public_dir():
+    """A new directory every user may enter (pytest's own are root's only), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="qd-state-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def quantctl_as(uid, gid, daemon, *args):
+    """quantctl on the daemon's socket as `uid`, in group `gid` only (setpriv)."""
+    quantctl = Path(daemon.binary).parents[1] / "client" / "quantctl"
+    return subprocess.run(
+        ["setpriv", "--reuid", str(uid), "--regid", str(gid), "--groups", str(gid),
+         str(quantctl), "--server", daemon.address, "--timeout", "10", *map(str, args)],
+        capture_output=True, text=True, timeout=60, cwd="/")
+
+
+def test_a_huge_error_an_older_release_stored_hides_no_job(qd, stubs, source, tmp_path,
+                                                           public_dir, request):
+    """The issue's 5 MB tokenizer component name quoted into a job's error: rows an older release
+    wrote that way (put there with sqlite here) are cut to 4 KiB when read, so GetJob, ListJobs
+    and WatchJob answer the admin (root) and a reader (a second uid) alike."""
+    assert os.geteuid() == 0, "the reader is a second uid (setpriv): run as root"
+    d = Daemon(qd.binary, tmp_path / "state", "--socket-group", SOCKET_GID,
+               socket_path=public_dir / "quantd.sock")
+    request.addfinalizer(d.close)  # however the test ends
+    d.start()
+    client = Client(stubs, d.channel())
+    failed = client.finish(client.submit(source=str(tmp_path / "missing"),
+                                         output=str(tmp_path / "out")).id)
+    assert failed.state == client.pb.FAILED, failed
+    later = client.submit(source=str(tmp_path / "missing"), output=str(tmp_path / "out2"))
+    client.finish(later.id)
+    d.stop()
+    huge = "unknown normalizer " + "a" * 5_000_000
+    con = sqlite3.connect(d.state_dir / "quantd.db")
+    con.execute("UPDATE jobs SET error = ? WHERE id = ?", (huge, failed.id))
+    con.execute("UPDATE events SET message = ? WHERE job_id = ?", (huge, failed.id))
+    con.commit()
+    con.close()
+    note = f"... ({len(huge)} bytes in all)"
+
+    d.start()
+    client = Client(stubs, d.channel())
+    job = client.stub.GetJob(client.pb.GetJobRequest(id=failed.id), timeout=RPC_TIMEOUT_S)
+    assert len(job.last_error.encode()) == 4096 and job.last_error.endswith(note), \
+        job.last_error[-100:]
+    assert job.last_error.startswith("unknown normalizer aaa")
+    jobs, pages = client.list_all()
+    assert [j.id for j in jobs] == [failed.id, later.id]
+    assert all(p.ByteSize() < 64 << 10 for p in pages), [p.ByteSize() for p in pages]
+    watched = client.finish(failed.id)
+    assert watched.last_error == job.last_error
+    for args in (("list",), ("get", failed.id), ("-o", "json", "get", failed.id)):
+        proc = quantctl_as(READER, SOCKET_GID, d, *args)
+        assert proc.returncode == 0, (args, proc.stderr[-500:])
+    as_json = json.loads(quantctl_as(READER, SOCKET_GID, d, "-o", "json", "get", failed.id).stdout)
+    assert as_json["lastError"] == job.last_error
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def tenant():
+    """(uid, gid) of a second local user, made with useradd and removed after the module."""
+    assert os.geteuid() == 0, "useradd needs root"
+    made = subprocess.run(["id", "-u", TENANT], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", TENANT],
+                       check=True, capture_output=True)
+    ids = (int(subprocess.check_output(["id", "-u", TENANT])),
+           int(subprocess.check_output(["id", "-g", TENANT])))
+    yield ids
+    if made:
+        subprocess.run(["userdel", TENANT], capture_output=True)
+
+
+def tenant_reads(tenant, *command):
+    """`command` run as the tenant: (exit status, stderr)."""
+    uid, gid = tenant
+    proc = subprocess.run(["setpriv", "--reuid", str(uid), "--regid", str(gid), "--clear-groups",
+                           *map(str, command)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=60, cwd="/")
+    return proc.returncode, proc.stderr
+
+
+def mode(path):
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_state_files_are_private_to_the_daemons_user(qd, stubs, source, public_dir, tenant,
+                                                     request):
+    """The issue's leak: with umask 022 the state dir, quantd.db and a job's tokens.bin were
+    world-readable, and another local user decoded a tenant's calibration text. Now the daemon
+    creates its state private (0700 / 0600), and on a state dir an older release left readable it
+    makes its files private and warns about the directory."""
+    state = public_dir / "state"
+    d = Daemon(qd.binary, state, env={"QUANTD_TEST_KILL_AT": "calibrate:1:done"},
+               socket_path=public_dir / "quantd.sock")
+    request.addfinalizer(d.close)  # however the test ends
+    old_umask = os.umask(0o022)  # what an operator's shell gives the daemon
+    try:
+        d.start()
+    finally:
+        os.umask(old_umask)
+    pb = stubs[0]
+    client = Client(stubs, d.channel())
+    job = client.submit(source=str(source["dir"]), output=str(public_dir / "out"),
+                        weight_format="nvfp4",
+                        calibration=pb.CalibrationSpec(dataset=str(DATA), num_samples=8,
+                                                       seq_len=256),
+                        evaluate=pb.EvaluateSpec(enabled=False))
+    assert d.wait(120) == -signal.SIGKILL, d.log()  # right after the tokens task was recorded
+    db = state / "quantd.db"
+    work = state / "quantd.db.work"
+    tokens = work / f"job-{job.id}" / "tokens.bin"
+    assert tokens.is_file()
+    assert {p.name: mode(p) for p in (state, db, state / "quantd.lock", work)} == {
+        "state": 0o700, "quantd.db": 0o600, "quantd.lock": 0o600, "quantd.db.work": 0o700}
+    for command in (["cat", db], ["ls", work / f"job-{job.id}"], ["cat", tokens]):
+        rc, err = tenant_reads(tenant, *command)
+        assert rc != 0 and "Permission denied" in err, (command, rc, err)
+
+    # A state dir as an older release left it under umask 022: every user may read everything.
+    for path in [state, *state.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    assert tenant_reads(tenant, "cat", tokens)[0] == 0
+    d.env = {}
+    d.start()
+    assert mode(state) == 0o755  # the operator's directory keeps its mode, with a warning
+    assert (f"the state dir {state} can be entered or listed by other users (mode 0755)"
+            in d.log()), d.log()
+    for name in ("quantd.db", "quantd.lock", "serve.json", "quantd.db.bak"):
+        assert mode(state / name) == 0o600, name
+    assert mode(work) == 0o700
+    for command in (["cat", db], ["ls", work], ["cat", tokens]):
+        rc, err = tenant_reads(tenant, *command)
+        assert rc != 0 and "Permission denied" in err, (command, rc, err)
+    d.stop()
+
+
+def test_quantd_runs_state_file_is_private(qd, source, tmp_path):
+    """`quantd run` under umask 022: its state file, lock and work directory are private; a state
+    file an older release left readable is made so on the next run."""
+    spec = write_spec(tmp_path / "spec.json", source["dir"], tmp_path / "out",
+                      weight_format="w4a16_nvfp4")
+    state = tmp_path / "state.db"
+    old_umask = os.umask(0o022)
+    try:
+        qd.run_ok("run", "--state", state, "--device", "cpu", spec)
+        assert {p.name: mode(p) for p in (state, tmp_path / "state.db.lock",
+                                         tmp_path / "state.db.work")} == {
+            "state.db": 0o600, "state.db.lock": 0o600, "state.db.work": 0o700}
+        state.chmod(0o644)
+        qd.run_ok("run", "--state", state, "--device", "cpu", spec)  # done already: a no-op
+        assert mode(state) == 0o600
+    finally:
+        os.umask(old_umask)
+
+
+def test_a_socket_in_the_state_dir_is_reachable_by_its_group_only(qd, stubs, public_dir):
+    """--socket-group with the socket inside the state dir: the group may pass through the dir
+    (0710) to the socket; listing the dir or reading the database stays the daemon's."""
+    state = public_dir / "state"
+    d = Daemon(qd.binary, state, "--socket-group", SOCKET_GID, socket_path=state / "quantd.sock")
+    with d:
+        st = os.stat(state)
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o710, SOCKET_GID)
+        proc = quantctl_as(READER, SOCKET_GID, d, "list")
+        assert proc.returncode == 0, proc.stderr
+        rc, err = tenant_reads((READER, SOCKET_GID), "ls", state)
+        assert rc != 0 and "Permission denied" in err, err
+        rc, err = tenant_reads((READER, SOCKET_GID), "cat", state / "quantd.db")
+        assert rc != 0 and "Permission denied" in err, err
+        d.stop()

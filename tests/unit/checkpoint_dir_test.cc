@@ -113,6 +113,12 @@ TEST_F(ShardIndexTest, RejectsBadIndexes) {
             std::string::npos);
   EXPECT_NE(ErrorOf(ParseShardIndex(path + ".absent").status()).find(path + ".absent"),
             std::string::npos);
+  // Names from the index are quoted as short escaped excerpts: a megabyte-long name with a
+  // newline in it is neither repeated nor spliced into the message.
+  const std::string huge = "x\\n" + std::string(1 << 20, 'y');
+  EXPECT_EQ(error(R"({"weight_map":{")" + huge + R"(":"../s"}})"),
+            path + ": tensor \"x\\n" + std::string(198, 'y') + "...\" maps to shard " +
+                "\"../s\", which is not a plain file name");
 }
 
 TEST_F(ShardIndexTest, WriteRejectsPathsAsShardNames) {

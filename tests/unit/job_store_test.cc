@@ -169,6 +169,72 @@ TEST_F(JobStoreTest, DeleteRefusesRunningJob) {
   EXPECT_TRUE(tasks->empty());  // cascaded
 }
 
+TEST_F(JobStoreTest, RetentionDeletesOnlyAJobThatIsStillFinished) {
+  const int64_t id = PlannedJob();
+  ASSERT_TRUE(store_->SetJobState(id, JobState::kFailed, "x", "", 2).ok());
+  ASSERT_TRUE(store_->SetJobState(id, JobState::kPending, "resumed", "", 3).ok());
+  const absl::Status kept = store_->DeleteJob(id, DeletePrecondition::kFinished);
+  EXPECT_EQ(kept.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(kept.message(), "job 1 is PENDING, no longer finished; kept");
+  ASSERT_TRUE(store_->SetJobState(id, JobState::kCancelled, "", "", 4).ok());
+  ASSERT_TRUE(store_->DeleteJob(id, DeletePrecondition::kFinished).ok());
+  EXPECT_EQ(store_->GetJob(id).status().code(), absl::StatusCode::kNotFound);
+  // DeleteJob's own rule takes a PENDING job.
+  const int64_t pending = *store_->CreateJob("", "{}", 5);
+  EXPECT_TRUE(store_->DeleteJob(pending).ok());
+}
+
+TEST_F(JobStoreTest, StoredMessagesAreCapped) {
+  EXPECT_EQ(CapStoredMessage("short"), "short");
+  const std::string exact(kMaxStoredMessageBytes, 'e');
+  EXPECT_EQ(CapStoredMessage(exact), exact);
+  const std::string big(5'000'000, 'x');
+  const std::string note = "... (5000000 bytes in all)";
+  EXPECT_EQ(CapStoredMessage(big), std::string(kMaxStoredMessageBytes - note.size(), 'x') + note);
+  // Two-byte characters: the cut falls between two of them, never inside one.
+  std::string wide;
+  while (wide.size() < 5000) wide += "\xc3\xa9";  // é
+  const std::string capped = CapStoredMessage(wide);
+  const std::string wide_note = "... (5000 bytes in all)";
+  ASSERT_LE(capped.size(), kMaxStoredMessageBytes);
+  const std::string kept = capped.substr(0, capped.size() - wide_note.size());
+  EXPECT_EQ(kept.size() % 2, 0u);
+  EXPECT_EQ(kept, wide.substr(0, kept.size()));
+  EXPECT_EQ(kMaxStoredMessageBytes - capped.size(), 1u);  // the half character left out
+
+  // Written capped: the job's error, its state event, a task's error, an event.
+  const int64_t id = PlannedJob();
+  ASSERT_TRUE(store_->SetJobState(id, JobState::kRunning, "", "", 2).ok());
+  TaskLease lease;
+  ASSERT_TRUE(store_->LeaseNextTask(id, "w", 3, 1000, &lease)->has_value());
+  ASSERT_TRUE(store_->FailTask(lease, big, /*permanent=*/true, 0, 4).ok());
+  ASSERT_TRUE(store_->SetJobState(id, JobState::kFailed, "x", big, 5).ok());
+  ASSERT_TRUE(store_->AddEvent(id, "note", big, 6).ok());
+  auto longest = store_->db().Prepare(
+      "SELECT MAX(LENGTH(CAST(error AS BLOB))) FROM jobs UNION ALL "
+      "SELECT MAX(LENGTH(CAST(error AS BLOB))) FROM tasks UNION ALL "
+      "SELECT MAX(LENGTH(CAST(message AS BLOB))) FROM events");
+  ASSERT_TRUE(longest.ok()) << longest.status();
+  for (int table = 0; table < 3; ++table) {
+    ASSERT_TRUE(*longest->Step());
+    EXPECT_EQ(longest->ColumnInt(0), static_cast<int64_t>(kMaxStoredMessageBytes)) << table;
+  }
+  EXPECT_EQ(store_->GetJob(id)->error, CapStoredMessage(big));
+
+  // Rows an older release wrote uncapped are cut when read.
+  ASSERT_TRUE(store_->db()
+                  .Exec("UPDATE jobs SET error = replace(hex(zeroblob(2500000)), '0', 'x'); "
+                        "UPDATE tasks SET error = replace(hex(zeroblob(2500000)), '0', 'x'); "
+                        "UPDATE events SET message = replace(hex(zeroblob(2500000)), '0', 'x')")
+                  .ok());
+  EXPECT_EQ(store_->GetJob(id)->error, CapStoredMessage(big));
+  EXPECT_EQ(store_->ListJobs(std::nullopt, 0, 10)->front().error, CapStoredMessage(big));
+  const absl::StatusOr<std::vector<TaskRow>> tasks = store_->ListTasks(id);
+  for (const TaskRow& t : *tasks) EXPECT_EQ(t.error, CapStoredMessage(big));
+  const absl::StatusOr<std::vector<EventRow>> events = store_->ListEvents(id, 0);
+  for (const EventRow& e : *events) EXPECT_EQ(e.message, CapStoredMessage(big));
+}
+
 TEST_F(JobStoreTest, PlanIsSetOnceAndNeedsTasks) {
   const int64_t id = PlannedJob();
   EXPECT_TRUE(store_->HasPlan(id));

@@ -627,7 +627,8 @@ TEST_F(SchedulerFakeClockTest, AReportIsAnsweredWhileTheStrandIsHeld) {
   // The strand stops inside the delete command, after its store write.
   HoldStrandAt("state: deleted");
   const ReleaseStrandAtExit release{[this] { ReleaseStrand(); }};
-  s->DeleteAsync(deleted, [&](absl::Status status) { deleting.set_value(std::move(status)); });
+  s->DeleteAsync(deleted, store::DeletePrecondition::kNotRunning,
+                 [&](absl::Status status) { deleting.set_value(std::move(status)); });
   ASSERT_TRUE(WaitForLog("state: deleted"));
   s->ReportAsync(kept, 0, [&](absl::StatusOr<v1::JobReport> r) {
     reporting.set_value(std::move(r));

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/formats.h"
+#include "server/base/excerpt.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/tensor_inventory.h"
@@ -325,9 +326,10 @@ void CheckModelOptConfig(const std::string& dir, ConfigFacts* facts, std::vector
       } else if (facts->quant_algo == "MIXED_PRECISION") {
         facts->mixed = true;
       } else {
-        out->push_back({kRuleHfQuantConfig, kHfQuantConfigName,
-                        absl::StrCat("quantization.quant_algo is \"", facts->quant_algo,
-                                     "\", expected NVFP4, W4A16_NVFP4 or MIXED_PRECISION")});
+        out->push_back(
+            {kRuleHfQuantConfig, kHfQuantConfigName,
+             absl::StrCat("quantization.quant_algo is ", base::Excerpt(facts->quant_algo),
+                          ", expected NVFP4, W4A16_NVFP4 or MIXED_PRECISION")});
       }
     }
     if (!GroupSize16(*q)) {
@@ -384,8 +386,8 @@ void CheckModelOptConfig(const std::string& dir, ConfigFacts* facts, std::vector
   const bool fp8_base = method == "fp8" && qc->contains("moe_quant_algo");
   if (!modelopt && !fp8_base) {
     out->push_back({kRuleConfigQuantization, kConfigName,
-                    absl::StrCat("quantization_config.quant_method is \"", method,
-                                 "\", expected \"modelopt\" (or \"fp8\" with moe_quant_algo) for "
+                    absl::StrCat("quantization_config.quant_method is ", base::Excerpt(method),
+                                 ", expected \"modelopt\" (or \"fp8\" with moe_quant_algo) for "
                                  "ModelOpt NVFP4 modules")});
   }
   auto algo = qc->find("quant_algo");
@@ -393,9 +395,11 @@ void CheckModelOptConfig(const std::string& dir, ConfigFacts* facts, std::vector
       (algo == qc->end() || !algo->is_string() || *algo != facts->quant_algo)) {
     out->push_back({kRuleConfigQuantization, kConfigName,
                     absl::StrCat("quantization_config.quant_algo ",
-                                 algo == qc->end() ? "is missing" : algo->dump(),
-                                 " does not match hf_quant_config.json's \"", facts->quant_algo,
-                                 "\"")});
+                                 algo == qc->end()   ? "is missing"
+                                 : algo->is_string() ? base::Excerpt(algo->get<std::string>())
+                                                     : absl::StrCat("(a ", algo->type_name(), ")"),
+                                 " does not match hf_quant_config.json's ",
+                                 base::Excerpt(facts->quant_algo))});
   }
   if (auto ignore = qc->find("ignore"); q != nullptr && ignore != qc->end() &&
                                         q->contains("exclude_modules") &&

@@ -52,8 +52,9 @@ class Gemm {
                                 bool accumulate) = 0;
 };
 
-// OpenBLAS sgemm on `threads` threads (0: OpenBLAS's default, all cores). OpenBLAS's thread
-// count is process-wide: the last Gemm created sets it.
+// OpenBLAS sgemm (single-threaded inside) on `threads` threads of the Gemm's own pool (0: one
+// per core); each product is split into blocks that depend on its shape alone, so results are
+// the same for any thread count.
 std::unique_ptr<Gemm> MakeOpenBlasGemm(int threads);
 
 // cuBLAS on CUDA device `device`. Unavailable when built without CUDA or the device is missing.

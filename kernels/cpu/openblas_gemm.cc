@@ -1,5 +1,11 @@
-// Gemm on the CPU: OpenBLAS sgemm; BF16 operands are widened to float32 one tile of rows at a
+// Gemm on the CPU: OpenBLAS sgemm; BF16 operands are widened to float32 one block of rows at a
 // time, so a BF16 weight never exists whole in float32.
+//
+// Results do not depend on the thread count. OpenBLAS's own threading does not have that
+// property (its split of a product across threads moves where its edge kernels run, so a job
+// with --threads 2 and one with --threads 1 calibrated input scales one BF16 ulp apart), so
+// OpenBLAS runs single-threaded and the product is split here instead: n in blocks whose size
+// depends on k only, one sgemm per block, the blocks spread over a ThreadPool.
 //
 // OpenBLAS is loaded on first use (dlopen), not linked: libopenblas carries 60 KiB of
 // thread-local storage, and the TLS of every library linked at start sits on every thread's
@@ -9,18 +15,30 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/formats.h"
 #include "kernels/gemm.h"
 
 namespace quantd::kernels {
 namespace {
 
-// Elements of a BF16 weight widened per sgemm call (4 MiB of float32): large enough that sgemm
+// Elements of a weight block widened per sgemm call (4 MiB of float32): large enough that sgemm
 // works on full panels, small enough that a large weight never exists whole in float32.
-constexpr int64_t kTileElements = 1 << 20;
+constexpr int64_t kBlockElements = 1 << 20;
+// Rows of B (columns of the product) per sgemm call: a function of k alone, so the blocks, and
+// with them every result, are the same for any thread count.
+constexpr int64_t kMinBlockRows = 16;
+constexpr int64_t kMaxBlockRows = 256;
+
+int64_t BlockRows(int64_t k) {
+  return std::clamp<int64_t>(kBlockElements / std::max<int64_t>(k, 1), kMinBlockRows,
+                             kMaxBlockRows);
+}
 
 void Widen(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = formats::Bf16ToFloat(src[i]);
@@ -65,6 +83,8 @@ const OpenBlas& LoadOpenBlas() {
 
 class OpenBlasGemm final : public Gemm {
  public:
+  explicit OpenBlasGemm(int threads) : pool_(threads), scratch_(pool_.size()) {}
+
   std::string name() const override { return "openblas"; }
 
   absl::Status Sgemm(const SgemmArgs& g) override {
@@ -72,9 +92,14 @@ class OpenBlasGemm final : public Gemm {
     if (g.m == 0 || g.n == 0) return absl::OkStatus();
     const OpenBlas& blas = LoadOpenBlas();
     if (!blas.error.empty()) return absl::UnavailableError(blas.error);
-    blas.sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b,
-                g.ldb, g.beta, g.c, g.ldc);
+    // Columns [n0, n0 + nt) of C take columns [n0, n0 + nt) of op(B).
+    const int64_t block = BlockRows(g.k);
+    ForEachBlock(g.n, block, [&](int /*worker*/, int64_t n0, int64_t nt) {
+      const float* b = g.trans_b ? g.b + n0 * g.ldb : g.b + n0;
+      blas.sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                 g.trans_b ? CblasTrans : CblasNoTrans, g.m, nt, g.k, g.alpha, g.a, g.lda, b,
+                 g.ldb, g.beta, g.c + n0, g.ldc);
+    });
     return absl::OkStatus();
   }
 
@@ -85,25 +110,41 @@ class OpenBlasGemm final : public Gemm {
     if (m == 0 || n == 0) return absl::OkStatus();
     const OpenBlas& blas = LoadOpenBlas();
     if (!blas.error.empty()) return absl::UnavailableError(blas.error);
-    std::vector<float> x_scratch, w_scratch;
+    std::vector<float> x_scratch;
     const float* xf = RowsAsF32(x, 0, m, &x_scratch);
-    const int64_t tile = std::max<int64_t>(1, std::min(n, kTileElements / std::max<int64_t>(k, 1)));
-    for (int64_t n0 = 0; n0 < n; n0 += tile) {
-      const int64_t nt = std::min(tile, n - n0);
-      const float* wf = RowsAsF32(w, n0, nt, &w_scratch);
+    ForEachBlock(n, BlockRows(k), [&](int worker, int64_t n0, int64_t nt) {
+      const float* wf = RowsAsF32(w, n0, nt, &scratch_[worker]);
       blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nt, k, 1.0f, xf, k, wf, k,
-                  accumulate ? 1.0f : 0.0f, out + n0, n);
-    }
+                 accumulate ? 1.0f : 0.0f, out + n0, n);
+    });
     return absl::OkStatus();
   }
+
+ private:
+  // Runs fn(worker, n0, nt) for the blocks [n0, n0 + nt) of [0, n) of `block` rows (the last one
+  // shorter), the blocks spread over the pool.
+  void ForEachBlock(int64_t n, int64_t block,
+                    const std::function<void(int, int64_t, int64_t)>& fn) {
+    const int64_t blocks = (n + block - 1) / block;
+    pool_.Run(pool_.size(), blocks, [&](int worker, int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t n0 = b * block;
+        fn(worker, n0, std::min(block, n - n0));
+      }
+    });
+  }
+
+  cpu::ThreadPool pool_;
+  std::vector<std::vector<float>> scratch_;  // widened weight rows, one buffer per pool thread
 };
 
 }  // namespace
 
 std::unique_ptr<Gemm> MakeOpenBlasGemm(int threads) {
   const OpenBlas& blas = LoadOpenBlas();
-  if (threads > 0 && blas.error.empty()) blas.set_num_threads(threads);
-  return std::make_unique<OpenBlasGemm>();
+  if (blas.error.empty()) blas.set_num_threads(1);
+  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::make_unique<OpenBlasGemm>(threads);
 }
 
 }  // namespace quantd::kernels

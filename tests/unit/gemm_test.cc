@@ -110,6 +110,42 @@ TEST(OpenBlasGemmTest, MatMulNTWithinFloat32AccumulationBound) {
   }
 }
 
+// A job's figures must not depend on --threads: random operands (whose float32 sums do depend on
+// the summation order) give the same bits on 1, 2, 3 and 8 threads, through MatMulNT and Sgemm.
+TEST(OpenBlasGemmTest, ResultsAreTheSameBitsForEveryThreadCount) {
+  std::mt19937 rng(4);
+  const int64_t m = 37, n = 1000, k = 4100;  // blocks of 255 rows of w: three full, one short
+  const std::vector<float> x = Randoms(m * k, &rng, false), w = Randoms(n * k, &rng, true);
+  const std::vector<uint16_t> wb = ToBf16(w);
+  std::vector<float> first_mm, first_sg;
+  for (int threads : {1, 2, 3, 8}) {
+    auto gemm = MakeOpenBlasGemm(threads);
+    std::vector<float> mm(static_cast<size_t>(m * n)), sg(static_cast<size_t>(m * n));
+    ASSERT_TRUE(gemm->MatMulNT({x.data(), FloatType::kF32, m, k},
+                               {wb.data(), FloatType::kBF16, n, k}, mm.data(), false)
+                    .ok());
+    SgemmArgs g;
+    g.trans_b = true;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = x.data();
+    g.lda = k;
+    g.b = w.data();
+    g.ldb = k;
+    g.c = sg.data();
+    g.ldc = n;
+    ASSERT_TRUE(gemm->Sgemm(g).ok());
+    if (first_mm.empty()) {
+      first_mm = mm;
+      first_sg = sg;
+      continue;
+    }
+    ASSERT_EQ(memcmp(mm.data(), first_mm.data(), mm.size() * sizeof(float)), 0) << threads;
+    ASSERT_EQ(memcmp(sg.data(), first_sg.data(), sg.size() * sizeof(float)), 0) << threads;
+  }
+}
+
 TEST(OpenBlasGemmTest, SgemmHonoursTransposesAndLeadingDimensions) {
   std::mt19937 rng(3);
   const int64_t m = 5, n = 6, k = 7, pad = 3;

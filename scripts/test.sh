@@ -12,6 +12,19 @@ VENV=${QUANTD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/quantd/venv}
 echo "== unit tests (ctest)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
 
+echo "== GPU checks path (pack, unpack into a clean directory, correctness steps; no GPU here, so they skip)"
+if [[ -x "$BUILD_DIR/tests/cuda_backend_test" ]]; then
+  device_pack=$(mktemp -d)
+  tests/gpu/pack_device_checks.sh "$BUILD_DIR" "$device_pack/checks.tar.xz"
+  mkdir "$device_pack/unpacked"
+  tar -xJf "$device_pack/checks.tar.xz" -C "$device_pack/unpacked"
+  OUT="$device_pack/out" QUANTD_DEVICE_CHECKS=short LD_LIBRARY_PATH="$device_pack/unpacked/lib" \
+    tests/gpu/run_device_checks.sh "$device_pack/unpacked/build"
+  rm -rf "$device_pack"
+else
+  echo "skipped: $BUILD_DIR was built without CUDA"
+fi
+
 echo "== thread-safety analysis (clang -Wthread-safety; the targets that carry annotations)"
 # Only the annotated code is analysed, so this compiles the scheduler's and the API's object files
 # alone (and the generated proto headers they include), nothing else.

@@ -39,7 +39,9 @@ done
 
 # The shared libraries of the binaries and of OpenBLAS (loaded with dlopen, so ldd of the
 # binaries does not list it), under their sonames.
-openblas="$(ldconfig -p | awk '$1 == "libopenblas.so.0" { print $NF; exit }')"
+# (awk reads ldconfig's whole output: an early exit would kill ldconfig with SIGPIPE, and under
+# pipefail the script with it, silently, exit 141.)
+openblas="$(ldconfig -p | awk '$1 == "libopenblas.so.0" && !found { print $NF; found = 1 }')"
 [[ -n "$openblas" ]] || { echo "pack_device_checks: libopenblas.so.0 is not installed" >&2; exit 2; }
 cp -L "$openblas" "$stage/lib/libopenblas.so.0"
 for f in "${binaries[@]/#/$build/}" "$openblas"; do
@@ -50,6 +52,6 @@ done | sort -u | while read -r soname path; do
 done
 
 mkdir -p "$(dirname "$pack")"
-tar -C "$stage" -cJf "$pack" build lib
+XZ_OPT="${XZ_OPT:--T0}" tar -C "$stage" -cJf "$pack" build lib
 echo "packed ${#binaries[@]} binaries and $(ls "$stage/lib" | wc -l) libraries:" \
   "$(du -sh "$stage" | cut -f1) unpacked, $(du -h "$pack" | cut -f1) in $pack"

@@ -7,6 +7,11 @@
 #
 #   tests/gpu/run_device_checks.sh [BUILD_DIR]     (default: build; results under $OUT)
 #
+# QUANTD_DEVICE_CHECKS=short runs the correctness steps only (unit_cuda, cuda_layer): scripts/test.sh
+# runs the unpacked pack that way on every CI run, where the CUDA tests skip for want of a device,
+# so the path from pack to run is proven before a GPU is ever lent. The exit status is 1 when a
+# step failed, else 0.
+#
 # QUANTD_DEVICE_SECONDS (default 560) caps the whole run below the device tool's 10 minutes per
 # command: a step whose limit would pass it is skipped and says so in the summary. cuBLAS is
 # loaded by soname; when the loader cannot find libcublas.so.13, the machine's CUDA and Python
@@ -40,7 +45,9 @@ summary="$out/summary.txt"
 : > "$summary"
 budget="${QUANTD_DEVICE_SECONDS:-560}"
 
-if ! ldconfig -p | grep -q 'libcublas\.so\.13 '; then
+# grep -c, not -q: -q stops reading at the first match and ldconfig dies of SIGPIPE, which
+# pipefail would report as "not found".
+if [[ "$(ldconfig -p | grep -c 'libcublas\.so\.13 ')" == 0 ]]; then
   cublas="$(find /usr/local /opt /usr/lib -name 'libcublas.so.13*' -print -quit 2>/dev/null || true)"
   if [[ -n "$cublas" ]]; then
     export LD_LIBRARY_PATH="$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -67,8 +74,10 @@ step() {
     timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   fi
   local rc=$?
+  ((rc == 0)) || failed=1
   printf '%-16s rc %3d  %4d s\n' "$name" "$rc" "$((SECONDS - start))" | tee -a "$summary"
 }
+failed=0
 
 unit_cuda() {
   local rc=0 t
@@ -85,6 +94,11 @@ unit_cuda() {
 cuda_layer() {
   "$build/tests/v4_cuda_cast_test" --gtest_brief=1 && "$build/tests/v4_cuda_layer_test"
 }
+if [[ "${QUANTD_DEVICE_CHECKS:-full}" == short ]]; then
+  step unit_cuda 120 unit_cuda
+  step cuda_layer 60 cuda_layer
+  exit $failed
+fi
 step gpu 30 nvidia-smi
 step unit_cuda 120 unit_cuda
 step cuda_layer 60 cuda_layer
@@ -95,3 +109,4 @@ step kernels_bench 150 tests/bench/run_kernels_bench.sh "$build/tests/bench/quan
 step forward_cpu 120 "$build/tests/bench/quantd_v4_forward_bench" --dir "$scratch" \
   --table small4
 cat "$summary"
+exit $failed

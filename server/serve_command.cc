@@ -433,6 +433,8 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Integer(&config->host_memory_bytes);
     } else if (key == "queue_limit") {
       s = r.Integer(&config->queue_limit);
+    } else if (key == "lease_expiry_limit") {
+      s = r.Integer(&config->lease_expiry_limit);
     } else if (key == "shutdown_grace_seconds") {
       s = r.Number(&config->shutdown_grace_seconds);
     } else if (key == "socket") {
@@ -500,6 +502,11 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
   if (config.queue_limit < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("queue_limit (--queue-limit): must be >= 1, got ", config.queue_limit));
+  }
+  if (config.lease_expiry_limit < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease_expiry_limit (--lease-expiry-limit): must be >= 1, got ",
+        config.lease_expiry_limit));
   }
   if (!std::isfinite(config.shutdown_grace_seconds) || config.shutdown_grace_seconds < 0) {
     return absl::InvalidArgumentError(
@@ -586,6 +593,7 @@ int ServeMain(const ServeConfig& config) {
   options.devices = *devices;
   options.cpu_threads = config.cpu_threads;
   options.queue_limit = config.queue_limit;
+  options.lease_expiry_limit = config.lease_expiry_limit;
   options.host_memory_bytes = config.host_memory_bytes;
   // Kernels saturate the cores; a little lower priority keeps the API responsive under load.
   options.worker_nice = 5;
@@ -696,6 +704,10 @@ void AddServeCommand(CLI::App& app, int& rc) {
           ->capture_default_str();
   CLI::Option* queue_limit = cmd->add_option("--queue-limit", f.queue_limit, "PENDING jobs at most")
                                  ->capture_default_str();
+  CLI::Option* lease_expiry_limit =
+      cmd->add_option("--lease-expiry-limit", f.lease_expiry_limit,
+                      "leases a silent task may lose before its job fails")
+          ->capture_default_str();
   CLI::Option* grace = cmd->add_option("--shutdown-grace-seconds", f.shutdown_grace_seconds,
                                        "how long running tasks get to stop at SIGTERM")
                            ->capture_default_str();
@@ -747,6 +759,7 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (cpu_threads->count() > 0) config.cpu_threads = given.cpu_threads;
     if (host_memory->count() > 0) config.host_memory_bytes = given.host_memory_bytes;
     if (queue_limit->count() > 0) config.queue_limit = given.queue_limit;
+    if (lease_expiry_limit->count() > 0) config.lease_expiry_limit = given.lease_expiry_limit;
     if (grace->count() > 0) config.shutdown_grace_seconds = given.shutdown_grace_seconds;
     if (socket->count() > 0) config.socket = given.socket;
     if (socket_group->count() > 0) config.socket_group = given.socket_group;

@@ -63,6 +63,7 @@ struct ServeConfig {
   int cpu_threads = 0;               // threads per CPU kernel call; 0 = all cores
   int64_t host_memory_bytes = 0;     // host-memory budget; 0 = none
   int queue_limit = 64;              // PENDING jobs at most
+  int lease_expiry_limit = 3;        // leases a silent task may lose before its job fails
   double shutdown_grace_seconds = 30;
   std::string socket;         // the unix socket; empty: <state_dir>/quantd.sock
   std::string socket_group;   // group of the unix sockets; empty: the daemon's

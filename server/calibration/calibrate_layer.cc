@@ -135,7 +135,7 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
   SliceResult result;
   result.amax.AddSlice(options.slice);
   auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<model::V4LayerWeights> weights = model::LoadLayer(ckpt, layer, device);
+  absl::StatusOr<model::V4LayerWeights> weights = model::LoadLayer(ckpt, layer, device, options.alive);
   if (!weights.ok()) return AddLayerContext(weights.status(), layer);
   result.timing.load = SecondsSince(start);
 
@@ -143,6 +143,7 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, options.numerics, &observer));
   ctx.observe_all_experts = options.all_experts;
+  ctx.alive = options.alive;
   double run_seconds = 0.0;
   for (size_t i = 0; i < input.size(); ++i) {
     if (cancelled != nullptr && cancelled->load()) {

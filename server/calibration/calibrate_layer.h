@@ -77,6 +77,9 @@ struct SliceOptions {
   std::function<bool(int64_t bytes)> keep_in_host;
   // Called after each batch with the token rows it moved through the layer (progress).
   std::function<void(int64_t tokens)> on_batch;
+  // Called while the layer loads (per expert) and inside each batch (per product): the task's
+  // sign of life between batches that may take minutes at the real width. May be empty.
+  std::function<void()> alive;
   // The last layer's output is needed by nobody: drop it instead of keeping or spilling it.
   bool discard_output = false;
   // calibrate_all_experts: every routed expert's amax also covers the tokens not routed to it

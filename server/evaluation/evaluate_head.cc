@@ -45,9 +45,12 @@ absl::StatusOr<NextTokenQuality> EvaluateHead(const model::V4Checkpoint& source,
                                               const EvaluationHooks& hooks) {
   RETURN_IF_ERROR(CheckPaired(batches, "head input"));
   ASSIGN_OR_RETURN(model::V4HeadWeights ref, model::LoadHead(source, device));
+  if (hooks.alive) hooks.alive();
   ASSIGN_OR_RETURN(model::V4HeadWeights quant, model::LoadHead(quantized, device));
+  if (hooks.alive) hooks.alive();
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, numerics, /*observer=*/nullptr));
+  ctx.alive = hooks.alive;
   const int64_t vocab = source.config.vocab_size;
   NextTokenMetrics metrics;
   for (size_t i = 0; i < batches.source->size(); ++i) {

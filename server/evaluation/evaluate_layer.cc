@@ -39,15 +39,18 @@ absl::StatusOr<LayerEvaluation> EvaluateLayer(const model::V4Checkpoint& source,
   LayerQuality& q = result.quality;
   q.layer = layer;
   auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<model::V4LayerWeights> ref = model::LoadLayer(source, layer, device);
+  absl::StatusOr<model::V4LayerWeights> ref =
+      model::LoadLayer(source, layer, device, hooks.alive);
   if (!ref.ok()) return InLayer(ref.status(), source, layer);
-  absl::StatusOr<model::V4LayerWeights> quant = model::LoadLayer(quantized, layer, device);
+  absl::StatusOr<model::V4LayerWeights> quant =
+      model::LoadLayer(quantized, layer, device, hooks.alive);
   if (!quant.ok()) return InLayer(quant.status(), quantized, layer);
   q.load_seconds = SecondsSince(start);
 
   start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, numerics, /*observer=*/nullptr));
+  ctx.alive = hooks.alive;
   for (size_t i = 0; i < input.source->size(); ++i) {
     if (hooks.cancelled != nullptr && hooks.cancelled->load()) {
       return absl::CancelledError(absl::StrCat("layer ", layer, ": evaluation cancelled"));

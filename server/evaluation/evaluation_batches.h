@@ -33,6 +33,9 @@ struct EvaluationBatches {
 struct EvaluationHooks {
   // Called after each batch (or sequence) with the token rows it moved; may be empty.
   std::function<void(int64_t tokens)> on_batch;
+  // Called while a layer loads (per expert) and inside each batch (per product): the task's sign
+  // of life between batches that may take minutes at the real width. May be empty.
+  std::function<void()> alive;
   // Checked between batches: Cancelled once set. May be null.
   const std::atomic<bool>* cancelled = nullptr;
 };

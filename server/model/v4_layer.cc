@@ -75,7 +75,8 @@ absl::StatusOr<V4AttentionWeights> LoadAttention(const V4Checkpoint& ckpt,
 
 // The weights of the decoder block under `p` ("layers.N." or "mtp.0."), layer index `layer`.
 absl::StatusOr<V4LayerWeights> LoadBlock(const V4Checkpoint& ckpt, const std::string& p,
-                                         int64_t layer, compute::Device& device) {
+                                         int64_t layer, compute::Device& device,
+                                         const std::function<void()>& alive) {
   const V4Config& c = ckpt.config;
   const int64_t mix = (2 + c.hc_mult) * c.hc_mult;
   V4LayerWeights w;
@@ -85,7 +86,8 @@ absl::StatusOr<V4LayerWeights> LoadBlock(const V4Checkpoint& ckpt, const std::st
   ASSIGN_OR_RETURN(w.attn_norm, LoadFloats(ckpt, p + "attn_norm.weight", {c.hidden_size}));
   ASSIGN_OR_RETURN(w.ffn_norm, LoadFloats(ckpt, p + "ffn_norm.weight", {c.hidden_size}));
   ASSIGN_OR_RETURN(w.attn, LoadAttention(ckpt, device.backend(), p, layer));
-  ASSIGN_OR_RETURN(w.moe, LoadMoe(ckpt, device.backend(), p, c.IsHashLayer(layer)));
+  if (alive) alive();
+  ASSIGN_OR_RETURN(w.moe, LoadMoe(ckpt, device.backend(), p, c.IsHashLayer(layer), alive));
   return w;
 }
 
@@ -170,14 +172,15 @@ absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numer
 }
 
 absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer,
-                                         compute::Device& device) {
+                                         compute::Device& device,
+                                         const std::function<void()>& alive) {
   const V4Config& c = ckpt.config;
   if (layer < 0 || layer >= c.num_hidden_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " is outside [0, ", c.num_hidden_layers, ")"));
   }
   ASSIGN_OR_RETURN(V4LayerWeights w,
-                   LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device));
+                   LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device, alive));
   if (device.kind() != compute::DeviceKind::kCuda) return w;
   V4LayerWeights resident;
   resident.layer = layer;
@@ -283,7 +286,7 @@ absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& 
   ASSIGN_OR_RETURN(w.h_proj, LoadLinear(ckpt, device.backend(), p + "h_proj", d, d));
   ASSIGN_OR_RETURN(w.enorm, LoadFloats(ckpt, p + "enorm.weight", {d}));
   ASSIGN_OR_RETURN(w.hnorm, LoadFloats(ckpt, p + "hnorm.weight", {d}));
-  ASSIGN_OR_RETURN(w.block, LoadBlock(ckpt, p, c.num_hidden_layers, device));
+  ASSIGN_OR_RETURN(w.block, LoadBlock(ckpt, p, c.num_hidden_layers, device, {}));
   ASSIGN_OR_RETURN(w.head, LoadHeadWeights(ckpt, device, p));
   return w;
 }

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -49,9 +50,11 @@ absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numer
 
 // Decodes the weights of main layer `layer` (0 <= layer < num_hidden_layers) with the device's
 // kernels; on a CUDA device they stay resident there (V4LayerWeights::device). Errors name the
-// tensor.
+// tensor. `alive` (may be empty) is called after the attention weights and after each routed
+// expert: a long load's sign of life for the task that runs it.
 absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer,
-                                         compute::Device& device);
+                                         compute::Device& device,
+                                         const std::function<void()>& alive = {});
 
 // InvalidArgument unless `a` holds sequences * seq_len tokens of hc_mult streams of hidden_size
 // values for a model with `config`'s hc_mult and hidden_size.

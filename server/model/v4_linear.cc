@@ -52,6 +52,7 @@ absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const
   }
   RETURN_IF_ERROR(ctx.gemm->MatMulNT(xt, w.view, out, /*accumulate=*/false));
   if (output == LinearOutput::kModelDtype) ToModelDtype(ctx, out, rows * w.out_features());
+  if (ctx.alive) ctx.alive();
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -37,6 +38,9 @@ struct ForwardContext {
   // MakeForwardContext on a CUDA device: where RunLayer runs (with this context's gemm, numerics,
   // observer and observe_all_experts, taken at each call); nullptr on the host.
   std::shared_ptr<DeviceForwardContext> device;
+  // Called after every product on the host (each expert's, each projection's): the running
+  // task's sign of life, so a long batch keeps its lease. May be empty.
+  std::function<void()> alive;
 };
 
 // Optional facts about the rows of one linear call, passed on to the observer.

@@ -110,7 +110,8 @@ absl::Status ObserveUnroutedRows(const ForwardContext& ctx, const V4Config& conf
 }  // namespace
 
 absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                                   const std::string& prefix, bool hash) {
+                                   const std::string& prefix, bool hash,
+                                   const std::function<void()>& alive) {
   const V4Config& c = ckpt.config;
   const std::string p = prefix + "ffn.";
   MoeWeights w;
@@ -128,6 +129,7 @@ absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& b
         ExpertWeights ew,
         LoadExpert(ckpt, backend, absl::StrCat(p, "experts.", e, "."), c.moe_intermediate_size));
     w.experts.push_back(std::move(ew));
+    if (alive) alive();
   }
   ASSIGN_OR_RETURN(w.shared, LoadExpert(ckpt, backend, p + "shared_experts.",
                                         c.moe_intermediate_size * c.n_shared_experts));

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,8 +34,10 @@ struct MoeWeights {
 
 // Loads layer `layer`'s (or the MTP block's, prefix "mtp.0.") MoE weights under `prefix`
 // ("layers.3.").
+// `alive` (may be empty) is called after each expert: the loading task's sign of life.
 absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                                   const std::string& prefix, bool hash);
+                                   const std::string& prefix, bool hash,
+                                   const std::function<void()>& alive);
 
 // Routing of every token: `topk` expert ids and weights (route_scale included).
 struct Routing {

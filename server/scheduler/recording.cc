@@ -158,9 +158,24 @@ absl::Status Scheduler::Impl::RenewAndExpireLeases() {
       // store requeues it below) and is asked to stop; a result it still returns is ignored.
       if (!f.returned && now - f.work.run->heartbeat_ms.load() > options_.lease_ms) {
         f.work.run->cancel.store(true);
-        Log(id, "lease_expired",
-            absl::StrCat(TaskLabel(f.work.task), ": no progress for ", options_.lease_ms,
-                         " ms; its lease expired and the task is requeued"));
+        const int expiries = ++job->lease_expiries[f.work.task.id];
+        const std::string label = TaskLabel(f.work.task);
+        if (expiries >= options_.lease_expiry_limit) {
+          const std::string message = absl::StrCat(
+              label, ": no progress for ", options_.lease_ms, " ms, ", expiries,
+              " times; the job fails instead of requeuing the task again");
+          Log(id, "lease_expired", message);
+          if (!job->failure.has_value()) {
+            job->failure = pipeline::WithJobReason(absl::DeadlineExceededError(message),
+                                                   "LEASE_EXPIRED");
+          }
+          RETURN_IF_ERROR(store_->AddEvent(id, "lease_expired", message, now));
+        } else {
+          Log(id, "lease_expired",
+              absl::StrCat(label, ": no progress for ", options_.lease_ms, " ms (", expiries,
+                           " of ", options_.lease_expiry_limit,
+                           "); its lease expired and the task is requeued"));
+        }
         it = job->in_flight.erase(it);
         continue;
       }

@@ -22,7 +22,9 @@
 //
 // Leases: a task is leased with an expiry and renewed while it runs and reports progress (its
 // heartbeat); a task silent for a whole lease loses it: it is requeued for another worker and its
-// late completion is ignored. A task's error decides what happens (pipeline/stage.h): transient
+// late completion is ignored. The worker that ran it stays busy, its memory reserved, until the
+// silent attempt returns. A task that loses its lease lease_expiry_limit times fails its job
+// (reason LEASE_EXPIRED) instead of looping. A task's error decides what happens (pipeline/stage.h): transient
 // codes are retried after a back-off (pipeline::RetryDelayMs), anything else fails the job.
 //
 // Store failures never stop the engine silently: a result that cannot be recorded is kept and
@@ -72,6 +74,9 @@ struct SchedulerOptions {
   // answers RPCs promptly. 0 leaves the priority alone.
   int worker_nice = 0;
   int64_t lease_ms = 60'000;        // a task lease; renewed every lease_ms / 3 while it runs
+  // A task whose lease expires this many times in this process fails its job (reason
+  // LEASE_EXPIRED) instead of being requeued again.
+  int lease_expiry_limit = 3;
   metrics::Metrics* metrics = nullptr;  // not owned; nullptr = no metrics
   // Receives one line per state change, task retry or failure (job id, event kind, message);
   // called on the scheduler thread. nullptr = silent.

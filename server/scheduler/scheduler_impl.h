@@ -146,6 +146,7 @@ class Scheduler::Impl {
     std::string stop_reason;                // recorded with PAUSED / CANCELLED
     std::vector<int> workers;               // the workers it holds
     std::map<int64_t, InFlight> in_flight;  // task id -> its attempt
+    std::map<int64_t, int> lease_expiries;  // task id -> leases it lost in this process
     std::optional<Parked> parked;           // at most one leased task waiting for a device
     std::optional<absl::Status> failure;    // the first permanent task error
     // stage id -> (when this process began the stage, its done bytes then): the rate's base.

@@ -84,7 +84,7 @@ class FakeStages {
         }
       }
     }
-    released_.erase(task.name);
+    if (const auto r = released_.find(task.name); r != released_.end()) released_.erase(r);
     in_use_[device.name()] -= memory;
     --running_;
     if (cancelled->load() && !ignore_cancel) return absl::CancelledError("cancelled");
@@ -125,7 +125,7 @@ class FakeStages {
   std::mutex mu_;                      // guards the members below
   std::condition_variable cv_;         // signalled on starts and releases
   std::vector<Attempt> starts_;          // every attempt, in start order
-  std::set<std::string> released_;     // tasks released and not yet returned
+  std::multiset<std::string> released_;  // one per Release whose attempt has not returned
   std::map<std::string, int64_t> in_use_;  // device -> memory of running tasks
   std::map<std::string, int64_t> peak_;    // device -> most memory in use at once
   int running_ = 0;
@@ -441,6 +441,30 @@ TEST_F(SchedulerFakeClockTest, ASilentTaskLosesItsLeaseToAnotherWorkerAndItsLate
   EXPECT_EQ((*tasks)[0].state, store::TaskState::kDone);
   EXPECT_EQ((*tasks)[0].output_path, "stuck@2");
   EXPECT_EQ(*store->CountEvents(id, "task_done"), 1);
+}
+
+TEST_F(SchedulerFakeClockTest, ATaskThatLosesItsLeaseThreeTimesFailsTheJobInsteadOfLooping) {
+  stages_.Plan({"stuck"});
+  stages_.blocking["stuck"] = {1, 2, 3, 4};  // every attempt hangs, even when asked to stop
+  stages_.ignore_cancel = true;
+  auto s = Start({"cpu", "cpu", "cpu", "cpu"});  // a free worker for each requeued attempt
+  const int64_t id = Submit(*s);
+  ASSERT_TRUE(stages_.WaitForStarts(1));
+  // Each attempt loses its lease after 4 silent periods and is requeued when the stored lease
+  // lapses a lease later (see the test above); 30 periods hold three expiries and more.
+  for (int i = 0; i < 30; ++i) {
+    clock_.Advance(kLeaseMs / 3);
+    Sync(*s);
+  }
+  const v1::Job failed = WaitStopped(*s, id);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.reason(), "LEASE_EXPIRED");
+  EXPECT_EQ(failed.last_error(),
+            "quantize stuck: no progress for 3000 ms, 3 times; the job fails instead of "
+            "requeuing the task again");
+  EXPECT_EQ(stages_.starts().size(), 3u);  // no fourth attempt
+  for (int i = 0; i < 3; ++i) stages_.Release("stuck");  // one release per hung attempt
+  s->Shutdown(std::chrono::seconds(1));
 }
 
 TEST_F(SchedulerFakeClockTest, ATaskThatReportsProgressKeepsItsLeaseForAsLongAsItRuns) {

@@ -149,6 +149,28 @@ TEST_F(V4LayerTest, OfficialForwardKeepsBf16StreamsAndShowsEveryLinear) {
   for (float f : mtp_logits) ASSERT_TRUE(std::isfinite(f));
 }
 
+// A task's sign of life: LoadLayer calls `alive` after the attention weights and after each
+// routed expert, RunLayer after every product on the host; the results do not change.
+TEST_F(V4LayerTest, LoadAndForwardSignLifeWithoutChangingABit) {
+  const V4Config& c = ckpt_->config;
+  int loads = 0, products = 0;
+  auto weights = LoadLayer(*ckpt_, 0, *device_, [&loads] { ++loads; });
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(loads, 1 + c.n_routed_experts);
+  auto acts = Embed(*ckpt_, ids_, kSequences, kSeqLen);
+  ASSERT_TRUE(acts.ok());
+  auto quiet = MakeForwardContext(*device_, Numerics::kOfficial, nullptr);
+  ASSERT_TRUE(quiet.ok());
+  ForwardContext signing = *quiet;
+  signing.alive = [&products] { ++products; };
+  auto a = RunLayer(*quiet, c, *weights, *acts);
+  auto b = RunLayer(signing, c, *weights, *acts);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // At least the router and the shared expert's three products, and one per expert reached.
+  EXPECT_GE(products, 4);
+  EXPECT_EQ(a->streams, b->streams);
+}
+
 TEST_F(V4LayerTest, OfficialStaysAbove20DbSqnrOfMathInOneLayer) {
   const V4Config& c = ckpt_->config;
   auto weights = LoadLayer(*ckpt_, 0, *device_);

@@ -160,6 +160,9 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
   options.on_batch = [&ctx](int64_t tokens) {
     if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
   };
+  options.alive = [&ctx] {
+    if (ctx.add_progress) ctx.add_progress(0);
+  };
   absl::StatusOr<calibration::SliceResult> result = calibration::CalibrateLayerSlice(
       *ckpt, task.layer, *input, device, options, ctx.cancelled);
   if (!result.ok()) {

@@ -62,6 +62,9 @@ evaluation::EvaluationHooks Hooks(const StageContext& ctx) {
   hooks.on_batch = [&ctx](int64_t tokens) {
     if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
   };
+  hooks.alive = [&ctx] {
+    if (ctx.add_progress) ctx.add_progress(0);
+  };
   hooks.cancelled = ctx.cancelled;
   return hooks;
 }

@@ -25,14 +25,16 @@ else
   echo "skipped: $BUILD_DIR was built without CUDA"
 fi
 
-echo "== thread-safety analysis (clang -Wthread-safety; the targets that carry annotations)"
-# Only the annotated code is analysed, so this compiles the scheduler's and the API's object files
-# alone (and the generated proto headers they include), nothing else.
+echo "== thread-safety analysis (clang -Wthread-safety; every package whose code carries annotations)"
+# Only the annotated code is analysed, so this compiles the object files of the packages that
+# hold ABSL_GUARDED_BY / ABSL_*LOCKS* annotations (and the generated proto headers they include),
+# and of the kernels only the thread pool (its SIMD files need GCC's target strings).
 cmake -G Ninja -S "$ROOT" -B "$ROOT/build-tsa" -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DQUANTD_CUDA=OFF -DQUANTD_BENCH=OFF \
   -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
 mapfile -t TSA_OBJECTS < <(ninja -C "$ROOT/build-tsa" -t targets all |
-  grep -E '^server/(scheduler|api)/CMakeFiles/[^:]*\.o:' | cut -d: -f1)
+  grep -E '^(server/(scheduler|api|calibration|evaluation|metrics|ops|pipeline)/CMakeFiles/[^:]*|kernels/CMakeFiles/[^:]*thread_pool\.cc)\.o:' |
+  cut -d: -f1)
 ninja -C "$ROOT/build-tsa" "${TSA_OBJECTS[@]}"
 
 echo "== fuzz (4 libFuzzer targets, ${QUANTD_FUZZ_SECONDS:-60} s each)"

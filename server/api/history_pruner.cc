@@ -55,20 +55,18 @@ std::unique_ptr<HistoryPruner> HistoryPruner::Start(scheduler::Scheduler* schedu
 
 HistoryPruner::~HistoryPruner() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
   thread_.join();
 }
 
 void HistoryPruner::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
+  const absl::Condition stopping(&stop_);
+  while (true) {
     PruneOnce();
-    lock.lock();
-    wake_.wait_for(lock, period_, [this] { return stop_; });
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(stopping, absl::FromChrono(period_))) return;  // stop_ was set
   }
 }
 

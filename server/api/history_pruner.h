@@ -10,14 +10,14 @@
 #include <stdint.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "quantd/v1/quantd.pb.h"
 #include "server/scheduler/scheduler.h"
 
@@ -61,9 +61,8 @@ class HistoryPruner {
   RetentionPolicy policy_;                          // what to keep
   std::chrono::milliseconds period_{0};             // between passes
   std::function<void(const std::string&)> log_;     // pass summaries
-  std::mutex mu_;                                   // guards stop_
-  std::condition_variable wake_;                    // signalled on stop
-  bool stop_ = false;                               // the destructor runs
+  absl::Mutex mu_;                                  // guards stop_
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;          // the destructor runs
   std::thread thread_;                              // runs Loop
 };
 

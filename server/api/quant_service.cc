@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -178,25 +179,25 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
     }
     if (refused.ok() && !service_->AddWatch(this)) refused = ShuttingDown();
     if (!refused.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       FinishLocked(refused);
       return;
     }
     token_ = board().Subscribe(job_id_, [this] { Changed(); });
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     changed_ = true;
     PumpLocked();
   }
 
   // Ends the stream with UNAVAILABLE unless it has ended (QuantService::BeginShutdown).
   void Stop() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (finished_) return;
     FinishLocked(ShuttingDown());
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     writing_ = false;
     if (finished_) return;
     if (!ok) {
@@ -211,7 +212,7 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
   }
 
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (finished_) return;
     FinishLocked(absl::CancelledError("WatchJob cancelled"));
   }
@@ -221,7 +222,7 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
     service_->RemoveWatch(this);
     bool idle = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       done_ = true;
       idle = !alarm_pending_;
     }
@@ -233,7 +234,7 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
 
   // The board's listener: a newer snapshot exists.
   void Changed() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     changed_ = true;
     if (finished_ || writing_ || alarm_pending_) return;  // OnWriteDone or Wake will look
     alarm_pending_ = true;
@@ -243,19 +244,20 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
 
   // The alarm's callback.
   void Wake() {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     alarm_pending_ = false;
     if (done_) {
-      lock.unlock();
+      mu_.Unlock();
       delete this;
       return;
     }
     PumpLocked();
+    mu_.Unlock();
   }
 
   // When no write is in flight and a change was noted, writes the newest snapshot if it differs
   // from the last one written; a job that disappeared ends the stream with NOT_FOUND.
-  void PumpLocked() {
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_ || writing_ || !changed_) return;
     changed_ = false;
     std::optional<v1::Job> job = board().Get(job_id_);
@@ -275,7 +277,7 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
     StartWrite(&written_);
   }
 
-  void FinishLocked(const absl::Status& status) {
+  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
     const std::string reason = scheduler::ReasonOf(status);
     if (!reason.empty()) context_->AddTrailingMetadata(kReasonKey, reason);
@@ -288,15 +290,16 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
   const int64_t job_id_;                        // the watched job
   int64_t token_ = 0;                           // board subscription; 0 = none
 
-  std::mutex mu_;                       // guards the members below
-  v1::Job written_;                     // the snapshot in flight or last written
-  bool wrote_ = false;                  // written_ holds a snapshot
-  bool changed_ = false;                // the board changed since the last look
-  bool writing_ = false;                // a StartWrite awaits OnWriteDone
-  bool finished_ = false;               // Finish was called
-  bool alarm_pending_ = false;          // alarm_'s callback has yet to run
-  bool done_ = false;                   // OnDone ran
-  std::unique_ptr<grpc::Alarm> alarm_;  // wakes the stream after a change while it was idle
+  absl::Mutex mu_;  // guards the members below
+  v1::Job written_ ABSL_GUARDED_BY(mu_);         // the snapshot in flight or last written
+  bool wrote_ ABSL_GUARDED_BY(mu_) = false;      // written_ holds a snapshot
+  bool changed_ ABSL_GUARDED_BY(mu_) = false;    // the board changed since the last look
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;    // a StartWrite awaits OnWriteDone
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish was called
+  bool alarm_pending_ ABSL_GUARDED_BY(mu_) = false;  // alarm_'s callback has yet to run
+  bool done_ ABSL_GUARDED_BY(mu_) = false;       // OnDone ran
+  // Wakes the stream after a change while it was idle.
+  std::unique_ptr<grpc::Alarm> alarm_ ABSL_GUARDED_BY(mu_);
 };
 
 QuantService::QuantService(scheduler::Scheduler* scheduler, metrics::Metrics* metrics,
@@ -506,20 +509,20 @@ grpc::ServerUnaryReactor* QuantService::GetJobReport(grpc::CallbackServerContext
 }
 
 void QuantService::BeginShutdown() {
-  std::lock_guard<std::mutex> lock(watches_mu_);
+  absl::MutexLock lock(&watches_mu_);
   shutting_down_ = true;
   for (WatchReactor* watch : watches_) watch->Stop();
 }
 
 bool QuantService::AddWatch(WatchReactor* watch) {
-  std::lock_guard<std::mutex> lock(watches_mu_);
+  absl::MutexLock lock(&watches_mu_);
   if (shutting_down_) return false;
   watches_.insert(watch);
   return true;
 }
 
 void QuantService::RemoveWatch(WatchReactor* watch) {
-  std::lock_guard<std::mutex> lock(watches_mu_);
+  absl::MutexLock lock(&watches_mu_);
   watches_.erase(watch);
 }
 

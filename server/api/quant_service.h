@@ -16,12 +16,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <functional>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "quantd/v1/quantd.grpc.pb.h"
 #include "server/api/authorizer.h"
 #include "server/job/job_paths.h"
@@ -96,9 +97,9 @@ class QuantService final : public v1::QuantService::CallbackService {
   metrics::Metrics* const metrics_;        // not owned; nullptr = no metrics
   const Authorizer* const authorizer_;     // not owned; nullptr = every call allowed
 
-  std::mutex watches_mu_;            // guards the members below; taken before a stream's own mutex
-  std::set<WatchReactor*> watches_;  // open WatchJob streams
-  bool shutting_down_ = false;       // BeginShutdown ran
+  absl::Mutex watches_mu_;  // guards the members below; taken before a stream's own mutex
+  std::set<WatchReactor*> watches_ ABSL_GUARDED_BY(watches_mu_);  // open WatchJob streams
+  bool shutting_down_ ABSL_GUARDED_BY(watches_mu_) = false;       // BeginShutdown ran
 };
 
 // The absl::Status as a grpc::Status (same code and message).

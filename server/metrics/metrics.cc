@@ -1,6 +1,5 @@
 #include "server/metrics/metrics.h"
 
-#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -8,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
@@ -193,7 +193,7 @@ class PrometheusMetrics final : public Metrics {
   }
 
   void SetJobCounts(const std::map<std::string, int64_t>& by_state) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [state, n] : by_state) {
       if (job_series_.count(state) == 0) job_series_[state] = &jobs_.Add({{"state", state}});
     }
@@ -206,7 +206,7 @@ class PrometheusMetrics final : public Metrics {
   }
 
   void DeclareStages(const std::vector<std::string>& kinds) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const std::string& stage : kinds) {
       for (const char* state : kTaskStates) {
         if (task_series_.count({stage, state}) == 0) {
@@ -223,7 +223,7 @@ class PrometheusMetrics final : public Metrics {
   }
 
   void SetTaskCounts(const std::map<std::pair<std::string, std::string>, int64_t>& n) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [key, count] : n) {
       if (task_series_.count(key) == 0) {
         task_series_[key] = &tasks_.Add({{"stage", key.first}, {"state", key.second}});
@@ -284,20 +284,20 @@ class PrometheusMetrics final : public Metrics {
   }
 
   void SetDiskSpace(const std::string& dir, int64_t free_bytes, int64_t size_bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     disk_free_.Add({{"dir", dir}}).Set(static_cast<double>(free_bytes));
     disk_size_.Add({{"dir", dir}}).Set(static_cast<double>(size_bytes));
   }
 
   void ClearDiskSpace(const std::string& dir) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // Family::Remove takes the series, so look it up by its labels first.
     if (disk_free_.Has({{"dir", dir}})) disk_free_.Remove(&disk_free_.Add({{"dir", dir}}));
     if (disk_size_.Has({{"dir", dir}})) disk_size_.Remove(&disk_size_.Add({{"dir", dir}}));
   }
 
   absl::Time scheduler_heartbeat() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return heartbeat_time_;
   }
 
@@ -341,7 +341,7 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Gauge& heartbeat_value_;
 
   // Guards job_series_, task_series_ and heartbeat_time_; makes each Set*/Clear* call atomic.
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   absl::Time heartbeat_time_ ABSL_GUARDED_BY(mu_);  // the last SetJobCounts, else creation
   std::map<std::string, prometheus::Gauge*> job_series_;  // state -> its quantd_jobs series
   // (stage, task state) -> its quantd_tasks series.

@@ -50,19 +50,21 @@ ServeMonitor::~ServeMonitor() { Stop(); }
 
 void ServeMonitor::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 void ServeMonitor::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_cv_.wait_for(lock, options_.period, [this] { return stop_; })) {
-    lock.unlock();
+  const absl::Duration period = absl::FromChrono(options_.period);
+  const absl::Condition stopped(&stop_);
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(stopped, period)) return;  // true once Stop was called
+    }
     RunOnce();
-    lock.lock();
   }
 }
 

@@ -11,14 +11,13 @@
 #define QUANTD_SERVER_OPS_SERVE_MONITOR_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/metrics/metrics.h"
 #include "server/scheduler/job_board.h"
 
@@ -55,8 +54,7 @@ class ServeMonitor {
   void Loop();
 
   const ServeMonitorOptions options_;
-  std::mutex mu_;                          // guards stop_
-  std::condition_variable stop_cv_;        // signalled by Stop
+  absl::Mutex mu_;                          // guards stop_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;  // Stop was called
   std::thread thread_;                     // runs Loop
 };

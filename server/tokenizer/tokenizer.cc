@@ -249,7 +249,7 @@ struct Tokenizer::Impl {
 
   // Encoding state: the text's deadline and the thread's regex scratch.
   struct Encoding {
-    absl::Time deadline;
+    TextBudget budget;
     RegexScratch scratch;
   };
   absl::Status EncodeRaw(absl::string_view text, Encoding& e, std::vector<int32_t>* out) const;
@@ -706,7 +706,7 @@ absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step, 
   absl::InlinedVector<Span, 16> spans;
   size_t pos = 0, begin = 0, end = 0;
   while (true) {
-    ASSIGN_OR_RETURN(bool found, s.regex->Find(piece, pos, e.deadline, e.scratch, &begin, &end));
+    ASSIGN_OR_RETURN(bool found, s.regex->Find(piece, pos, e.budget, e.scratch, &begin, &end));
     if (!found) break;
     if (begin > pos) spans.push_back({pos, begin, s.invert});
     spans.push_back({begin, end, !s.invert});
@@ -770,21 +770,22 @@ absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step, 
 }
 
 absl::Duration Tokenizer::EncodeBudget(size_t bytes) {
-  return kEncodeBaseBudget + kEncodeBudgetPerMib * (static_cast<double>(bytes) / (1 << 20));
+  return absl::Ceil(kEncodeBaseBudget + kEncodeBudgetPerMib * (static_cast<double>(bytes) / (1 << 20)),
+                    absl::Milliseconds(1));
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) const {
-  return Encode(text, absl::Now() + EncodeBudget(text.size()));
+  return Encode(text, EncodeBudget(text.size()));
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
-                                                       absl::Time deadline) const {
+                                                       absl::Duration cpu_budget) const {
   if (std::optional<size_t> bad = FirstInvalidUtf8(text)) {
     return absl::InvalidArgumentError(absl::StrCat("text is not valid UTF-8 (byte ", *bad, ")"));
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  Impl::Encoding e{deadline, {}};
+  Impl::Encoding e{TextBudget(cpu_budget), {}};
   RETURN_IF_ERROR(impl_->EncodeRaw(text, e, &ids));
   return ids;
 }

@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <new>
 
@@ -20,6 +22,12 @@ constexpr uint32_t kHeapLimitKib = 64 << 10;
 // Start positions one pcre2_match call may try (its offset limit): the work between two deadline
 // checks is at most this many times the match limit.
 constexpr size_t kWindowBytes = 64;
+
+int64_t ClockNs(clockid_t clock) {
+  struct timespec ts;
+  clock_gettime(clock, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
 
 std::string Pcre2Message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -65,6 +73,20 @@ struct TokenizerRegex::Code {
   ~Code() { pcre2_code_free(code); }
 };
 
+TextBudget::TextBudget(absl::Duration cpu_time)
+    : cpu_time_(cpu_time),
+      cpu_limit_ns_(ClockNs(CLOCK_THREAD_CPUTIME_ID) + absl::ToInt64Nanoseconds(cpu_time)),
+      next_check_ns_(ClockNs(CLOCK_MONOTONIC_COARSE) + absl::ToInt64Nanoseconds(cpu_time)) {}
+
+bool TextBudget::Spent() {
+  const int64_t now = ClockNs(CLOCK_MONOTONIC_COARSE);
+  if (now < next_check_ns_) return false;
+  const int64_t left = cpu_limit_ns_ - ClockNs(CLOCK_THREAD_CPUTIME_ID);
+  if (left <= 0) return true;
+  next_check_ns_ = now + left;  // the thread waited: CPU time cannot run out before this
+  return false;
+}
+
 RegexScratch::RegexScratch()
     : match_data_(pcre2_match_data_create(1, nullptr)),
       match_context_(pcre2_match_context_create(nullptr)) {
@@ -104,15 +126,15 @@ absl::StatusOr<TokenizerRegex> TokenizerRegex::Compile(absl::string_view pattern
 }
 
 absl::StatusOr<bool> TokenizerRegex::Find(absl::string_view subject, size_t from,
-                                          absl::Time deadline, RegexScratch& scratch,
+                                          TextBudget& budget, RegexScratch& scratch,
                                           size_t* begin, size_t* end) const {
   auto* data = static_cast<pcre2_match_data*>(scratch.match_data());
   auto* context = static_cast<pcre2_match_context*>(scratch.match_context());
   while (from < subject.size()) {
-    if (absl::Now() > deadline) {
+    if (budget.Spent()) {
       return absl::DeadlineExceededError(absl::StrCat(
-          code_->where, " took longer than the text's time budget (at byte ", from, " of ",
-          subject.size(), ")"));
+          code_->where, " spent the text's budget of ", absl::FormatDuration(budget.cpu_time()),
+          " CPU time (at byte ", from, " of ", subject.size(), ")"));
     }
     // A match must start in [from, window]: the leftmost match, if it starts there, is the
     // one an unlimited search finds; otherwise the next call goes on from the window's end.

@@ -5,13 +5,14 @@
 //
 // A pattern comes from a file the job's submitter wrote, so matching is bounded: PCRE2's match,
 // depth and heap limits bound the work at one start position, each pcre2_match call may start a
-// match only within a short window of positions (PCRE2's offset limit), and the caller's deadline
-// is checked between calls. A pattern that backtracks exponentially, or one that costs 2^18 steps
-// at every position, fails the text within about a window's work past the deadline.
+// match only within a short window of positions (PCRE2's offset limit), and the text's CPU time
+// budget is checked between calls. A pattern that backtracks exponentially, or one that costs
+// 2^18 steps at every position, fails the text within about a window's work past its budget.
 #ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_REGEX_H_
 #define QUANTD_SERVER_TOKENIZER_TOKENIZER_REGEX_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <memory>
 #include <string>
@@ -21,6 +22,24 @@
 #include "absl/time/time.h"
 
 namespace quantd::tokenizer {
+
+// The CPU time one text may take to encode, on the encoding thread's clock (CPU time, so that a
+// loaded machine does not fail a text it merely ran slowly). Checked often, so the check reads a
+// coarse wall clock and reads the thread's CPU clock only once the wall clock says the budget
+// could be spent.
+class TextBudget {
+ public:
+  // Starts now, on the calling thread (the thread that encodes).
+  explicit TextBudget(absl::Duration cpu_time);
+
+  bool Spent();
+  absl::Duration cpu_time() const { return cpu_time_; }
+
+ private:
+  absl::Duration cpu_time_;
+  int64_t cpu_limit_ns_;   // the thread's CPU clock when the budget is spent
+  int64_t next_check_ns_;  // coarse monotonic clock before which it cannot be
+};
 
 // Scratch space for one matching thread; reusable across patterns and subjects.
 class RegexScratch {
@@ -52,9 +71,9 @@ class TokenizerRegex {
 
   // Finds the first non-empty match in subject[from, end) (the subject is valid UTF-8 and
   // lookarounds see only `subject`); true with [*begin, *end) set, false when there is none.
-  // InvalidArgument when PCRE2 gives up at a position (its limits), DeadlineExceeded when the
-  // search runs past `deadline`; both name the pattern, never the subject.
-  absl::StatusOr<bool> Find(absl::string_view subject, size_t from, absl::Time deadline,
+  // InvalidArgument when PCRE2 gives up at a position (its limits), DeadlineExceeded when
+  // `budget` is spent; both name the pattern, never the subject.
+  absl::StatusOr<bool> Find(absl::string_view subject, size_t from, TextBudget& budget,
                             RegexScratch& scratch, size_t* begin, size_t* end) const;
 
  private:

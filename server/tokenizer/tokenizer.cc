@@ -508,8 +508,8 @@ absl::Status Tokenizer::Impl::ParseAddedTokens(const Reader& r, const json& doc)
     if (content.empty()) return r.Error(Reader::Path(path, "content"), "must not be empty");
     added_bytes += content.size();
     if (added_bytes > kMaxAddedTokenBytes) {
-      return r.Error("added_tokens", absl::StrCat("have more than ", kMaxAddedTokenBytes,
-                                                  " bytes of content together"));
+      return r.Error("added_tokens", absl::StrCat("holds more than ", kMaxAddedTokenBytes,
+                                                  " bytes of content in all"));
     }
     for (const char* option : {"single_word", "lstrip", "rstrip"}) {
       ASSIGN_OR_RETURN(bool set, r.Bool(t, path, option, false));

@@ -341,7 +341,7 @@ TEST(TokenizerBudgetTest, FileCapsNameTheField) {
   for (int i = 0; i < 300; ++i) {
     f["added_tokens"].push_back({{"id", 300 + i}, {"content", std::string(4000, 'a' + i % 26) + std::to_string(i)}});
   }
-  EXPECT_EQ(LoadError(f), "t.json: field 'added_tokens' have more than 1048576 bytes of content together");
+  EXPECT_EQ(LoadError(f), "t.json: field 'added_tokens' holds more than 1048576 bytes of content in all");
   f = WithNormalizers(good, {{"type", "Prepend"}, {"prepend", "_"}}, 65);
   EXPECT_EQ(LoadError(f), "t.json: field 'normalizer' has 65 steps; quantd reads at most 64");
   f = good;

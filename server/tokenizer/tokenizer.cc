@@ -596,8 +596,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-// The largest tokenizer.json / tokenizer_config.json read (DeepSeek's tokenizer.json is 7.8 MB).
+// The largest tokenizer.json read (DeepSeek's is 7.8 MB; its values are counted before parsing).
 constexpr uint64_t kMaxTokenizerFileBytes = 64ull << 20;
+// The largest tokenizer_config.json read, parsed whole for its bos_token (DeepSeek's is 3 KB;
+// with a chat template, tens of KB).
+constexpr uint64_t kMaxTokenizerConfigBytes = 4ull << 20;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string& dir) {
   const std::string json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
@@ -606,7 +609,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string&
   const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
   std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
-    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path, kMaxTokenizerFileBytes));
+    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path, kMaxTokenizerConfigBytes));
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));

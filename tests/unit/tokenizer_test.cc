@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -372,6 +374,18 @@ TEST(TokenizerBudgetTest, JsonShapeIsBoundedBeforeParsing) {
   std::string deep = "{\"padding\": " + std::string(65, '[') + std::string(65, ']') + "}";
   EXPECT_EQ(Tokenizer::FromJson(deep, "t.json").status().message(),
             "t.json: nests JSON deeper than 64 levels");
+}
+
+TEST(TokenizerBudgetTest, TokenizerConfigIsCappedAt4MiB) {
+  const std::string dir = ::testing::TempDir() + "/tokenizer_config_cap";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << SyntheticTokenizer({}, {}).dump();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << "{\"bos_token\": null, \"padding\": \"" << std::string(4 << 20, 'p') << "\"}";
+  auto tokenizer = Tokenizer::LoadDir(dir);
+  EXPECT_EQ(tokenizer.status().message(),
+            dir + "/tokenizer_config.json: larger than the limit of 4194304 bytes for this file");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TokenizerLoadTest, MissingDirectoryNamesTheFile) {

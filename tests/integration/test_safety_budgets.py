@@ -130,3 +130,18 @@ def test_input_ids_calibrate_a_checkpoint_without_a_tokenizer(qd, stubs, model, 
         assert (f"{data}:1: input_ids[1] is not a token id of the model (0 to 1023)"
                 in job.last_error), job
         d.stop()
+
+
+def test_a_5_mb_component_name_is_quoted_as_a_short_excerpt(qd, stubs, model, tmp_path):
+    edit_tokenizer(model, lambda t: t.update(normalizer={"type": "N" * 5_000_000}))
+    data = prose(tmp_path / "data.jsonl")
+    with Daemon(qd.binary, tmp_path / "state") as d:
+        client = Client(stubs, d.channel())
+        job = client.finish(calibrating(client, model, tmp_path / "out",
+                                        dataset=str(data), num_samples=4).id)
+        assert job.state == client.pb.FAILED, job
+        assert (f"{model}/tokenizer.json: field 'normalizer.type' has unsupported type \""
+                + "N" * 64 + "...\" (quantd reads Sequence, Prepend and Replace with a String "
+                "pattern)") in job.last_error, job.last_error[:300]
+        assert len(job.last_error) < 1024, len(job.last_error)
+        d.stop()

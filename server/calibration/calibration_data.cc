@@ -1,11 +1,19 @@
 #include "server/calibration/calibration_data.h"
 
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
@@ -49,9 +57,9 @@ class SplitMix64 {
 struct Sample {
   int64_t line = 0;
   enum class Kind { kText, kMessages, kIds } kind = Kind::kText;
-  std::string text;                          // kText
+  std::string text;                              // kText
   std::vector<tokenizer::ChatMessage> messages;  // kMessages
-  std::vector<int32_t> ids;                  // kIds
+  std::vector<int32_t> ids;                      // kIds
 };
 
 absl::Status LineError(const std::string& path, int64_t line, const std::string& what) {
@@ -59,8 +67,8 @@ absl::Status LineError(const std::string& path, int64_t line, const std::string&
 }
 
 absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
-                                   const std::string& line, const tokenizer::Tokenizer& tokenizer) {
-  const json value = json::parse(line, nullptr, /*allow_exceptions=*/false);
+                                   absl::string_view line, int64_t vocab) {
+  const json value = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return LineError(path, line_number, "not valid JSON");
   if (!value.is_object()) return LineError(path, line_number, "not a JSON object");
   Sample sample;
@@ -87,12 +95,10 @@ absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
     if (!ids.is_array()) return LineError(path, line_number, "'input_ids' must be an array of token ids");
     sample.kind = Sample::Kind::kIds;
     for (size_t i = 0; i < ids.size(); ++i) {
-      const bool integer = ids[i].is_number_integer();
-      if (!integer || ids[i].get<int64_t>() < 0 || ids[i].get<int64_t>() > INT32_MAX ||
-          !tokenizer.HasToken(static_cast<int32_t>(ids[i].get<int64_t>()))) {
+      if (!ids[i].is_number_integer() || ids[i].get<int64_t>() < 0 || ids[i].get<int64_t>() >= vocab) {
         return LineError(path, line_number,
-                         absl::StrCat("input_ids[", i, "] is not a token id of the tokenizer (0 to ",
-                                      tokenizer.vocab_size() - 1, ")"));
+                         absl::StrCat("input_ids[", i, "] is not a token id of the model (0 to ",
+                                      vocab - 1, ")"));
       }
       sample.ids.push_back(static_cast<int32_t>(ids[i].get<int64_t>()));
     }
@@ -100,49 +106,165 @@ absl::StatusOr<Sample> ParseSample(const std::string& path, int64_t line_number,
   return sample;
 }
 
-// The largest dataset JSONL or stored token file read (read whole, so capped).
-constexpr uint64_t kMaxCalibrationFileBytes = 1ull << 30;
+// Where a non-blank line of a data set is: the index pass keeps these, 16 bytes a line.
+struct LineRef {
+  uint64_t offset;
+  uint32_t bytes;
+  uint32_t line;  // 1-based
+};
 
-absl::StatusOr<std::vector<Sample>> ReadDataset(const std::string& path,
-                                                const tokenizer::Tokenizer& tokenizer) {
-  ASSIGN_OR_RETURN(std::string contents, checkpoint::ReadFile(path, kMaxCalibrationFileBytes));
-  std::vector<Sample> samples;
-  size_t begin = 0;
-  for (int64_t line_number = 1; begin < contents.size(); ++line_number) {
-    size_t end = contents.find('\n', begin);
-    if (end == std::string::npos) end = contents.size();
-    const std::string line = contents.substr(begin, end - begin);
-    begin = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    ASSIGN_OR_RETURN(Sample sample, ParseSample(path, line_number, line, tokenizer));
-    samples.push_back(std::move(sample));
+// A data set file, open for the whole load (so both passes read the same file), indexed.
+struct DatasetFile {
+  std::string path;
+  int fd = -1;
+  std::vector<LineRef> lines;
+
+  DatasetFile() = default;
+  DatasetFile(const DatasetFile&) = delete;
+  DatasetFile& operator=(const DatasetFile&) = delete;
+  DatasetFile(DatasetFile&& o) noexcept : path(std::move(o.path)), fd(o.fd), lines(std::move(o.lines)) {
+    o.fd = -1;
   }
-  return samples;
+  ~DatasetFile() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// What the job has read so far, against its budgets.
+struct Budget {
+  uint64_t bytes = 0;
+  int64_t lines = 0;
+};
+
+absl::Status ReadError(const std::string& path, int err) {
+  return absl::Status(absl::ErrnoToStatusCode(err),
+                      absl::StrCat(path, ": read failed: ", strerror(err)));
 }
 
-absl::StatusOr<std::vector<int32_t>> Tokenize(const Sample& sample, bool add_bos,
-                                              const tokenizer::Tokenizer& tokenizer) {
-  switch (sample.kind) {
-    case Sample::Kind::kIds:
-      return sample.ids;
-    case Sample::Kind::kMessages:
-      return tokenizer.Encode(tokenizer::RenderChat(sample.messages, add_bos));
-    case Sample::Kind::kText: {
-      ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(sample.text));
-      if (add_bos) ids.insert(ids.begin(), *tokenizer.bos_id());
-      return ids;
+// Streams `file` in chunks, checking every non-blank line and indexing it.
+absl::Status IndexDataset(DatasetFile& file, int64_t vocab, Budget& budget) {
+  const std::string& path = file.path;
+  const auto over_bytes = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": the job's calibration data sets exceed ", kMaxCalibrationBytes,
+        " bytes together (calibration.datasets)"));
+  };
+  std::string pending;  // the current line's bytes so far
+  uint64_t line_offset = 0, offset = 0;
+  int64_t line_number = 1;
+  std::vector<char> buffer(1 << 20);
+  const auto finish_line = [&]() -> absl::Status {
+    const int64_t number = line_number++;
+    const uint64_t at = line_offset;
+    line_offset = offset;
+    if (pending.find_first_not_of(" \t\r") == std::string::npos) {
+      pending.clear();
+      return absl::OkStatus();
+    }
+    if (++budget.lines > kMaxCalibrationLines) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", number, ": the job's calibration data sets exceed ", kMaxCalibrationLines,
+          " lines together (calibration.datasets)"));
+    }
+    RETURN_IF_ERROR(ParseSample(path, number, pending, vocab).status());
+    file.lines.push_back({at, static_cast<uint32_t>(pending.size()), static_cast<uint32_t>(number)});
+    pending.clear();
+    return absl::OkStatus();
+  };
+  while (true) {
+    const ssize_t n = read(file.fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ReadError(path, errno);
+    if (n == 0) break;
+    budget.bytes += static_cast<uint64_t>(n);
+    if (budget.bytes > kMaxCalibrationBytes) return over_bytes();
+    for (const char* p = buffer.data(), *end = p + n; p < end;) {
+      const char* newline = static_cast<const char*>(memchr(p, '\n', end - p));
+      const char* stop = newline ? newline : end;
+      if (pending.size() + (stop - p) > kMaxCalibrationLineBytes) {
+        return LineError(path, line_number,
+                         absl::StrCat("longer than ", kMaxCalibrationLineBytes, " bytes"));
+      }
+      pending.append(p, stop);
+      offset += static_cast<uint64_t>(stop - p);
+      p = stop;
+      if (newline != nullptr) {
+        ++offset;
+        ++p;
+        RETURN_IF_ERROR(finish_line());
+      }
     }
   }
-  return absl::InternalError("unknown sample kind");
+  if (!pending.empty()) RETURN_IF_ERROR(finish_line());
+  return absl::OkStatus();
+}
+
+// Reads the indexed line again and parses it.
+absl::StatusOr<Sample> ReadSample(const DatasetFile& file, const LineRef& ref, int64_t vocab) {
+  std::string line(ref.bytes, '\0');
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = pread(file.fd, line.data() + done, line.size() - done,
+                            static_cast<off_t>(ref.offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ReadError(file.path, errno);
+    if (n == 0) return LineError(file.path, ref.line, "the file changed while it was read");
+    done += static_cast<size_t>(n);
+  }
+  absl::StatusOr<Sample> sample = ParseSample(file.path, ref.line, line, vocab);
+  if (!sample.ok()) {
+    return LineError(file.path, ref.line, "the file changed while it was read");
+  }
+  return sample;
+}
+
+// The ids of a text or conversation sample.
+absl::StatusOr<std::vector<int32_t>> Tokenize(const Sample& sample, bool add_bos,
+                                              const tokenizer::Tokenizer& tokenizer) {
+  if (sample.kind == Sample::Kind::kMessages) {
+    return tokenizer.Encode(tokenizer::RenderChat(sample.messages, add_bos));
+  }
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(sample.text));
+  if (add_bos) ids.insert(ids.begin(), *tokenizer.bos_id());
+  return ids;
+}
+
+// The spec's name of data set `index` of ResolveCalibrationDatasets, for errors.
+std::string DatasetField(const CalibrationSpec& spec, size_t index) {
+  return index < spec.datasets.size() ? absl::StrCat("calibration.datasets[", index, "].path")
+                                      : std::string("calibration.dataset");
 }
 
 }  // namespace
+
+absl::StatusOr<const tokenizer::Tokenizer*> CalibrationTokenizer::Get() {
+  if (tokenizer_ != nullptr) return tokenizer_;
+  if (!error_.ok()) return error_;
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> loaded = tokenizer::Tokenizer::LoadDir(dir_);
+  if (!loaded.ok()) {
+    error_ = loaded.status();
+    return error_;
+  }
+  owned_ = *std::move(loaded);
+  tokenizer_ = owned_.get();
+  return tokenizer_;
+}
 
 absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const CalibrationSpec& spec) {
   std::vector<CalibrationDataset> datasets = spec.datasets;
   if (!spec.dataset.empty()) datasets.push_back({spec.dataset, 0});
   if (datasets.empty()) {
     return absl::InvalidArgumentError("calibration needs 'calibration.datasets' or 'calibration.dataset'");
+  }
+  for (size_t i = 0; i < datasets.size(); ++i) {
+    const std::filesystem::path normal = std::filesystem::path(datasets[i].path).lexically_normal();
+    for (size_t j = 0; j < i; ++j) {
+      if (std::filesystem::path(datasets[j].path).lexically_normal() == normal) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            DatasetField(spec, i), " names the file of ", DatasetField(spec, j),
+            " again: list a data set once, with the samples it gives"));
+      }
+    }
   }
   const int64_t total = spec.num_samples > 0 ? spec.num_samples : kDefaultCalibrationSamples;
   const int64_t unset = std::count_if(datasets.begin(), datasets.end(),
@@ -160,33 +282,53 @@ absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const
 }
 
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
-                                                  const tokenizer::Tokenizer& tokenizer,
+                                                  CalibrationTokenizer& tokenizer, int64_t vocab,
                                                   bool allow_fewer) {
   ASSIGN_OR_RETURN(std::vector<CalibrationDataset> datasets, ResolveCalibrationDatasets(spec));
-  if (spec.add_bos && !tokenizer.bos_id().has_value()) {
-    return absl::InvalidArgumentError(
-        "calibration.add_bos needs the tokenizer's bos_token (tokenizer_config.json)");
-  }
-  // Read and check everything first.
-  std::vector<std::vector<Sample>> files;
-  for (const CalibrationDataset& d : datasets) {
-    ASSIGN_OR_RETURN(std::vector<Sample> samples, ReadDataset(d.path, tokenizer));
-    files.push_back(std::move(samples));
+  // Open, index and check every file first; the same file by another path is refused.
+  std::vector<DatasetFile> files;
+  std::vector<std::pair<dev_t, ino_t>> ids;
+  Budget budget;
+  for (size_t f = 0; f < datasets.size(); ++f) {
+    DatasetFile file;
+    file.path = datasets[f].path;
+    struct stat st;
+    ASSIGN_OR_RETURN(file.fd, checkpoint::OpenRegularFile(file.path, /*follow_symlink=*/true, &st));
+    const auto same = std::find(ids.begin(), ids.end(), std::make_pair(st.st_dev, st.st_ino));
+    if (same != ids.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DatasetField(spec, f), " is the file of ", DatasetField(spec, same - ids.begin()),
+          " by another path: list a data set once, with the samples it gives"));
+    }
+    ids.emplace_back(st.st_dev, st.st_ino);
+    RETURN_IF_ERROR(IndexDataset(file, vocab, budget));
+    files.push_back(std::move(file));
   }
   CalibrationSet set;
   for (size_t f = 0; f < datasets.size(); ++f) {
     const CalibrationDataset& d = datasets[f];
-    const std::vector<Sample>& samples = files[f];
-    CalibrationFileStats stats{d.path, static_cast<int64_t>(samples.size()), d.samples, 0, 0};
-    std::vector<size_t> order(samples.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const std::vector<LineRef>& lines = files[f].lines;
+    CalibrationFileStats stats{d.path, static_cast<int64_t>(lines.size()), d.samples, 0, 0};
+    std::vector<uint32_t> order(lines.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
     SplitMix64 rng(static_cast<uint64_t>(spec.seed) ^ (0xD1B54A32D192ED03ull * (f + 1)));
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
     int64_t taken = 0;
     for (size_t i = 0; i < order.size() && taken < d.samples; ++i) {
-      const Sample& sample = samples[order[i]];
-      absl::StatusOr<std::vector<int32_t>> ids = Tokenize(sample, spec.add_bos, tokenizer);
-      if (!ids.ok()) return LineError(d.path, sample.line, std::string(ids.status().message()));
+      ASSIGN_OR_RETURN(const Sample sample, ReadSample(files[f], lines[order[i]], vocab));
+      absl::StatusOr<std::vector<int32_t>> ids = sample.ids;
+      if (sample.kind != Sample::Kind::kIds) {
+        ASSIGN_OR_RETURN(const tokenizer::Tokenizer* t, tokenizer.Get());
+        if (spec.add_bos && !t->bos_id().has_value()) {
+          return absl::InvalidArgumentError(
+              "calibration.add_bos needs the tokenizer's bos_token (tokenizer_config.json)");
+        }
+        ids = Tokenize(sample, spec.add_bos, *t);
+      }
+      if (!ids.ok()) {
+        return absl::Status(ids.status().code(),
+                            absl::StrCat(d.path, ":", sample.line, ": ", ids.status().message()));
+      }
       if (static_cast<int64_t>(ids->size()) < spec.min_seq_len) {
         ++stats.skipped;
         continue;
@@ -203,7 +345,7 @@ absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
     if (taken < d.samples && !allow_fewer) {
       return absl::InvalidArgumentError(absl::StrCat(
           d.path, ": ", taken, " usable samples (at least min_seq_len = ", spec.min_seq_len,
-          " tokens) among its ", samples.size(), " lines; ", d.samples, " asked"));
+          " tokens) among its ", lines.size(), " lines; ", d.samples, " asked"));
     }
     set.files.push_back(std::move(stats));
   }

@@ -14,14 +14,23 @@
 //
 // Every line of every file is read and checked before any sample is tokenized: a missing file, a
 // line that is not a JSON object, a sample with none (or more than one) of the three fields, a
-// malformed conversation, ids outside the tokenizer's vocabulary, and fewer usable samples than
-// asked are InvalidArgument errors naming the file and line.
+// malformed conversation, input_ids outside the model's vocabulary, and fewer usable samples than
+// asked are InvalidArgument errors naming the file and line, never quoting its content.
+//
+// The data set files are hostile input, so reading them is bounded: the files are streamed (a
+// 16-byte index entry per line is kept, and only the selected lines are read again and parsed),
+// one job reads at most kMaxCalibrationBytes and kMaxCalibrationLines in all its files, a line
+// has at most kMaxCalibrationLineBytes, and a file named twice (by the same path or another) is
+// refused. Samples given as input_ids need no tokenizer: the tokenizer.json is loaded only when a
+// selected sample is text or a conversation.
 #ifndef QUANTD_SERVER_CALIBRATION_CALIBRATION_DATA_H_
 #define QUANTD_SERVER_CALIBRATION_CALIBRATION_DATA_H_
 
 #include <stdint.h>
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +40,28 @@
 namespace quantd::calibration {
 
 inline constexpr int64_t kDefaultCalibrationSamples = 512;
+// Budgets of one job's calibration data, all its files together.
+inline constexpr uint64_t kMaxCalibrationBytes = uint64_t{2} << 30;
+inline constexpr int64_t kMaxCalibrationLines = int64_t{4} << 20;
+inline constexpr uint64_t kMaxCalibrationLineBytes = uint64_t{4} << 20;
+
+// The tokenizer a calibration set is tokenized with, loaded when a sample first needs it.
+class CalibrationTokenizer {
+ public:
+  // Loads DIR/tokenizer.json (tokenizer::Tokenizer::LoadDir) on first use.
+  explicit CalibrationTokenizer(std::string dir) : dir_(std::move(dir)) {}
+  // One already loaded, not owned.
+  explicit CalibrationTokenizer(const tokenizer::Tokenizer& loaded) : tokenizer_(&loaded) {}
+
+  // The tokenizer, or the error loading it gave (again on every call).
+  absl::StatusOr<const tokenizer::Tokenizer*> Get();
+
+ private:
+  std::string dir_;
+  const tokenizer::Tokenizer* tokenizer_ = nullptr;  // once loaded
+  std::unique_ptr<tokenizer::Tokenizer> owned_;
+  absl::Status error_;  // a failed load
+};
 
 struct CalibrationSample {
   std::string source;  // the dataset file
@@ -53,15 +84,16 @@ struct CalibrationSet {
 };
 
 // The files and per-file sample counts the spec asks for (the shorthand `dataset` expanded).
-// InvalidArgument when the spec names no data set.
+// InvalidArgument when the spec names no data set, or names one path twice.
 absl::StatusOr<std::vector<job::CalibrationDataset>> ResolveCalibrationDatasets(
     const job::CalibrationSpec& spec);
 
-// Reads, checks, selects and tokenizes the samples. `add_bos` needs tokenizer.bos_id().
-// `allow_fewer`: a file with fewer usable samples than asked gives those it has (its stats say how
-// many) instead of an error.
+// Reads, checks, selects and tokenizes the samples. `vocab`: input_ids must be below it (the
+// model's vocab_size, the rows of its embedding). `add_bos` needs the tokenizer's bos_id() when a
+// text or conversation is selected. `allow_fewer`: a file with fewer usable samples than asked
+// gives those it has (its stats say how many) instead of an error.
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const job::CalibrationSpec& spec,
-                                                  const tokenizer::Tokenizer& tokenizer,
+                                                  CalibrationTokenizer& tokenizer, int64_t vocab,
                                                   bool allow_fewer = false);
 
 // Writes the selected tokens (`quantd dataset --out`): one line per sample, {"source": FILE,

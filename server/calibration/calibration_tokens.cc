@@ -1,8 +1,8 @@
 #include "server/calibration/calibration_tokens.h"
 
+#include <stdint.h>
 #include <string.h>
 
-#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +10,6 @@
 #include "server/calibration/calibration_data.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
-#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::calibration {
 namespace {
@@ -34,9 +33,10 @@ uint64_t GetU64(const std::string& in, size_t at) {
 absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids) {
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
-                   tokenizer::Tokenizer::LoadDir(tokenizer_dir));
-  ASSIGN_OR_RETURN(CalibrationSet set, LoadCalibrationSet(spec.calibration, *tokenizer));
+  CalibrationTokenizer tokenizer(tokenizer_dir);
+  // input_ids are the model's ids: checked against its vocabulary (folded ones fold below).
+  ASSIGN_OR_RETURN(CalibrationSet set,
+                   LoadCalibrationSet(spec.calibration, tokenizer, fold_ids ? INT32_MAX : vocab));
   SampleIds ids;
   for (CalibrationSample& s : set.samples) {
     for (int32_t& id : s.ids) {

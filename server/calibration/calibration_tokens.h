@@ -20,9 +20,10 @@ namespace quantd::calibration {
 // One token id list per sample, in the calibration set's order.
 using SampleIds = std::vector<std::vector<int32_t>>;
 
-// Tokenizes spec.calibration with DIR/tokenizer.json of `tokenizer_dir`. An id >= `vocab` is
-// InvalidArgument naming the data set file and line, unless `fold_ids` (synthetic fixtures only:
-// id mod vocab).
+// Tokenizes spec.calibration with DIR/tokenizer.json of `tokenizer_dir`, loaded only when a
+// selected sample is text or a conversation (input_ids need none). An id >= `vocab` (the model's
+// vocab_size) is InvalidArgument naming the data set file and line, unless `fold_ids` (synthetic
+// fixtures only: id mod vocab).
 absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids);

@@ -14,7 +14,6 @@
 #include "server/evaluation/held_out_samples.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/model/v4_weights.h"
-#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::evaluation {
 
@@ -33,10 +32,10 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                    model::OpenV4Checkpoint(request.source));
   ASSIGN_OR_RETURN(std::unique_ptr<model::V4Checkpoint> quantized,
                    model::OpenV4Checkpoint(request.quantized));
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
-                   tokenizer::Tokenizer::LoadDir(request.tokenizer_dir));
+  calibration::CalibrationTokenizer tokenizer(request.tokenizer_dir);
   ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
-                   LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, *tokenizer));
+                   LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, tokenizer,
+                                      source->config.vocab_size));
 
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(EvaluationBatches batches,

@@ -1,6 +1,10 @@
 #include "server/tokenizer/chat_encoding.h"
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/base/excerpt.h"
 
 namespace quantd::tokenizer {
 
@@ -35,8 +39,13 @@ absl::StatusOr<std::vector<ChatMessage>> ParseChatMessages(const nlohmann::json&
         field = &message.reasoning_content;
       }
       if (field == nullptr) {
+        // The key is the data set's text: named as is only when short and plain.
+        const bool plain = key.size() <= 64 && std::all_of(key.begin(), key.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
+        });
         return absl::InvalidArgumentError(absl::StrCat(
-            path, ".", key, " is not a rendered field (",
+            path, plain ? "." : " key ", plain ? key : base::Excerpt(key, 64),
+            " is not a rendered field (",
             message.role == ChatMessage::Role::kAssistant ? "role, content and reasoning_content"
                                                           : "role and content",
             ")"));

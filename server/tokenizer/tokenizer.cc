@@ -9,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/base/excerpt.h"
 #include "server/base/status_macros.h"
 #include "server/base/utf8.h"
 #include "server/checkpoint/atomic_file.h"
@@ -27,8 +28,24 @@ namespace {
 
 using nlohmann::json;
 
-// Token ids above this are refused, so that a corrupt file cannot make the id tables huge.
-constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+// Bounds on what a tokenizer.json may hold, so that a hostile file cannot make loading or
+// encoding take unbounded memory or time. DeepSeek-V3's file: ids to 128814, 127741 merges, 818
+// added tokens, about 0.6 million JSON values, no normalizer step, 4 pre-tokenizer steps.
+// Token ids above this are refused (the id tables take 40 bytes per id up to the largest).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 20) - 1;
+constexpr size_t kMaxVocabEntries = size_t{1} << 20;
+constexpr size_t kMaxMerges = size_t{1} << 20;
+constexpr size_t kMaxAddedTokens = size_t{1} << 16;
+constexpr size_t kMaxAddedTokenBytes = size_t{1} << 20;  // all contents together
+// JSON values in the whole file (each takes tens of bytes once parsed) and nesting depth.
+constexpr size_t kMaxJsonValues = size_t{4} << 20;
+constexpr size_t kMaxJsonDepth = 64;
+// Steps of the normalizer and of the pre-tokenizer, after Sequences are flattened.
+constexpr size_t kMaxSteps = 64;
+// The normalizer may make a text at most this many times longer (plus kNormalizeSlackBytes, for
+// a Prepend on a short piece); more is an error, not an allocation.
+constexpr size_t kMaxNormalizeGrowth = 4;
+constexpr size_t kNormalizeSlackBytes = 1024;
 
 // The GPT-2 pattern the ByteLevel pre-tokenizer applies when its use_regex is true.
 constexpr absl::string_view kByteLevelPattern =
@@ -48,6 +65,49 @@ struct NormalizeStep {
   enum class Kind { kPrepend, kReplace } kind = Kind::kPrepend;
   std::string text;         // kPrepend: the prefix; kReplace: the string replaced
   std::string replacement;  // kReplace
+  std::string field;        // where it is in the file, for errors
+};
+
+// Counts the values and the depth of a JSON text without building it (nlohmann's SAX interface),
+// so that a file of millions of tiny values is refused before it takes gigabytes as a DOM.
+class JsonShape : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool null() override { return Value(); }
+  bool boolean(bool) override { return Value(); }
+  bool number_integer(number_integer_t) override { return Value(); }
+  bool number_unsigned(number_unsigned_t) override { return Value(); }
+  bool number_float(number_float_t, const string_t&) override { return Value(); }
+  bool string(string_t&) override { return Value(); }
+  bool binary(binary_t&) override { return Value(); }
+  bool start_object(size_t) override { return Open(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return Close(); }
+  bool start_array(size_t) override { return Open(); }
+  bool end_array() override { return Close(); }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception&) override {
+    invalid = true;
+    return false;
+  }
+
+  bool invalid = false;
+  bool too_many = false;
+  bool too_deep = false;
+
+ private:
+  bool Value() {
+    too_many = ++values_ > kMaxJsonValues;
+    return !too_many;
+  }
+  bool Open() {
+    too_deep = ++depth_ > kMaxJsonDepth;
+    return Value() && !too_deep;
+  }
+  bool Close() {
+    --depth_;
+    return true;
+  }
+  size_t values_ = 0;
+  size_t depth_ = 0;
 };
 
 enum class JsonKind { kObject, kArray, kString, kBool, kInteger };
@@ -139,8 +199,18 @@ class Reader {
 
   absl::Status Unsupported(absl::string_view path, absl::string_view type,
                            absl::string_view supported) const {
-    return Error(Path(path, "type"),
-                 absl::StrCat("has unsupported type \"", type, "\" (quantd reads ", supported, ")"));
+    return Error(Path(path, "type"), absl::StrCat("has unsupported type ", base::Excerpt(type, 64),
+                                                  " (quantd reads ", supported, ")"));
+  }
+
+  // More than `cap` entries in the array or object at `field`.
+  absl::Status TooMany(absl::string_view field, size_t size, size_t cap) const {
+    return Error(field, absl::StrCat("has ", size, " entries; quantd reads at most ", cap));
+  }
+
+  // How errors name a field: "FILE: field 'FIELD'".
+  std::string Where(absl::string_view field) const {
+    return absl::StrCat(origin_, ": field '", field, "'");
   }
 
  private:
@@ -171,17 +241,23 @@ struct Tokenizer::Impl {
   std::vector<bool> has_token;        // id -> whether the id has a token
   absl::flat_hash_map<std::string, int32_t> token_ids;  // spelling -> id (added tokens win)
   std::optional<int32_t> bos;
+  std::string origin;  // the file, for errors
 
   // Loading: the "model" object (vocabulary, merges) and the "added_tokens" array.
   absl::Status ParseModel(const Reader& r, const json& doc);
   absl::Status ParseAddedTokens(const Reader& r, const json& doc);
 
-  absl::Status EncodeRaw(absl::string_view text, RegexScratch& scratch, std::vector<int32_t>* out) const;
-  absl::Status EncodeNormalizable(absl::string_view piece, RegexScratch& scratch,
+  // Encoding state: the text's deadline and the thread's regex scratch.
+  struct Encoding {
+    TextBudget budget;
+    RegexScratch scratch;
+  };
+  absl::Status EncodeRaw(absl::string_view text, Encoding& e, std::vector<int32_t>* out) const;
+  absl::Status EncodeNormalizable(absl::string_view piece, Encoding& e,
                                   std::vector<int32_t>* out) const;
-  absl::Status PreTokenize(absl::string_view piece, size_t step, RegexScratch& scratch,
+  absl::Status PreTokenize(absl::string_view piece, size_t step, Encoding& e,
                            std::vector<int32_t>* out) const;
-  std::string Normalize(absl::string_view piece) const;
+  absl::StatusOr<std::string> Normalize(absl::string_view piece) const;
 
   void SetToken(int32_t id, absl::string_view spelling) {
     if (static_cast<size_t>(id) >= has_token.size()) {
@@ -211,7 +287,7 @@ absl::Status ParseNormalizer(const Reader& r, const json& n, const std::string& 
   }
   if (type == "Prepend") {
     ASSIGN_OR_RETURN(std::string prefix, r.String(n, path, "prepend"));
-    steps->push_back({NormalizeStep::Kind::kPrepend, std::move(prefix), ""});
+    steps->push_back({NormalizeStep::Kind::kPrepend, std::move(prefix), "", path});
     return absl::OkStatus();
   }
   if (type == "Replace") {
@@ -220,7 +296,7 @@ absl::Status ParseNormalizer(const Reader& r, const json& n, const std::string& 
     ASSIGN_OR_RETURN(const json* s, r.Get(*pattern, pattern_path, "String", JsonKind::kString, true));
     ASSIGN_OR_RETURN(std::string content, r.String(n, path, "content"));
     if (s->get<std::string>().empty()) return r.Error(Reader::Path(pattern_path, "String"), "must not be empty");
-    steps->push_back({NormalizeStep::Kind::kReplace, s->get<std::string>(), std::move(content)});
+    steps->push_back({NormalizeStep::Kind::kReplace, s->get<std::string>(), std::move(content), path});
     return absl::OkStatus();
   }
   return r.Unsupported(path, type, "Sequence, Prepend and Replace with a String pattern");
@@ -253,7 +329,7 @@ absl::Status ParsePreTokenizer(const Reader& r, const json& p, const std::string
     }
     const std::string field = Reader::Path(pattern_path, regex ? "Regex" : "String");
     absl::StatusOr<TokenizerRegex> compiled = TokenizerRegex::Compile(
-        (regex ? regex : literal)->get<std::string>(), literal != nullptr, field);
+        (regex ? regex : literal)->get<std::string>(), literal != nullptr, r.Where(field));
     if (!compiled.ok()) return r.Error(field, compiled.status().message());
     step.regex = *std::move(compiled);
     ASSIGN_OR_RETURN(std::string behavior, r.String(p, path, "behavior"));
@@ -274,7 +350,7 @@ absl::Status ParsePreTokenizer(const Reader& r, const json& p, const std::string
     ASSIGN_OR_RETURN(bool use_regex, r.Bool(p, path, "use_regex", true));
     if (add_prefix_space) steps->push_back({PreTokenizeStep::Kind::kPrefixSpace, std::nullopt});
     if (use_regex) {
-      ASSIGN_OR_RETURN(TokenizerRegex gpt2, TokenizerRegex::Compile(kByteLevelPattern, false, path));
+      ASSIGN_OR_RETURN(TokenizerRegex gpt2, TokenizerRegex::Compile(kByteLevelPattern, false, r.Where(path)));
       PreTokenizeStep step;
       step.regex = std::move(gpt2);
       steps->push_back(std::move(step));
@@ -359,6 +435,7 @@ absl::Status Tokenizer::Impl::ParseModel(const Reader& r, const json& doc) {
   }
   ASSIGN_OR_RETURN(bool ignore_merges, r.Bool(*model, "model", "ignore_merges", false));
   ASSIGN_OR_RETURN(const json* vocab, r.Get(*model, "model", "vocab", JsonKind::kObject, true));
+  if (vocab->size() > kMaxVocabEntries) return r.TooMany("model.vocab", vocab->size(), kMaxVocabEntries);
   absl::flat_hash_map<std::string, int32_t> model_ids;  // spelling -> id, for the merges
   model_ids.reserve(vocab->size());
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
@@ -383,6 +460,7 @@ absl::Status Tokenizer::Impl::ParseModel(const Reader& r, const json& doc) {
     }
   }
   ASSIGN_OR_RETURN(const json* merges, r.Get(*model, "model", "merges", JsonKind::kArray, true));
+  if (merges->size() > kMaxMerges) return r.TooMany("model.merges", merges->size(), kMaxMerges);
   for (size_t i = 0; i < merges->size(); ++i) {
     const json& m = (*merges)[i];
     const std::string field = Reader::Index("model.merges", i);
@@ -416,6 +494,10 @@ absl::Status Tokenizer::Impl::ParseModel(const Reader& r, const json& doc) {
 
 absl::Status Tokenizer::Impl::ParseAddedTokens(const Reader& r, const json& doc) {
   ASSIGN_OR_RETURN(const json* added, r.Get(doc, "", "added_tokens", JsonKind::kArray, false));
+  if (added != nullptr && added->size() > kMaxAddedTokens) {
+    return r.TooMany("added_tokens", added->size(), kMaxAddedTokens);
+  }
+  size_t added_bytes = 0;
   for (size_t i = 0; added != nullptr && i < added->size(); ++i) {
     const json& t = (*added)[i];
     const std::string path = Reader::Index("added_tokens", i);
@@ -424,6 +506,11 @@ absl::Status Tokenizer::Impl::ParseAddedTokens(const Reader& r, const json& doc)
     ASSIGN_OR_RETURN(int32_t id, r.TokenIdValue(*id_json, Reader::Path(path, "id")));
     ASSIGN_OR_RETURN(std::string content, r.String(t, path, "content"));
     if (content.empty()) return r.Error(Reader::Path(path, "content"), "must not be empty");
+    added_bytes += content.size();
+    if (added_bytes > kMaxAddedTokenBytes) {
+      return r.Error("added_tokens", absl::StrCat("holds more than ", kMaxAddedTokenBytes,
+                                                  " bytes of content in all"));
+    }
     for (const char* option : {"single_word", "lstrip", "rstrip"}) {
       ASSIGN_OR_RETURN(bool set, r.Bool(t, path, option, false));
       if (set) return r.Error(Reader::Path(path, option), "must be false (unsupported by quantd)");
@@ -443,11 +530,24 @@ Tokenizer::~Tokenizer() = default;
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view tokenizer_json,
                                                                const std::string& origin,
                                                                std::optional<std::string> bos_token) {
+  JsonShape shape;
+  json::sax_parse(tokenizer_json.begin(), tokenizer_json.end(), &shape, json::input_format_t::json,
+                  /*strict=*/true);
+  if (shape.too_many) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": has more than ", kMaxJsonValues, " JSON values"));
+  }
+  if (shape.too_deep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": nests JSON deeper than ", kMaxJsonDepth, " levels"));
+  }
+  if (shape.invalid) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
   const json doc = json::parse(tokenizer_json.begin(), tokenizer_json.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
   if (!doc.is_object()) return absl::InvalidArgumentError(absl::StrCat(origin, ": must be a JSON object"));
   const Reader r(origin);
   auto impl = std::make_unique<Impl>();
+  impl->origin = origin;
 
   RETURN_IF_ERROR(impl->ParseModel(r, doc));
   RETURN_IF_ERROR(impl->ParseAddedTokens(r, doc));
@@ -455,12 +555,20 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   // Normalizer, pre-tokenizer, post-processor, decoder.
   if (auto it = doc.find("normalizer"); it != doc.end() && !it->is_null()) {
     RETURN_IF_ERROR(ParseNormalizer(r, *it, "normalizer", &impl->normalizer));
+    if (impl->normalizer.size() > kMaxSteps) {
+      return r.Error("normalizer", absl::StrCat("has ", impl->normalizer.size(),
+                                                " steps; quantd reads at most ", kMaxSteps));
+    }
   }
   ASSIGN_OR_RETURN(const json* pre, r.Get(doc, "", "pre_tokenizer", JsonKind::kObject, true));
   int byte_level = 0;
   RETURN_IF_ERROR(ParsePreTokenizer(r, *pre, "pre_tokenizer", &impl->pre_tokenizer, &byte_level));
   if (byte_level == 0) {
     return r.Error("pre_tokenizer", "must end with a ByteLevel pre-tokenizer (byte-level BPE)");
+  }
+  if (impl->pre_tokenizer.size() > kMaxSteps) {
+    return r.Error("pre_tokenizer", absl::StrCat("has ", impl->pre_tokenizer.size(),
+                                                 " steps; quantd reads at most ", kMaxSteps));
   }
   if (auto it = doc.find("post_processor"); it != doc.end() && !it->is_null()) {
     RETURN_IF_ERROR(ParsePostProcessor(r, *it, "post_processor", &impl->post_prefix, &impl->post_suffix));
@@ -488,8 +596,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(absl::string_view
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-// The largest tokenizer.json / tokenizer_config.json read (DeepSeek's tokenizer.json is 7.8 MB).
+// The largest tokenizer.json read (DeepSeek's is 7.8 MB; its values are counted before parsing).
 constexpr uint64_t kMaxTokenizerFileBytes = 64ull << 20;
+// The largest tokenizer_config.json read, parsed whole for its bos_token (DeepSeek's is 3 KB;
+// with a chat template, tens of KB).
+constexpr uint64_t kMaxTokenizerConfigBytes = 4ull << 20;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string& dir) {
   const std::string json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
@@ -498,7 +609,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string&
   const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
   std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
-    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path, kMaxTokenizerFileBytes));
+    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path, kMaxTokenizerConfigBytes));
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
@@ -517,57 +628,68 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string&
   return FromJson(text, json_path, std::move(bos_token));
 }
 
-std::string Tokenizer::Impl::Normalize(absl::string_view piece) const {
+absl::StatusOr<std::string> Tokenizer::Impl::Normalize(absl::string_view piece) const {
+  const size_t limit = kMaxNormalizeGrowth * piece.size() + kNormalizeSlackBytes;
+  const auto too_long = [&](const NormalizeStep& step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": field '", step.field, "' makes a text of ", piece.size(),
+        " bytes longer than ", limit, " bytes (the normalizer may grow a text ",
+        kMaxNormalizeGrowth, " times)"));
+  };
   std::string s(piece);
   for (const NormalizeStep& step : normalizer) {
     if (step.kind == NormalizeStep::Kind::kPrepend) {
-      if (!s.empty()) s.insert(0, step.text);
+      if (s.empty()) continue;
+      if (s.size() + step.text.size() > limit) return too_long(step);
+      s.insert(0, step.text);
       continue;
     }
     std::string replaced;
     size_t pos = 0;
     for (size_t hit; (hit = s.find(step.text, pos)) != std::string::npos; pos = hit + step.text.size()) {
+      if (replaced.size() + (hit - pos) + step.replacement.size() > limit) return too_long(step);
       replaced.append(s, pos, hit - pos);
       replaced.append(step.replacement);
     }
+    if (replaced.size() + (s.size() - pos) > limit) return too_long(step);
     replaced.append(s, pos);
     s = std::move(replaced);
   }
   return s;
 }
 
-absl::Status Tokenizer::Impl::EncodeRaw(absl::string_view text, RegexScratch& scratch,
+absl::Status Tokenizer::Impl::EncodeRaw(absl::string_view text, Encoding& e,
                                         std::vector<int32_t>* out) const {
   size_t pos = 0;
   AddedTokenMatcher::Match m;
   while (raw_added.Find(text, pos, &m)) {
-    RETURN_IF_ERROR(EncodeNormalizable(text.substr(pos, m.begin - pos), scratch, out));
+    RETURN_IF_ERROR(EncodeNormalizable(text.substr(pos, m.begin - pos), e, out));
     out->push_back(m.id);
     pos = m.end;
   }
-  return EncodeNormalizable(text.substr(pos), scratch, out);
+  return EncodeNormalizable(text.substr(pos), e, out);
 }
 
-absl::Status Tokenizer::Impl::EncodeNormalizable(absl::string_view piece, RegexScratch& scratch,
+absl::Status Tokenizer::Impl::EncodeNormalizable(absl::string_view piece, Encoding& e,
                                                  std::vector<int32_t>* out) const {
   if (piece.empty()) return absl::OkStatus();
   std::string normalized;
   if (!normalizer.empty()) {
-    normalized = Normalize(piece);
+    ASSIGN_OR_RETURN(normalized, Normalize(piece));
     piece = normalized;
   }
   size_t pos = 0;
   AddedTokenMatcher::Match m;
   while (normalized_added.Find(piece, pos, &m)) {
-    RETURN_IF_ERROR(PreTokenize(piece.substr(pos, m.begin - pos), 0, scratch, out));
+    RETURN_IF_ERROR(PreTokenize(piece.substr(pos, m.begin - pos), 0, e, out));
     out->push_back(m.id);
     pos = m.end;
   }
-  return PreTokenize(piece.substr(pos), 0, scratch, out);
+  return PreTokenize(piece.substr(pos), 0, e, out);
 }
 
-absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step,
-                                          RegexScratch& scratch, std::vector<int32_t>* out) const {
+absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step, Encoding& e,
+                                          std::vector<int32_t>* out) const {
   if (piece.empty()) return absl::OkStatus();
   if (step == pre_tokenizer.size()) {
     bpe->Encode(piece, out);
@@ -575,9 +697,9 @@ absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step,
   }
   const PreTokenizeStep& s = pre_tokenizer[step];
   if (s.kind == PreTokenizeStep::Kind::kPrefixSpace) {
-    if (piece[0] == ' ') return PreTokenize(piece, step + 1, scratch, out);
+    if (piece[0] == ' ') return PreTokenize(piece, step + 1, e, out);
     const std::string spaced = absl::StrCat(" ", piece);
-    return PreTokenize(spaced, step + 1, scratch, out);
+    return PreTokenize(spaced, step + 1, e, out);
   }
   // The pieces of `piece`: matches and the text between them, in order.
   struct Span {
@@ -587,7 +709,7 @@ absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step,
   absl::InlinedVector<Span, 16> spans;
   size_t pos = 0, begin = 0, end = 0;
   while (true) {
-    ASSIGN_OR_RETURN(bool found, s.regex->Find(piece, pos, scratch, &begin, &end));
+    ASSIGN_OR_RETURN(bool found, s.regex->Find(piece, pos, e.budget, e.scratch, &begin, &end));
     if (!found) break;
     if (begin > pos) spans.push_back({pos, begin, s.invert});
     spans.push_back({begin, end, !s.invert});
@@ -645,19 +767,29 @@ absl::Status Tokenizer::Impl::PreTokenize(absl::string_view piece, size_t step,
     }
   }
   for (const Span& sp : kept) {
-    RETURN_IF_ERROR(PreTokenize(piece.substr(sp.begin, sp.end - sp.begin), step + 1, scratch, out));
+    RETURN_IF_ERROR(PreTokenize(piece.substr(sp.begin, sp.end - sp.begin), step + 1, e, out));
   }
   return absl::OkStatus();
 }
 
+absl::Duration Tokenizer::EncodeBudget(size_t bytes) {
+  return absl::Ceil(kEncodeBaseBudget + kEncodeBudgetPerMib * (static_cast<double>(bytes) / (1 << 20)),
+                    absl::Milliseconds(1));
+}
+
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) const {
+  return Encode(text, EncodeBudget(text.size()));
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,
+                                                       absl::Duration cpu_budget) const {
   if (std::optional<size_t> bad = FirstInvalidUtf8(text)) {
     return absl::InvalidArgumentError(absl::StrCat("text is not valid UTF-8 (byte ", *bad, ")"));
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  RegexScratch scratch;
-  RETURN_IF_ERROR(impl_->EncodeRaw(text, scratch, &ids));
+  Impl::Encoding e{TextBudget(cpu_budget), {}};
+  RETURN_IF_ERROR(impl_->EncodeRaw(text, e, &ids));
   return ids;
 }
 

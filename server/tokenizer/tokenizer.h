@@ -15,7 +15,11 @@
 //
 // Loading validates the whole file: a missing or mistyped field, an unknown model, normalizer,
 // pre-tokenizer or post-processor type, a pattern PCRE2 rejects, a merge naming an unknown token
-// are InvalidArgument errors naming the field, never a crash (fuzzed: tests/fuzz).
+// are InvalidArgument errors naming the field, never a crash (fuzzed: tests/fuzz). A file is
+// bounded before it is parsed (values, nesting) and as it is read (vocabulary, merges, added
+// tokens, normalizer and pre-tokenizer steps, pattern length), and encoding one text is bounded
+// in memory (the normalizer's growth) and time (Encode's CPU time budget): a hostile file fails the
+// text or the load with an error, never with an exhausted machine.
 // A Tokenizer is immutable and safe to use from several threads.
 #ifndef QUANTD_SERVER_TOKENIZER_TOKENIZER_H_
 #define QUANTD_SERVER_TOKENIZER_TOKENIZER_H_
@@ -26,10 +30,11 @@
 #include <optional>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace quantd::tokenizer {
 
@@ -47,9 +52,23 @@ class Tokenizer {
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
+  // The CPU time one text may take to encode: kEncodeBaseBudget plus kEncodeBudgetPerMib per
+  // MiB, rounded up to a millisecond (DeepSeek's tokenizer encodes about 15 MiB a second on one
+  // core; a hostile pre-tokenizer pattern that costs 2^18 steps a character takes milliseconds a
+  // character).
+  static constexpr absl::Duration kEncodeBaseBudget = absl::Milliseconds(100);
+  static constexpr absl::Duration kEncodeBudgetPerMib = absl::Seconds(1);
+  static absl::Duration EncodeBudget(size_t bytes);
+
   // The ids of `text`, without the post-processor's special tokens. InvalidArgument when `text`
-  // is not valid UTF-8 (the error gives the byte offset).
+  // is not valid UTF-8 (the error gives the byte offset), when the normalizer would make it more
+  // than 4 times longer, or when a pre-tokenizer pattern exceeds PCRE2's limits at a position;
+  // DeadlineExceeded when encoding takes more than `cpu_budget` of the calling thread's CPU time
+  // (by default EncodeBudget(text.size())). Errors name tokenizer.json and the field, never the
+  // text.
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const;
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
+                                              absl::Duration cpu_budget) const;
   // Encode, then the post-processor's special tokens (e.g. a BOS the file's template adds).
   absl::StatusOr<std::vector<int32_t>> EncodeWithSpecialTokens(absl::string_view text) const;
 

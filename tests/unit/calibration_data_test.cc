@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/atomic_file.h"
@@ -58,8 +61,16 @@ class CalibrationDataTest : public testing_util::TempDirTest {
     return spec;
   }
 
+  // DeepSeek-V3's model vocabulary (config.json vocab_size): its tokenizer has ids to 128814.
+  static constexpr int64_t kVocab = 129280;
+
+  absl::StatusOr<CalibrationSet> Load(const CalibrationSpec& spec) {
+    CalibrationTokenizer tokenizer(*tokenizer_);
+    return LoadCalibrationSet(spec, tokenizer, kVocab);
+  }
+
   std::string ErrorOf(const CalibrationSpec& spec) {
-    absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, *tokenizer_);
+    absl::StatusOr<CalibrationSet> set = Load(spec);
     EXPECT_FALSE(set.ok());
     EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
     return std::string(set.status().message());
@@ -73,7 +84,7 @@ TEST_F(CalibrationDataTest, TextGetsBosAndIsTruncatedNeverPadded) {
   const std::string path = Write("a.jsonl", R"({"text": "Hello world"})" "\n");
   CalibrationSpec spec = Spec({{path, 1}});
   spec.min_seq_len = 1;
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, *tokenizer_);
+  absl::StatusOr<CalibrationSet> set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   ASSERT_EQ(set->samples.size(), 1u);
   EXPECT_EQ(set->samples[0].ids, (Ids{0, 19923, 2058}));
@@ -81,14 +92,14 @@ TEST_F(CalibrationDataTest, TextGetsBosAndIsTruncatedNeverPadded) {
   EXPECT_FALSE(set->samples[0].truncated);
 
   spec.seq_len = 2;
-  set = LoadCalibrationSet(spec, *tokenizer_);
+  set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->samples[0].ids, (Ids{0, 19923}));
   EXPECT_TRUE(set->samples[0].truncated);
 
   spec.add_bos = false;
   spec.seq_len = 512;
-  set = LoadCalibrationSet(spec, *tokenizer_);
+  set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->samples[0].ids, (Ids{19923, 2058}));
 }
@@ -100,7 +111,7 @@ TEST_F(CalibrationDataTest, MessagesAreRenderedAndIdsTakenAsIs) {
                                  R"({"input_ids": [5, 6, 7], "source": "ignored"})" "\n");
   CalibrationSpec spec = Spec({{path, 2}});
   spec.min_seq_len = 3;
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, *tokenizer_);
+  absl::StatusOr<CalibrationSet> set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   ASSERT_EQ(set->samples.size(), 2u);
   for (const CalibrationSample& s : set->samples) {
@@ -120,7 +131,7 @@ TEST_F(CalibrationDataTest, SelectionIsDeterministicBySeedAndSplitsNumSamples) {
   CalibrationSpec spec = Spec({{a, 0}, {b, 0}});
   spec.num_samples = 5;  // 3 from a, 2 from b
   auto lines = [&](const CalibrationSpec& s) {
-    absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(s, *tokenizer_);
+    absl::StatusOr<CalibrationSet> set = Load(s);
     EXPECT_TRUE(set.ok()) << set.status();
     std::vector<std::string> out;
     for (const CalibrationSample& sample : set->samples) {
@@ -146,7 +157,7 @@ TEST_F(CalibrationDataTest, ShortSamplesAreSkipped) {
                                                                 "eight nine ten eleven twelve thirteen fourteen "
                                                                 "fifteen sixteen\"}\n"));
   CalibrationSpec spec = Spec({{path, 1}});
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, *tokenizer_);
+  absl::StatusOr<CalibrationSet> set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->samples[0].line, 3);
   spec.datasets[0].samples = 2;
@@ -155,7 +166,7 @@ TEST_F(CalibrationDataTest, ShortSamplesAreSkipped) {
 
 TEST_F(CalibrationDataTest, BadInputNamesFileAndLine) {
   const std::string good = "{\"text\": \"fine\"}\n";
-  absl::StatusOr<CalibrationSet> missing = LoadCalibrationSet(Spec({{dir_ + "/missing.jsonl", 1}}), *tokenizer_);
+  absl::StatusOr<CalibrationSet> missing = Load(Spec({{dir_ + "/missing.jsonl", 1}}));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(missing.status().message(), dir_ + "/missing.jsonl: cannot open: No such file or directory");
   std::string path = Write("notjson.jsonl", good + "{\"text\": \n");
@@ -166,12 +177,12 @@ TEST_F(CalibrationDataTest, BadInputNamesFileAndLine) {
   EXPECT_EQ(ErrorOf(Spec({{path, 1}})), path + ":3: a sample needs one of 'text', 'messages', 'input_ids'");
   path = Write("two.jsonl", "{\"text\": \"x\", \"input_ids\": [1]}\n");
   EXPECT_EQ(ErrorOf(Spec({{path, 1}})), path + ":1: a sample has only one of 'text', 'messages', 'input_ids'");
-  path = Write("vocab.jsonl", good + "{\"input_ids\": [1, 2, 128815]}\n");
+  path = Write("vocab.jsonl", good + "{\"input_ids\": [1, 2, 129280]}\n");
   EXPECT_EQ(ErrorOf(Spec({{path, 1}})),
-            path + ":2: input_ids[2] is not a token id of the tokenizer (0 to 128814)");
+            path + ":2: input_ids[2] is not a token id of the model (0 to 129279)");
   path = Write("negative.jsonl", "{\"input_ids\": [-1]}\n");
   EXPECT_EQ(ErrorOf(Spec({{path, 1}})),
-            path + ":1: input_ids[0] is not a token id of the tokenizer (0 to 128814)");
+            path + ":1: input_ids[0] is not a token id of the model (0 to 129279)");
   path = Write("texttype.jsonl", "{\"text\": 5}\n");
   EXPECT_EQ(ErrorOf(Spec({{path, 1}})), path + ":1: 'text' must be a string");
   path = Write("chat.jsonl", "{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n");
@@ -182,6 +193,84 @@ TEST_F(CalibrationDataTest, BadInputNamesFileAndLine) {
   path = Write("late.jsonl", good + "oops\n");
   EXPECT_EQ(ErrorOf(Spec({{ok, 1}, {path, 1}})), path + ":2: not valid JSON");
   EXPECT_EQ(ErrorOf(CalibrationSpec{}), "calibration needs 'calibration.datasets' or 'calibration.dataset'");
+}
+
+// Issue 19 item 3: input_ids are the model's ids and need no tokenizer.json.
+TEST_F(CalibrationDataTest, InputIdsNeedNoTokenizerAndTakeTheModelsIds) {
+  // 128815..129279 have no token in the tokenizer but rows in the model's embedding.
+  const std::string path = Write("ids.jsonl", "{\"input_ids\": [0, 128815, 129279]}\n{\"input_ids\": [7, 8, 9]}\n");
+  CalibrationSpec spec = Spec({{path, 2}});
+  spec.min_seq_len = 3;
+  CalibrationTokenizer absent(dir_ + "/no-model");
+  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, absent, kVocab);
+  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_EQ(set->samples.size(), 2u);
+  EXPECT_EQ(set->samples[0].ids.size() + set->samples[1].ids.size(), 6u);
+  // add_bos applies to text only: ids-only data needs no bos_token either.
+  EXPECT_TRUE(spec.add_bos);
+  // A selected text sample does need the tokenizer: its error names the missing file.
+  const std::string mixed = Write("mixed.jsonl", "{\"input_ids\": [7, 8, 9]}\n{\"text\": \"one two three\"}\n");
+  spec = Spec({{mixed, 2}});
+  spec.min_seq_len = 1;
+  absl::StatusOr<CalibrationSet> text = LoadCalibrationSet(spec, absent, kVocab);
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(text.status().message(), dir_ + "/no-model/tokenizer.json: cannot open: No such file or directory");
+}
+
+TEST_F(CalibrationDataTest, AFileListedTwiceIsRefused) {
+  const std::string a = TextFile("a.jsonl", 4);
+  EXPECT_EQ(ErrorOf(Spec({{a, 1}, {TextFile("b.jsonl", 4), 1}, {a, 1}})),
+            "calibration.datasets[2].path names the file of calibration.datasets[0].path again: "
+            "list a data set once, with the samples it gives");
+  CalibrationSpec shorthand = Spec({{dir_ + "/./a.jsonl", 1}});
+  shorthand.dataset = a;
+  EXPECT_EQ(ErrorOf(shorthand),
+            "calibration.dataset names the file of calibration.datasets[0].path again: list a data "
+            "set once, with the samples it gives");
+  // The same file by another name (a hard link) is the same data.
+  const std::string link = dir_ + "/link.jsonl";
+  ASSERT_EQ(::link(a.c_str(), link.c_str()), 0);
+  EXPECT_EQ(ErrorOf(Spec({{a, 1}, {link, 1}})),
+            "calibration.datasets[1].path is the file of calibration.datasets[0].path by another "
+            "path: list a data set once, with the samples it gives");
+}
+
+TEST_F(CalibrationDataTest, ALineOverTheCapIsRefusedWithoutItsContent) {
+  const std::string secret = "hunter2-correct-horse";
+  std::string line = "{\"text\": \"" + secret + std::string(kMaxCalibrationLineBytes, 'x') + "\"}\n";
+  const std::string path = Write("long.jsonl", "{\"text\": \"fine\"}\n" + line);
+  const std::string error = ErrorOf(Spec({{path, 1}}));
+  EXPECT_EQ(error, path + ":2: longer than 4194304 bytes");
+  // A bad conversation key is quoted as a short escaped excerpt, never whole.
+  const std::string key = secret + std::string(1000, 'k');
+  const std::string chat = Write("chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"" + key + "\": \"x\"}]}\n");
+  EXPECT_EQ(ErrorOf(Spec({{chat, 1}})),
+            chat + ":1: messages[0] key \"" + key.substr(0, 64) +
+                "...\" is not a rendered field (role and content)");
+}
+
+TEST_F(CalibrationDataTest, TheTokenizersTimeBudgetFailsTheSampleNamingFileAndLine) {
+  // The DeepSeek tokenizer with a first pre-tokenizer step costing 2^18 steps a character.
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(
+      std::string(QUANTD_SOURCE_DIR) + "/tests/data/deepseek_v3_tokenizer/tokenizer.json", 64 << 20);
+  ASSERT_TRUE(text.ok()) << text.status();
+  nlohmann::json file = nlohmann::json::parse(*text);
+  auto& steps = file["pre_tokenizer"]["pretokenizers"];
+  steps.insert(steps.begin(), nlohmann::json{{"type", "Split"},
+                                             {"pattern", {{"Regex", "(?:.|.){18}\\d\\d\\d\\d\\d\\d"}}},
+                                             {"behavior", "Isolated"}});
+  auto wedge = tokenizer::Tokenizer::FromJson(file.dump(), "w/tokenizer.json");
+  ASSERT_TRUE(wedge.ok()) << wedge.status();
+  const std::string path = Write("prose.jsonl", "{\"text\": \"" + std::string(4000, 'x') + "\"}\n");
+  CalibrationTokenizer tokenizer(**wedge);
+  CalibrationSpec spec = Spec({{path, 1}});
+  spec.add_bos = false;
+  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, tokenizer, kVocab);
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StartsWith(set.status().message(),
+                               path + ":1: w/tokenizer.json: field 'pre_tokenizer.pretokenizers[0]."
+                                      "pattern.Regex' spent the text's budget of 104ms CPU time"))
+      << set.status();
 }
 
 TEST_F(CalibrationDataTest, ShorthandDatasetTakesNumSamples) {
@@ -198,7 +287,7 @@ TEST_F(CalibrationDataTest, ShorthandDatasetTakesNumSamples) {
 
 TEST_F(CalibrationDataTest, WrittenTokensAreADataSetWithTheirChecksum) {
   CalibrationSpec spec = Spec({{TextFile("a.jsonl", 6), 4}});
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, *tokenizer_);
+  absl::StatusOr<CalibrationSet> set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   const std::string path = dir_ + "/calibration_tokens.jsonl";
   absl::StatusOr<std::string> sha = WriteCalibrationTokens(*set, path);
@@ -217,12 +306,12 @@ TEST_F(CalibrationDataTest, WrittenTokensAreADataSetWithTheirChecksum) {
   // The stored file is itself a data set of input_ids samples.
   CalibrationSpec again = Spec({{path, 4}});
   again.seq_len = 4096;
-  EXPECT_TRUE(LoadCalibrationSet(again, *tokenizer_).ok());
+  EXPECT_TRUE(Load(again).ok());
 }
 
 TEST_F(CalibrationDataTest, BuiltInExampleDataIsUsable) {
   CalibrationSpec spec = Spec({{std::string(QUANTD_SOURCE_DIR) + "/tests/data/calibration_sample.jsonl", 44}});
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, *tokenizer_);
+  absl::StatusOr<CalibrationSet> set = Load(spec);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->samples.size(), 44u);
   std::set<int64_t> lines;

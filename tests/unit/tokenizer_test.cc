@@ -6,11 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "server/base/utf8.h"
 #include "server/tokenizer/tokenizer_byte_level.h"
 
@@ -213,7 +217,7 @@ TEST(TokenizerLoadTest, BadFilesNameTheField) {
   EXPECT_EQ(LoadError(f), "t.json: field 'model.merges[0]' must be \"left right\" or [\"left\", \"right\"]");
   f = good;
   f["model"]["vocab"][Spelling("a")] = -4;
-  EXPECT_EQ(LoadError(f), "t.json: field 'model.vocab' must be a token id from 0 to 16777215");
+  EXPECT_EQ(LoadError(f), "t.json: field 'model.vocab' must be a token id from 0 to 1048575");
   f = good;
   f["model"]["vocab"].erase(Spelling("\n"));
   EXPECT_EQ(LoadError(f), "t.json: field 'model.vocab' lacks the token of byte 0x0A");
@@ -252,6 +256,136 @@ TEST(TokenizerLoadTest, BadFilesNameTheField) {
   EXPECT_EQ(LoadError(f),
             "t.json: field 'normalizer.type' has unsupported type \"NFKC\" "
             "(quantd reads Sequence, Prepend and Replace with a String pattern)");
+}
+
+// The issue 19 (item 3) attacks on the loader and the encoder: each is an error naming the file and
+// the field, in bounded memory and time.
+json WithNormalizers(json file, const json& step, int count) {
+  file["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int i = 0; i < count; ++i) file["normalizer"]["normalizers"].push_back(step);
+  return file;
+}
+
+TEST(TokenizerBudgetTest, NormalizerGrowthIsBoundedNotAllocated) {
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}};
+  // The issue's bomb: 40 doublings of "a" (2^40 bytes) stop at 4 x 1000 + 1024 bytes.
+  auto bomb = Tokenizer::FromJson(WithNormalizers(SyntheticTokenizer({}, {}), replace, 40).dump(), "t.json");
+  ASSERT_TRUE(bomb.ok()) << bomb.status();
+  auto ids = (*bomb)->Encode(std::string(1000, 'a'));
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ids.status().message(),
+            "t.json: field 'normalizer.normalizers[2]' makes a text of 1000 bytes longer than 5024 "
+            "bytes (the normalizer may grow a text 4 times)");
+  // Two doublings (4 times) are within the bound.
+  auto two = Tokenizer::FromJson(WithNormalizers(SyntheticTokenizer({}, {}), replace, 2).dump(), "t.json");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*(*two)->Encode(std::string(1000, 'a')), Ids(4000, 'a'));
+  // A long Prepend on a short piece fails before it is copied.
+  json prepend = {{"type", "Prepend"}, {"prepend", std::string(2000, 'p')}};
+  auto long_prefix = Tokenizer::FromJson(WithNormalizers(SyntheticTokenizer({}, {}), prepend, 1).dump(), "t.json");
+  ASSERT_TRUE(long_prefix.ok()) << long_prefix.status();
+  EXPECT_EQ((*long_prefix)->Encode("x").status().message(),
+            "t.json: field 'normalizer.normalizers[0]' makes a text of 1 bytes longer than 1028 "
+            "bytes (the normalizer may grow a text 4 times)");
+}
+
+// 2^18 steps at every start position (18 two-way choices before the six digits that never come),
+// under PCRE2's match limit at each: only the deadline stops it.
+const json kWedge = {{"type", "Split"},
+                     {"pattern", {{"Regex", "(?:.|.){18}\\d\\d\\d\\d\\d\\d"}}},
+                     {"behavior", "Isolated"}};
+
+TEST(TokenizerBudgetTest, CatastrophicPatternStopsAtTheDeadline) {
+  auto wedge = Tokenizer::FromJson(SyntheticTokenizer({}, {}, json::array({kWedge})).dump(), "t.json");
+  ASSERT_TRUE(wedge.ok()) << wedge.status();
+  const std::string text(100000, 'x');  // minutes of work without a budget
+  const absl::Time start = absl::Now();
+  auto ids = (*wedge)->Encode(text, absl::Milliseconds(200));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StartsWith(ids.status().message(),
+                               "t.json: field 'pre_tokenizer.pretokenizers[0].pattern.Regex' spent "
+                               "the text's budget of 200ms CPU time (at byte "))
+      << ids.status();
+  EXPECT_LT(took, absl::Seconds(3)) << took;
+  // The default budget: 100 ms plus 1 s per MiB, which stops the issue's 256-byte sample too.
+  EXPECT_EQ(Tokenizer::EncodeBudget(0), absl::Milliseconds(100));
+  EXPECT_EQ(Tokenizer::EncodeBudget(1 << 20), absl::Milliseconds(1100));
+  EXPECT_EQ((*wedge)->Encode(std::string(256, 'x')).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // Short texts still encode (the pattern never matches, the text passes on whole).
+  EXPECT_EQ(*(*wedge)->Encode("xy"), (Ids{'x', 'y'}));
+}
+
+TEST(TokenizerBudgetTest, ExponentialBacktrackingHitsTheMatchLimit) {
+  const json split = {{"type", "Split"}, {"pattern", {{"Regex", "(?:(?:.|.)+)+\\d{7}"}}},
+                      {"behavior", "Isolated"}};
+  auto t = Tokenizer::FromJson(SyntheticTokenizer({}, {}, json::array({split})).dump(), "t.json");
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto ids = (*t)->Encode(std::string(64, 'x'));
+  EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ids.status().message(),
+            "t.json: field 'pre_tokenizer.pretokenizers[0].pattern.Regex' failed on the text (at "
+            "byte 0): match limit exceeded");
+}
+
+TEST(TokenizerBudgetTest, FileCapsNameTheField) {
+  const json good = SyntheticTokenizer({"ab"}, {{"a", "b"}});
+  json f = good;
+  f["model"]["vocab"][Spelling("ab")] = 1 << 20;
+  EXPECT_EQ(LoadError(f), "t.json: field 'model.vocab' must be a token id from 0 to 1048575");
+  f = good;
+  for (int i = 0; i < 65537; ++i) {
+    f["added_tokens"].push_back({{"id", 300}, {"content", "<" + std::to_string(i) + ">"}});
+  }
+  EXPECT_EQ(LoadError(f), "t.json: field 'added_tokens' has 65537 entries; quantd reads at most 65536");
+  f = good;
+  for (int i = 0; i < 300; ++i) {
+    f["added_tokens"].push_back({{"id", 300 + i}, {"content", std::string(4000, 'a' + i % 26) + std::to_string(i)}});
+  }
+  EXPECT_EQ(LoadError(f), "t.json: field 'added_tokens' holds more than 1048576 bytes of content in all");
+  f = WithNormalizers(good, {{"type", "Prepend"}, {"prepend", "_"}}, 65);
+  EXPECT_EQ(LoadError(f), "t.json: field 'normalizer' has 65 steps; quantd reads at most 64");
+  f = good;
+  for (int i = 0; i < 65; ++i) {
+    f["pre_tokenizer"]["pretokenizers"].insert(f["pre_tokenizer"]["pretokenizers"].begin(), kWedge);
+  }
+  EXPECT_EQ(LoadError(f), "t.json: field 'pre_tokenizer' has 65 steps; quantd reads at most 64");
+  f = good;
+  const json long_split = {{"type", "Split"},
+                           {"pattern", {{"String", std::string(20000, 'a')}}},
+                           {"behavior", "Isolated"}};
+  f["pre_tokenizer"]["pretokenizers"].insert(f["pre_tokenizer"]["pretokenizers"].begin(), long_split);
+  EXPECT_EQ(LoadError(f),
+            "t.json: field 'pre_tokenizer.pretokenizers[0].pattern.String' is longer than 16384 bytes (20000)");
+  // The issue's 5 MB component name is quoted as a short escaped excerpt.
+  f = good;
+  f["normalizer"] = {{"type", std::string(5 << 20, 'N') + "\n"}};
+  const std::string error = LoadError(f);
+  EXPECT_EQ(error, "t.json: field 'normalizer.type' has unsupported type \"" + std::string(64, 'N') +
+                       "...\" (quantd reads Sequence, Prepend and Replace with a String pattern)");
+}
+
+TEST(TokenizerBudgetTest, JsonShapeIsBoundedBeforeParsing) {
+  json f = SyntheticTokenizer({}, {});
+  f["padding"] = json::array();
+  for (int i = 0; i < (4 << 20); ++i) f["padding"].push_back(0);
+  EXPECT_EQ(LoadError(f), "t.json: has more than 4194304 JSON values");
+  std::string deep = "{\"padding\": " + std::string(65, '[') + std::string(65, ']') + "}";
+  EXPECT_EQ(Tokenizer::FromJson(deep, "t.json").status().message(),
+            "t.json: nests JSON deeper than 64 levels");
+}
+
+TEST(TokenizerBudgetTest, TokenizerConfigIsCappedAt4MiB) {
+  const std::string dir = ::testing::TempDir() + "/tokenizer_config_cap";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << SyntheticTokenizer({}, {}).dump();
+  std::ofstream(dir + "/tokenizer_config.json")
+      << "{\"bos_token\": null, \"padding\": \"" << std::string(4 << 20, 'p') << "\"}";
+  auto tokenizer = Tokenizer::LoadDir(dir);
+  EXPECT_EQ(tokenizer.status().message(),
+            dir + "/tokenizer_config.json: larger than the limit of 4194304 bytes for this file");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TokenizerLoadTest, MissingDirectoryNamesTheFile) {

@@ -20,10 +20,10 @@
 #include "server/evaluation/job_evaluation.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/run_evaluation.h"
+#include "server/model/v4_config.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/verify_stage.h"
-#include "server/tokenizer/tokenizer.h"
 
 namespace quantd::pipeline {
 
@@ -38,10 +38,11 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec) {
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
-                   tokenizer::Tokenizer::LoadDir(spec.source));
-  return evaluation::LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, *tokenizer);
+// `vocab`: the source model's vocab_size.
+absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec, int64_t vocab) {
+  calibration::CalibrationTokenizer tokenizer(spec.source);
+  return evaluation::LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, tokenizer,
+                                        vocab);
 }
 
 int64_t Tokens(const std::vector<std::vector<int32_t>>& samples) {
@@ -74,7 +75,7 @@ absl::StatusOr<evaluation::EvaluationBatches> EmbeddedSamples(const EvaluateTask
                                                               const model::V4Checkpoint& source,
                                                               const model::V4Checkpoint& quantized,
                                                               const StageContext& ctx) {
-  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples, HeldOutSamples(*ctx.spec));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples, HeldOutSamples(*ctx.spec, source.config.vocab_size));
   const int64_t n = static_cast<int64_t>(samples.size());
   if (n != task.samples || Tokens(samples) != task.tokens) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -212,7 +213,10 @@ absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput
   std::vector<store::TaskPlan> tasks;
   if (!NeedsEvaluation(spec)) return tasks;
   ASSIGN_OR_RETURN(const CalibrationLayout layout, PlanCalibrationLayout(input));
-  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples, HeldOutSamples(spec));
+  ASSIGN_OR_RETURN(const model::V4Config config,
+                   model::ParseV4Config(input.source->config(), spec.source + "/config.json"));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
+                   HeldOutSamples(spec, config.vocab_size));
   EvaluateTask t;
   t.layers = layout.layers;
   t.samples = static_cast<int64_t>(samples.size());

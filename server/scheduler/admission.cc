@@ -138,6 +138,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::DoCancel(int64_t job_id, bool pause,
       job.stop = pause ? Stop::kPause : Stop::kCancel;
       job.stop_reason = final_reason;
       for (auto& [task_id, f] : job.in_flight) f.work.run->cancel.store(true);
+      if (job.planning_cancel != nullptr) job.planning_cancel->store(true);
       RETURN_IF_ERROR(
           SetState(job_id, JobState::kRunning, pause ? "pausing" : "cancelling", ""));
     }
@@ -343,16 +344,22 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
   job->workers = workers;
   for (int w : workers) slots_[w].job_id = job_id;
   const uint64_t serial = job->serial;
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  job->planning_cancel = cancel;
   active_[job_id] = std::move(job);
   loading_.insert(job_id);
-  // Reading the source (every shard header, every finished output) may take minutes: not on the
-  // strand.
-  boost::asio::post(planning_, [this, job_id, serial, spec, stored = std::move(stored)]() mutable {
-    absl::StatusOr<std::unique_ptr<LoadedJob>> loaded = planner_->Load(spec, std::move(stored));
-    auto result = std::make_shared<decltype(loaded)>(std::move(loaded));
-    boost::asio::post(strand_, [this, job_id, serial, result] {
-      on_strand_.Assert();
-      if (!ended_) OnLoaded(job_id, serial, std::move(*result));
+  // Reading the source (every shard header, every finished output) may take minutes, and its
+  // inputs are the caller's: not on the strand, and under the job's budget. The work holds no
+  // pointer into the scheduler but through Deliver, which runs only while the scheduler lives.
+  planning_.Run([this, planner = planner_, budget = options_.planning, job_id, serial, spec,
+                 stored = std::move(stored), cancel]() mutable {
+    auto result = std::make_shared<absl::StatusOr<std::unique_ptr<LoadedJob>>>(
+        LoadWithinBudget(*planner, spec, std::move(stored), budget, cancel.get()));
+    planning_.Deliver([this, job_id, serial, result] {
+      boost::asio::post(strand_, [this, job_id, serial, result] {
+        on_strand_.Assert();
+        if (!ended_) OnLoaded(job_id, serial, std::move(*result));
+      });
     });
   });
   return absl::OkStatus();
@@ -372,14 +379,15 @@ void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
   }
   ActiveJob& job = *it->second;
   absl::StatusOr<std::unique_ptr<JobTasks>> tasks =
-      loaded.ok() ? (*loaded)->Attach(*store_, clock_.NowMs(),
-                                      [&](const std::string& m) { Log(job_id, "plan", m); })
-                  : loaded.status();
+      loaded.ok() ? AttachLoaded(**loaded, job_id) : loaded.status();
   if (!tasks.ok()) {
-    if (options_.metrics != nullptr) options_.metrics->JobFailed("cannot_start");
+    const std::string reason = tasks.status().GetPayload(pipeline::kJobReasonPayload).has_value()
+                                   ? pipeline::JobReasonOf(tasks.status())
+                                   : std::string("cannot_start");
+    if (options_.metrics != nullptr) options_.metrics->JobFailed(reason);
     Release(job);
     active_.erase(it);
-    if (absl::Status s = SetState(job_id, JobState::kFailed, "cannot_start",
+    if (absl::Status s = SetState(job_id, JobState::kFailed, reason,
                                   std::string(tasks.status().message()));
         !s.ok()) {
       OnStoreError(s, absl::StrCat("failing job ", job_id));
@@ -396,6 +404,20 @@ void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
                    })));
   if (absl::Status s = Publish(job_id); !s.ok()) OnStoreError(s, "publishing");
   Kick();
+}
+
+absl::StatusOr<std::unique_ptr<JobTasks>> Scheduler::Impl::AttachLoaded(LoadedJob& loaded,
+                                                                        int64_t job_id) {
+  // Storing the plan allocates with its size (bounded by max_tasks_per_job): running out of
+  // memory fails the job, not the daemon.
+  try {
+    return loaded.Attach(*store_, clock_.NowMs(),
+                         [&](const std::string& m) { Log(job_id, "plan", m); });
+  } catch (const std::bad_alloc&) {
+    return pipeline::WithJobReason(
+        absl::ResourceExhaustedError("storing the job's plan ran out of memory"),
+        "PLANNING_LIMIT");
+  }
 }
 
 absl::Status Scheduler::Impl::MaybeFinish(ActiveJob& job, bool* finished) {

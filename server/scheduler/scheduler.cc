@@ -35,7 +35,8 @@ Scheduler::Impl::Impl(JobBoard* board, std::unique_ptr<store::JobStore> store,
     : board_(*board),
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? *options_.clock : SystemClock()),
-      planner_(options_.planner != nullptr ? options_.planner : NewPipelinePlanner()),
+      planner_(options_.planner != nullptr ? options_.planner
+                                            : NewPipelinePlanner(options_.max_tasks_per_job)),
       strand_(boost::asio::make_strand(io_)),
       on_strand_(&strand_),
       store_(std::move(store)) {}
@@ -109,6 +110,7 @@ absl::Status Scheduler::Impl::Init() {
 }
 
 void Scheduler::Impl::Shutdown(std::chrono::milliseconds grace) {
+  const auto until = std::chrono::steady_clock::now() + grace;
   {
     absl::MutexLock lock(&state_mu_);
     if (shut_down_) return;
@@ -121,7 +123,8 @@ void Scheduler::Impl::Shutdown(std::chrono::milliseconds grace) {
       },
       [] {});
   if (io_thread_.joinable()) io_thread_.join();
-  planning_.join();
+  // BeginStop asked every planning to stop; one that does not within the grace is left running.
+  abandoned_planning_ = planning_.Close(until);
   reporting_.join();  // EndLoop closed report_store_: nothing more is posted
   for (auto& worker : workers_) worker->queue.Close();
   for (auto& worker : workers_) {
@@ -186,6 +189,7 @@ void Scheduler::Impl::BeginStop(std::chrono::milliseconds grace) {
   for (auto& [id, job] : active_) {
     if (job->stop == Stop::kNone) job->stop = Stop::kShutdown;
     for (auto& [task_id, f] : job->in_flight) f.work.run->cancel.store(true);
+    if (job->planning_cancel != nullptr) job->planning_cancel->store(true);
   }
   At(clock_.NowMs() + grace.count(), [this] {
     on_strand_.Assert();
@@ -411,6 +415,8 @@ absl::StatusOr<v1::JobReport> Scheduler::Report(int64_t job_id, int worst) {
 }
 
 bool Scheduler::serving() const { return impl_->serving(); }
+
+int Scheduler::abandoned_planning() const { return impl_->abandoned_planning(); }
 
 void Scheduler::Shutdown(std::chrono::milliseconds grace) { impl_->Shutdown(grace); }
 

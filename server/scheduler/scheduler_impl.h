@@ -47,6 +47,7 @@
 #include "server/scheduler/job_board.h"
 #include "server/scheduler/job_planner.h"
 #include "server/scheduler/kill_hook.h"
+#include "server/scheduler/planning_pool.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/job_store.h"
 
@@ -105,6 +106,7 @@ class Scheduler::Impl {
   // directly.
   absl::Status Init() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void Shutdown(std::chrono::milliseconds grace) ABSL_LOCKS_EXCLUDED(state_mu_);
+  int abandoned_planning() const { return abandoned_planning_.load(); }
 
   void Submit(const std::string& request_id, const job::JobSpec& spec,
               std::function<void(absl::StatusOr<v1::Job>, bool)> done);
@@ -142,6 +144,8 @@ class Scheduler::Impl {
     int64_t id = 0;
     uint64_t serial = 0;                    // tells this start from an earlier one of the job
     std::shared_ptr<const JobTasks> tasks;  // nullptr while its source is being loaded
+    // Set to stop its source phase (cancel, shutdown); shared with the planning thread.
+    std::shared_ptr<std::atomic<bool>> planning_cancel;
     Stop stop = Stop::kNone;                // set by Cancel or Shutdown
     std::string stop_reason;                // recorded with PAUSED / CANCELLED
     std::vector<int> workers;               // the workers it holds
@@ -212,6 +216,9 @@ class Scheduler::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void OnLoaded(int64_t job_id, uint64_t serial, absl::StatusOr<std::unique_ptr<LoadedJob>> loaded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // LoadedJob::Attach, its std::bad_alloc an error.
+  absl::StatusOr<std::unique_ptr<JobTasks>> AttachLoaded(LoadedJob& loaded, int64_t job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // Ends the job when nothing of it runs and it finished, failed or was asked to stop.
   absl::Status MaybeFinish(ActiveJob& job, bool* finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void Release(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
@@ -270,11 +277,12 @@ class Scheduler::Impl {
       boost::asio::make_work_guard(io_);
   Strand strand_;                             // everything below marked on_strand_
   StrandRole on_strand_;                      // the capability of running on strand_
-  boost::asio::thread_pool planning_{1};      // JobPlanner::Load
+  PlanningPool planning_{options_.planning.threads};  // JobPlanner::Load, under options_.planning
   boost::asio::thread_pool reporting_{1};     // DoReport, off the strand
   std::thread io_thread_;                     // runs io_
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // clock callbacks hold it weakly
   std::atomic<bool> serving_{true};           // false once the store is unusable
+  std::atomic<int> abandoned_planning_{0};    // planning threads Shutdown left running
 
   std::unique_ptr<store::JobStore> store_ ABSL_GUARDED_BY(on_strand_);  // (and Init before)
   std::vector<WorkerSlot> slots_ ABSL_GUARDED_BY(on_strand_);           // one per worker

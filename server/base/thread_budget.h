@@ -1,0 +1,90 @@
+// ThreadBudget: bounds the work one thread does for an input it does not trust (planning a job:
+// reading a hostile config.json, tokenizer or data set), whatever code that work runs through.
+//
+// While a ScopedThreadBudget is in force on a thread, this process's operator new (defined in
+// thread_budget.cc, so every C++ allocation of the thread passes through it) counts the bytes the
+// thread holds (allocated minus freed, by malloc_usable_size), and throws ThreadBudgetExceeded,
+// a std::bad_alloc, at the first allocation after
+//   - the bytes held since the scope began pass `memory_bytes`,
+//   - `deadline` passed (checked every kDeadlineCheckEvery allocations), or
+//   - `*cancelled` became true.
+// Once tripped it stays tripped until the scope ends, except that it never throws while an
+// exception unwinds the stack (a destructor that allocates then cannot terminate the process).
+// Code that loops long without allocating calls ThreadBudgetCheck() now and then. Other threads
+// are not counted: work the thread hands to another thread escapes the budget.
+//
+// ScopedInput names the input a thread is reading (a file path) while it is in force, so that
+// whatever exception ends the work (the budget's, a parser's) can be reported with the file: the
+// innermost input that an exception unwound is kept (failed_input) until the budget's scope ends.
+#ifndef QUANTD_SERVER_BASE_THREAD_BUDGET_H_
+#define QUANTD_SERVER_BASE_THREAD_BUDGET_H_
+
+#include <stdint.h>
+
+#include <atomic>
+#include <chrono>
+#include <new>
+#include <string>
+#include <string_view>
+
+namespace quantd::base {
+
+struct ThreadBudgetLimits {
+  int64_t memory_bytes = 0;  // bytes held at most; 0 = no limit
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  const std::atomic<bool>* cancelled = nullptr;  // not owned; nullptr = never
+};
+
+// What tripped a budget.
+enum class BudgetLimit { kNone, kMemory, kDeadline, kCancelled };
+
+class ThreadBudgetExceeded : public std::bad_alloc {
+ public:
+  explicit ThreadBudgetExceeded(BudgetLimit limit) : limit_(limit) {}
+  BudgetLimit limit() const { return limit_; }
+  const char* what() const noexcept override;
+
+ private:
+  BudgetLimit limit_;
+};
+
+inline constexpr int kDeadlineCheckEvery = 256;
+
+class ScopedThreadBudget {
+ public:
+  // At most one scope per thread at a time.
+  explicit ScopedThreadBudget(const ThreadBudgetLimits& limits);
+  ~ScopedThreadBudget();
+  ScopedThreadBudget(const ScopedThreadBudget&) = delete;
+  ScopedThreadBudget& operator=(const ScopedThreadBudget&) = delete;
+
+  // The most bytes the thread held at once since the scope began.
+  int64_t peak_bytes() const;
+  // What tripped the budget; kNone while it holds.
+  BudgetLimit tripped() const;
+  // The innermost ScopedInput an exception unwound on this thread since the scope began; "" if
+  // none.
+  std::string failed_input() const;
+};
+
+// While in force (on a thread with a ScopedThreadBudget), `input` is what the thread reads.
+// `input` must outlive it. Nests.
+class ScopedInput {
+ public:
+  explicit ScopedInput(std::string_view input);
+  ~ScopedInput();
+  ScopedInput(const ScopedInput&) = delete;
+  ScopedInput& operator=(const ScopedInput&) = delete;
+
+ private:
+  std::string_view input_;  // the caller's
+  int uncaught_;            // std::uncaught_exceptions() when it began
+};
+
+// Throws ThreadBudgetExceeded when a budget in force on this thread is tripped, its deadline
+// passed or it was cancelled; does nothing without one.
+void ThreadBudgetCheck();
+
+}  // namespace quantd::base
+
+#endif  // QUANTD_SERVER_BASE_THREAD_BUDGET_H_

@@ -99,19 +99,20 @@ ScopedThreadBudget::ScopedThreadBudget(const ThreadBudgetLimits& limits) {
 }
 
 ScopedThreadBudget::~ScopedThreadBudget() {
+  if (!ended_) End();
+}
+
+ThreadBudgetResult ScopedThreadBudget::End() {
+  ended_ = true;
   ThreadState* s = state;
-  state = nullptr;  // before the delete, which would count itself
+  state = nullptr;  // from here on, allocations are neither counted nor refused
+  ThreadBudgetResult result;
+  if (s == nullptr) return result;
+  result.tripped = s->tripped;
+  result.peak_bytes = s->peak;
+  result.failed_input = s->failed_input;
   delete s;
-}
-
-int64_t ScopedThreadBudget::peak_bytes() const { return state == nullptr ? 0 : state->peak; }
-
-BudgetLimit ScopedThreadBudget::tripped() const {
-  return state == nullptr ? BudgetLimit::kNone : state->tripped;
-}
-
-std::string ScopedThreadBudget::failed_input() const {
-  return state == nullptr ? std::string() : std::string(state->failed_input);
+  return result;
 }
 
 ScopedInput::ScopedInput(std::string_view input)

@@ -50,21 +50,29 @@ class ThreadBudgetExceeded : public std::bad_alloc {
 
 inline constexpr int kDeadlineCheckEvery = 256;
 
+// How a budget went (ScopedThreadBudget::End).
+struct ThreadBudgetResult {
+  BudgetLimit tripped = BudgetLimit::kNone;  // what tripped it; kNone if it held
+  int64_t peak_bytes = 0;                    // the most bytes the thread held at once
+  // The innermost ScopedInput an exception unwound on the thread while it was in force; "" if
+  // none.
+  std::string failed_input;
+};
+
 class ScopedThreadBudget {
  public:
   // At most one scope per thread at a time.
   explicit ScopedThreadBudget(const ThreadBudgetLimits& limits);
-  ~ScopedThreadBudget();
+  ~ScopedThreadBudget();  // End() unless it ran
   ScopedThreadBudget(const ScopedThreadBudget&) = delete;
   ScopedThreadBudget& operator=(const ScopedThreadBudget&) = delete;
 
-  // The most bytes the thread held at once since the scope began.
-  int64_t peak_bytes() const;
-  // What tripped the budget; kNone while it holds.
-  BudgetLimit tripped() const;
-  // The innermost ScopedInput an exception unwound on this thread since the scope began; "" if
-  // none.
-  std::string failed_input() const;
+  // Ends the budget first (operator new neither counts nor throws on this thread any more), then
+  // says how it went. Once.
+  ThreadBudgetResult End();
+
+ private:
+  bool ended_ = false;
 };
 
 // While in force (on a thread with a ScopedThreadBudget), `input` is what the thread reads.

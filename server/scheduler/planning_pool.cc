@@ -88,37 +88,38 @@ absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
   base::ThreadBudgetLimits limits;
   limits.memory_bytes = budget.memory_bytes;
   if (budget.deadline_ms > 0) {
-    limits.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(budget.deadline_ms);
+    limits.deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(budget.deadline_ms);
   }
   limits.cancelled = cancelled;
   absl::StatusOr<std::unique_ptr<LoadedJob>> loaded = absl::UnknownError("not loaded");
   std::exception_ptr error;
-  base::BudgetLimit tripped = base::BudgetLimit::kNone;
-  std::string input;
-  {
-    base::ScopedThreadBudget scope(limits);
-    try {
-      loaded = planner.Load(spec, std::move(stored));
-    } catch (...) {
-      error = std::current_exception();  // examined once the budget no longer holds
-    }
-    tripped = scope.tripped();
-    if (error) input = scope.failed_input();
-  }
-  if (!error) return loaded;
-  // The budget ended: what follows may allocate freely.
-  if (input.empty()) input = absl::StrCat("the source ", spec.source, " or the job's inputs");
-  std::string what;
+  base::ScopedThreadBudget scope(limits);
   try {
-    std::rethrow_exception(error);
-  } catch (const base::ThreadBudgetExceeded& e) {
-    tripped = e.limit();
-  } catch (const std::bad_alloc&) {
-    if (tripped == base::BudgetLimit::kNone) tripped = base::BudgetLimit::kMemory;
-  } catch (const std::exception& e) {
-    what = base::Excerpt(e.what());
+    loaded = planner.Load(spec, std::move(stored));
   } catch (...) {
-    what = "an unknown exception";
+    error = std::current_exception();  // examined once the budget no longer holds
+  }
+  const base::ThreadBudgetResult ended = scope.End();
+  // An error the budget caused, caught and returned by the planner, is the budget's too.
+  if (!error && (loaded.ok() || ended.tripped == base::BudgetLimit::kNone)) return loaded;
+  // The budget ended: what follows may allocate freely.
+  base::BudgetLimit tripped = ended.tripped;
+  std::string input = ended.failed_input;
+  if (input.empty()) input = absl::StrCat("the source ", spec.source, " or the job's inputs");
+  std::string what = error ? "" : base::Excerpt(loaded.status().message());
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const base::ThreadBudgetExceeded& e) {
+      tripped = e.limit();
+    } catch (const std::bad_alloc&) {
+      if (tripped == base::BudgetLimit::kNone) tripped = base::BudgetLimit::kMemory;
+    } catch (const std::exception& e) {
+      what = base::Excerpt(e.what());
+    } catch (...) {
+      what = "an unknown exception";
+    }
   }
   switch (tripped) {
     case base::BudgetLimit::kMemory:

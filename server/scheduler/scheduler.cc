@@ -12,6 +12,7 @@
 #include "server/base/status_macros.h"
 #include "server/pipeline/stored_job.h"
 #include "server/scheduler/job_proto.h"
+#include "server/scheduler/planning_stall.h"
 #include "server/scheduler/scheduler_impl.h"
 
 namespace quantd::scheduler {
@@ -45,6 +46,9 @@ Scheduler::Impl::~Impl() { Shutdown(std::chrono::milliseconds(0)); }
 
 absl::Status Scheduler::Impl::Init() {
   ASSIGN_OR_RETURN(kill_hook_, ParseKillHook(getenv("QUANTD_TEST_KILL_AT")));
+  ASSIGN_OR_RETURN(const std::optional<PlanningStall> stall,
+                   ParsePlanningStall(getenv("QUANTD_TEST_PLANNING_STALL")));
+  if (stall.has_value()) planner_ = StallingPlanner(planner_, *stall);
   owner_ = absl::StrCat("quantd:", getpid());
   if (options_.devices.empty()) return absl::InvalidArgumentError("no devices to run tasks on");
   {
@@ -125,6 +129,9 @@ void Scheduler::Impl::Shutdown(std::chrono::milliseconds grace) {
   if (io_thread_.joinable()) io_thread_.join();
   // BeginStop asked every planning to stop; one that does not within the grace is left running.
   abandoned_planning_ = planning_.Close(until);
+  // Nothing runs on the strand any more: the plannings that stopped within the grace ended; the
+  // others count as interrupted when the job starts again.
+  EndReturnedPlannings();
   reporting_.join();  // EndLoop closed report_store_: nothing more is posted
   for (auto& worker : workers_) worker->queue.Close();
   for (auto& worker : workers_) {
@@ -189,7 +196,7 @@ void Scheduler::Impl::BeginStop(std::chrono::milliseconds grace) {
   for (auto& [id, job] : active_) {
     if (job->stop == Stop::kNone) job->stop = Stop::kShutdown;
     for (auto& [task_id, f] : job->in_flight) f.work.run->cancel.store(true);
-    if (job->planning_cancel != nullptr) job->planning_cancel->store(true);
+    if (job->planning != nullptr) job->planning->cancel.store(true);
   }
   At(clock_.NowMs() + grace.count(), [this] {
     on_strand_.Assert();

@@ -36,7 +36,8 @@
 // start resumes them; a process that dies without Shutdown leaves leases that the next start
 // requeues.
 //
-// Test hook: QUANTD_TEST_KILL_AT (run_job.h) works here too.
+// Test hooks: QUANTD_TEST_KILL_AT (run_job.h) works here too, and QUANTD_TEST_PLANNING_STALL
+// (planning_stall.h) stalls a job's planning.
 #ifndef QUANTD_SERVER_SCHEDULER_SCHEDULER_H_
 #define QUANTD_SERVER_SCHEDULER_SCHEDULER_H_
 

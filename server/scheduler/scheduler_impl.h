@@ -79,6 +79,16 @@ struct TaskRun {
   std::atomic<bool> cancel{false};       // set to stop it between units of work
 };
 
+// One start's source phase (JobPlanner::Load), shared by the strand and its planning thread.
+struct PlanningRun {
+  std::atomic<bool> cancel{false};    // set to stop it (cancel, pause, shutdown)
+  std::atomic<bool> returned{false};  // its Load returned (its result may still be on the way)
+};
+
+// Starts of a job whose source phase a crash (or a hang past the shutdown grace) interrupted
+// before it fails with reason PLANNING_CRASHED instead of being planned again.
+inline constexpr int kMaxInterruptedPlannings = 2;
+
 // A leased task on its way to a worker, and back with its result.
 // "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task (log lines
 // and events).
@@ -144,8 +154,7 @@ class Scheduler::Impl {
     int64_t id = 0;
     uint64_t serial = 0;                    // tells this start from an earlier one of the job
     std::shared_ptr<const JobTasks> tasks;  // nullptr while its source is being loaded
-    // Set to stop its source phase (cancel, shutdown); shared with the planning thread.
-    std::shared_ptr<std::atomic<bool>> planning_cancel;
+    std::shared_ptr<PlanningRun> planning;  // its source phase; shared with its thread
     Stop stop = Stop::kNone;                // set by Cancel or Shutdown
     std::string stop_reason;                // recorded with PAUSED / CANCELLED
     std::vector<int> workers;               // the workers it holds
@@ -216,6 +225,13 @@ class Scheduler::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void OnLoaded(int64_t job_id, uint64_t serial, absl::StatusOr<std::unique_ptr<LoadedJob>> loaded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // How many starts of the job in a row began planning (an event "planning") and never ended it
+  // (an event "planning_end"): a crash or a hang interrupted them.
+  absl::StatusOr<int> InterruptedPlannings(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Records the end of the job's planning (an event "planning_end") unless the job is gone.
+  void EndPlanning(int64_t job_id, const std::string& how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // After the loop ended (Shutdown): the plannings that returned within the grace ended.
+  void EndReturnedPlannings() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // LoadedJob::Attach, its std::bad_alloc an error.
   absl::StatusOr<std::unique_ptr<JobTasks>> AttachLoaded(LoadedJob& loaded, int64_t job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);

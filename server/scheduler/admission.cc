@@ -366,7 +366,7 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
   auto run = std::make_shared<PlanningRun>();
   job->planning = run;
   active_[job_id] = std::move(job);
-  loading_.insert(job_id);
+  loading_.emplace(job_id, run);
   // Reading the source (every shard header, every finished output) may take minutes, and its
   // inputs are the caller's: not on the strand, and under the job's budget. The work holds no
   // pointer into the scheduler but through Deliver, which runs only while the scheduler lives.
@@ -403,10 +403,8 @@ void Scheduler::Impl::EndPlanning(int64_t job_id, const std::string& how) {
 }
 
 void Scheduler::Impl::EndReturnedPlannings() {
-  for (const auto& [id, job] : active_) {
-    if (loading_.count(id) != 0 && job->planning != nullptr && job->planning->returned.load()) {
-      EndPlanning(id, "stopped for shutdown");
-    }
+  for (const auto& [id, run] : loading_) {
+    if (run->returned.load()) EndPlanning(id, "stopped for shutdown");
   }
 }
 

@@ -41,12 +41,6 @@ void PlanningPool::Serve(std::shared_ptr<State> s) {
   }
 }
 
-namespace {
-
-std::string Megabytes(int64_t bytes) { return absl::StrCat(bytes >> 20, " MiB"); }
-
-}  // namespace
-
 PlanningPool::PlanningPool(int threads) : state_(std::make_shared<State>()) {
   state_->threads = threads < 1 ? 1 : threads;
 }
@@ -126,7 +120,7 @@ absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
       return pipeline::WithJobReason(
           absl::ResourceExhaustedError(absl::StrCat(
               "planning ran out of memory reading ", input, " (a job's planning may hold ",
-              Megabytes(budget.memory_bytes), ": --planning-memory-bytes)")),
+              budget.memory_bytes, " bytes: --planning-memory-bytes)")),
           "PLANNING_LIMIT");
     case base::BudgetLimit::kDeadline:
       return pipeline::WithJobReason(

@@ -154,7 +154,7 @@ class Scheduler::Impl {
     int64_t id = 0;
     uint64_t serial = 0;                    // tells this start from an earlier one of the job
     std::shared_ptr<const JobTasks> tasks;  // nullptr while its source is being loaded
-    std::shared_ptr<PlanningRun> planning;  // its source phase; shared with its thread
+    std::shared_ptr<PlanningRun> planning;  // its source phase (also in loading_ until it ends)
     Stop stop = Stop::kNone;                // set by Cancel or Shutdown
     std::string stop_reason;                // recorded with PAUSED / CANCELLED
     std::vector<int> workers;               // the workers it holds
@@ -308,7 +308,8 @@ class Scheduler::Impl {
   std::map<int64_t, std::unique_ptr<ActiveJob>> active_ ABSL_GUARDED_BY(on_strand_);
   uint64_t next_serial_ ABSL_GUARDED_BY(on_strand_) = 1;   // for ActiveJob::serial
   // Jobs whose source phase (JobPlanner::Load) runs on planning_, current or stopped meanwhile.
-  std::set<int64_t> loading_ ABSL_GUARDED_BY(on_strand_);
+  // (job id -> its source phase).
+  std::map<int64_t, std::shared_ptr<PlanningRun>> loading_ ABSL_GUARDED_BY(on_strand_);
   std::deque<Result> unrecorded_ ABSL_GUARDED_BY(on_strand_);  // results awaiting the store
   bool reconsider_ ABSL_GUARDED_BY(on_strand_) = true;     // StartJobs has news
   bool stopping_ ABSL_GUARDED_BY(on_strand_) = false;      // Shutdown began

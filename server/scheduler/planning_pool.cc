@@ -125,7 +125,7 @@ absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
     case base::BudgetLimit::kDeadline:
       return pipeline::WithJobReason(
           absl::DeadlineExceededError(absl::StrCat(
-              "planning took longer than ", budget.deadline_ms / 1000, " s reading ", input,
+              "planning took longer than ", budget.deadline_ms / 1000.0, " s reading ", input,
               " (--planning-deadline-seconds)")),
           "PLANNING_LIMIT");
     case base::BudgetLimit::kCancelled:

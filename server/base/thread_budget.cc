@@ -57,7 +57,6 @@ void* Allocate(size_t size) {
     throw std::bad_alloc();
   }
   s->held += static_cast<int64_t>(malloc_usable_size(p));
-  if (s->held > s->peak) s->peak = s->held;
   const bool look = --s->countdown <= 0;
   if (look) s->countdown = kDeadlineCheckEvery;
   if (s->limits.memory_bytes > 0 && s->held > s->limits.memory_bytes &&
@@ -69,6 +68,7 @@ void* Allocate(size_t size) {
     free(p);
     throw ThreadBudgetExceeded(s->tripped);
   }
+  if (s->held > s->peak) s->peak = s->held;
   return p;
 }
 

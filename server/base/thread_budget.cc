@@ -2,7 +2,6 @@
 
 #include <malloc.h>
 #include <stdlib.h>
-
 #include <string.h>
 
 #include <algorithm>
@@ -16,7 +15,6 @@ struct ThreadState {
   ThreadBudgetLimits limits;
   int64_t held = 0;       // bytes allocated minus bytes freed since the scope began
   int64_t peak = 0;       // the most of `held`
-  int countdown = kDeadlineCheckEvery;  // allocations until the next look at the clock
   BudgetLimit tripped = BudgetLimit::kNone;
   // The innermost input an exception unwound; a fixed buffer, so that keeping it while an
   // exception unwinds never allocates.
@@ -25,20 +23,14 @@ struct ThreadState {
 
 thread_local ThreadState* state = nullptr;
 
-// Records what tripped, once; returns whether the thread may throw now.
-bool Trip(ThreadState& s, BudgetLimit limit) {
-  if (s.tripped == BudgetLimit::kNone) s.tripped = limit;
-  return std::uncaught_exceptions() == 0;
-}
-
-// Whether a limit other than memory stopped the thread; sets s.tripped.
-bool Interrupted(ThreadState& s, bool look_at_clock) {
+// Whether the budget is tripped, its deadline passed or it was cancelled; sets s.tripped.
+bool Interrupted(ThreadState& s) {
   if (s.tripped != BudgetLimit::kNone) return true;
   if (s.limits.cancelled != nullptr && s.limits.cancelled->load(std::memory_order_relaxed)) {
     s.tripped = BudgetLimit::kCancelled;
     return true;
   }
-  if (look_at_clock && std::chrono::steady_clock::now() >= s.limits.deadline) {
+  if (std::chrono::steady_clock::now() >= s.limits.deadline) {
     s.tripped = BudgetLimit::kDeadline;
     return true;
   }
@@ -53,20 +45,17 @@ void* Allocate(size_t size) {
     return p;
   }
   if (p == nullptr) {
-    Trip(*s, BudgetLimit::kMemory);
+    if (s->tripped == BudgetLimit::kNone) s->tripped = BudgetLimit::kMemory;
     throw std::bad_alloc();
   }
   s->held += static_cast<int64_t>(malloc_usable_size(p));
-  const bool look = --s->countdown <= 0;
-  if (look) s->countdown = kDeadlineCheckEvery;
-  if (s->limits.memory_bytes > 0 && s->held > s->limits.memory_bytes &&
-      s->tripped == BudgetLimit::kNone) {
-    s->tripped = BudgetLimit::kMemory;
-  }
-  if (Interrupted(*s, look) && std::uncaught_exceptions() == 0) {
-    s->held -= static_cast<int64_t>(malloc_usable_size(p));
-    free(p);
-    throw ThreadBudgetExceeded(s->tripped);
+  if (s->limits.memory_bytes > 0 && s->held > s->limits.memory_bytes) {
+    if (s->tripped == BudgetLimit::kNone) s->tripped = BudgetLimit::kMemory;
+    if (std::uncaught_exceptions() == 0) {
+      s->held -= static_cast<int64_t>(malloc_usable_size(p));
+      free(p);
+      throw ThreadBudgetExceeded(BudgetLimit::kMemory);
+    }
   }
   if (s->held > s->peak) s->peak = s->held;
   return p;
@@ -126,10 +115,17 @@ ScopedInput::~ScopedInput() {
   s->failed_input[n] = 0;
 }
 
-void ThreadBudgetCheck() {
+BudgetLimit ThreadBudgetPoll() {
   ThreadState* s = state;
-  if (s == nullptr || !Interrupted(*s, /*look_at_clock=*/true)) return;
-  if (Trip(*s, s->tripped)) throw ThreadBudgetExceeded(s->tripped);
+  if (s == nullptr || !Interrupted(*s)) return BudgetLimit::kNone;
+  return s->tripped;
+}
+
+void ThreadBudgetCheck() {
+  const BudgetLimit limit = ThreadBudgetPoll();
+  if (limit != BudgetLimit::kNone && std::uncaught_exceptions() == 0) {
+    throw ThreadBudgetExceeded(limit);
+  }
 }
 
 }  // namespace quantd::base

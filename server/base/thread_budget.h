@@ -4,14 +4,14 @@
 // While a ScopedThreadBudget is in force on a thread, this process's operator new (defined in
 // thread_budget.cc, so every C++ allocation of the thread passes through it) counts the bytes the
 // thread holds (allocated minus freed, by malloc_usable_size), and throws ThreadBudgetExceeded,
-// a std::bad_alloc, at the first allocation after
-//   - the bytes held since the scope began pass `memory_bytes`,
-//   - `deadline` passed (checked every kDeadlineCheckEvery allocations), or
-//   - `*cancelled` became true.
-// Once tripped it stays tripped until the scope ends, except that it never throws while an
-// exception unwinds the stack (a destructor that allocates then cannot terminate the process).
-// Code that loops long without allocating calls ThreadBudgetCheck() now and then. Other threads
-// are not counted: work the thread hands to another thread escapes the budget.
+// a std::bad_alloc, at every allocation that would hold more than `memory_bytes`: to the code it
+// is running out of memory, which every allocation may do. It never throws while an exception
+// unwinds the stack (a destructor that allocates then cannot terminate the process). Once
+// tripped (by memory, deadline or cancel) the budget stays tripped until the scope ends.
+// Its deadline and `*cancelled` are not delivered by operator new (an allocation in a destructor
+// would then end the process): the work polls them where stopping is safe, by ThreadBudgetCheck
+// (throws) or ThreadBudgetPoll (returns what tripped). Other threads are not counted: work the
+// thread hands to another thread escapes the budget.
 //
 // ScopedInput names the input a thread is reading (a file path) while it is in force, so that
 // whatever exception ends the work (the budget's, a parser's) can be reported with the file: the
@@ -47,8 +47,6 @@ class ThreadBudgetExceeded : public std::bad_alloc {
  private:
   BudgetLimit limit_;
 };
-
-inline constexpr int kDeadlineCheckEvery = 256;
 
 // How a budget went (ScopedThreadBudget::End).
 struct ThreadBudgetResult {
@@ -89,8 +87,10 @@ class ScopedInput {
   int uncaught_;            // std::uncaught_exceptions() when it began
 };
 
-// Throws ThreadBudgetExceeded when a budget in force on this thread is tripped, its deadline
-// passed or it was cancelled; does nothing without one.
+// What stops the work of this thread: the budget in force on it tripped, its deadline passed or it
+// was cancelled (which trips it); kNone when it holds or without one.
+BudgetLimit ThreadBudgetPoll();
+// Throws ThreadBudgetExceeded when ThreadBudgetPoll() is not kNone (and no exception unwinds).
 void ThreadBudgetCheck();
 
 }  // namespace quantd::base

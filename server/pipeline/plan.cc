@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
+#include "server/base/thread_budget.h"
 #include "server/checkpoint/disk_space.h"
 #include "server/pipeline/export_layout.h"
 #include "server/pipeline/stage.h"
@@ -258,6 +259,7 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
   }
   int64_t planned = 0;  // tasks of the stages so far
   for (const std::unique_ptr<Stage>& stage : stages.stages()) {
+    base::ThreadBudgetCheck();  // a cancelled or late planning stops here (base/thread_budget.h)
     absl::StatusOr<std::vector<store::TaskPlan>> tasks = stage->Plan(input);
     if (!tasks.ok()) return tasks.status();
     if (tasks->empty()) continue;

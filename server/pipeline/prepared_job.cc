@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source));
     ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
   }
+  base::ThreadBudgetCheck();  // where a cancelled or late planning stops (base/thread_budget.h)
   if (job->inventory_.arch == checkpoint::ModelArch::kDeepseekV4) {
     const base::ScopedInput reading(config_path);
     // A config.json that is not a DeepSeek-V4 model's is refused by the stages that run the
@@ -159,6 +160,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     ASSIGN_OR_RETURN(job->plan_,
                      BuildPlan(job->spec_, *job->source_, job->inventory_, stages, limits));
   }
+  base::ThreadBudgetCheck();
   if (job->stored_.planned) {
     RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
     ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks));
@@ -549,7 +551,14 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
                                               t.output_bytes.value_or(0)));
       continue;
     }
-    ASSIGN_OR_RETURN(const std::string sha256, checkpoint::Sha256File(t.output_path));
+    // Hashing every output of a large model takes minutes: a cancelled or late planning stops
+    // between chunks.
+    ASSIGN_OR_RETURN(const std::string sha256,
+                     checkpoint::Sha256File(t.output_path, [](uint64_t) {
+                       return base::ThreadBudgetPoll() == base::BudgetLimit::kNone
+                                  ? absl::OkStatus()
+                                  : absl::CancelledError("planning stopped");
+                     }));
     if (sha256 != t.output_sha256) {
       changed.emplace_back(t.id, absl::StrCat(what, " no longer has the recorded SHA-256"));
     }

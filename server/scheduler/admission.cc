@@ -372,13 +372,18 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
   // pointer into the scheduler but through Deliver, which runs only while the scheduler lives.
   planning_.Run([this, planner = planner_, budget = options_.planning, job_id, serial, spec,
                  stored = std::move(stored), run]() mutable {
+    PlanningFigures figures;
     auto result = std::make_shared<absl::StatusOr<std::unique_ptr<LoadedJob>>>(
-        LoadWithinBudget(*planner, spec, std::move(stored), budget, &run->cancel));
+        LoadWithinBudget(*planner, spec, std::move(stored), budget, &run->cancel, &figures));
     run->returned = true;
-    planning_.Deliver([this, job_id, serial, result] {
-      boost::asio::post(strand_, [this, job_id, serial, result] {
+    planning_.Deliver([this, job_id, serial, result, figures] {
+      boost::asio::post(strand_, [this, job_id, serial, result, figures] {
         on_strand_.Assert();
-        if (!ended_) OnLoaded(job_id, serial, std::move(*result));
+        if (ended_) return;
+        Log(job_id, "planning",
+            absl::StrCat("read its source in ", absl::SixDigits(figures.seconds),
+                         " s, holding at most ", figures.peak_bytes, " bytes"));
+        OnLoaded(job_id, serial, std::move(*result));
       });
     });
   });

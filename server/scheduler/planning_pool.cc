@@ -78,7 +78,9 @@ absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
                                                             const job::JobSpec& spec,
                                                             pipeline::StoredJob stored,
                                                             const PlanningBudget& budget,
-                                                            const std::atomic<bool>* cancelled) {
+                                                            const std::atomic<bool>* cancelled,
+                                                            PlanningFigures* figures) {
+  const auto start = std::chrono::steady_clock::now();
   base::ThreadBudgetLimits limits;
   limits.memory_bytes = budget.memory_bytes;
   if (budget.deadline_ms > 0) {
@@ -95,6 +97,9 @@ absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
     error = std::current_exception();  // examined once the budget no longer holds
   }
   const base::ThreadBudgetResult ended = scope.End();
+  figures->seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  figures->peak_bytes = ended.peak_bytes;
   // An error the budget caused, caught and returned by the planner, is the budget's too.
   if (!error && (loaded.ok() || ended.tripped == base::BudgetLimit::kNone)) return loaded;
   // The budget ended: what follows may allocate freely.

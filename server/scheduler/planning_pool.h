@@ -32,16 +32,24 @@ struct PlanningBudget {
   int64_t deadline_ms = 2 * 3600 * 1000;      // how long one phase may run; 0 = no limit
 };
 
+// What one source phase took.
+struct PlanningFigures {
+  double seconds = 0;      // wall time
+  int64_t peak_bytes = 0;  // the most bytes its thread held at once
+};
+
 // planner.Load(spec, stored) on this thread under `budget` and `cancelled`
 // (base/thread_budget.h). Every exception it throws becomes an error naming the input it was
 // reading: ResourceExhausted when it ran out of memory or past the budget's bytes,
 // DeadlineExceeded past its time, Cancelled once `cancelled` was set, InvalidArgument for any
-// other exception (a parser's), with reason PLANNING_LIMIT for the first two.
+// other exception (a parser's), with reason PLANNING_LIMIT for the first two. `figures` receives
+// what it took.
 absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
                                                             const job::JobSpec& spec,
                                                             pipeline::StoredJob stored,
                                                             const PlanningBudget& budget,
-                                                            const std::atomic<bool>* cancelled);
+                                                            const std::atomic<bool>* cancelled,
+                                                            PlanningFigures* figures);
 
 class PlanningPool {
  public:

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/base/thread_budget.h"
 
 namespace quantd::scheduler {
 namespace {
@@ -27,6 +28,7 @@ class Stalling final : public JobPlanner {
           sleep(1);
           continue;
         }
+        base::ThreadBudgetCheck();  // a parser that polls its budget
         for (int i = 0; i < 1000; ++i) held.push_back(std::string(64, 'x'));
         usleep(1000);
       }

@@ -1,9 +1,9 @@
 // The QUANTD_TEST_PLANNING_STALL test hook (integration tests of planning that does not end):
 //   QUANTD_TEST_PLANNING_STALL="<n>:busy|stuck"
 // makes the n-th job planning (JobPlanner::Load) of the process, counted from 1, never finish on
-// its own: `busy` allocates in a loop (a parser working through a huge input: the planning budget
-// stops it at its deadline, its cancel or its memory), `stuck` sleeps without allocating (a
-// parser wedged in a loop the budget cannot see: only abandoning its thread helps). Unset in
+// its own: `busy` allocates in a loop and polls its budget (a parser working through a huge
+// input: the planning budget stops it at its deadline, its cancel or its memory), `stuck` sleeps
+// (a parser wedged in a loop that polls nothing: only abandoning its thread helps). Unset in
 // normal use; a malformed value is an error.
 #ifndef QUANTD_SERVER_SCHEDULER_PLANNING_STALL_H_
 #define QUANTD_SERVER_SCHEDULER_PLANNING_STALL_H_

@@ -679,10 +679,11 @@ TEST_F(SchedulerFakeClockTest, AJobCancelledWhileItsSourceIsReadCanBeDeleted) {
 }
 
 // A source phase that allocates until its budget stops it (a parser working through a huge
-// input): only the budget's cancel, deadline or memory ends it.
+// input that polls its budget): only the budget's cancel, deadline or memory ends it.
 void AllocateForever() {
   std::vector<std::string> held;
   while (true) {
+    base::ThreadBudgetCheck();
     held.push_back(std::string(1 << 16, 'x'));
     if (held.size() > 64) held.erase(held.begin());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -200,7 +200,10 @@ std::string Describe(const ServeConfig& config, const std::vector<std::string>& 
   return absl::StrCat("state dir ", config.state_dir, ", devices ", absl::StrJoin(devices, ","),
                       ", cpu threads ", config.cpu_threads, ", host memory budget ",
                       config.host_memory_bytes, " bytes, queue limit ", config.queue_limit,
-                      ", shutdown grace ", config.shutdown_grace_seconds, " s");
+                      ", shutdown grace ", config.shutdown_grace_seconds, " s, planning ",
+                      config.planning_threads, " at once, each within ",
+                      config.planning_memory_bytes, " bytes and ",
+                      config.planning_deadline_seconds, " s");
 }
 
 // Logs a failed systemd notification; the daemon serves on regardless.
@@ -459,6 +462,14 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Integer(&config->retain_jobs);
     } else if (key == "retain_days") {
       s = r.Number(&config->retain_days);
+    } else if (key == "planning_threads") {
+      s = r.Integer(&config->planning_threads);
+    } else if (key == "planning_memory_bytes") {
+      s = r.Integer(&config->planning_memory_bytes);
+    } else if (key == "planning_deadline_seconds") {
+      s = r.Number(&config->planning_deadline_seconds);
+    } else if (key == "max_tasks_per_job") {
+      s = r.Integer(&config->max_tasks_per_job);
     } else {
       s = r.Error("is not a known setting");
     }
@@ -517,6 +528,25 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("store_retry_seconds (--store-retry-seconds): must be >= 1, got ",
                      config.store_retry_seconds));
+  }
+  if (config.planning_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "planning_threads (--planning-threads): must be >= 1, got ", config.planning_threads));
+  }
+  if (config.planning_memory_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planning_memory_bytes (--planning-memory-bytes): must be >= 0, got ",
+                     config.planning_memory_bytes));
+  }
+  if (!std::isfinite(config.planning_deadline_seconds) || config.planning_deadline_seconds < 0 ||
+      config.planning_deadline_seconds > 1e9) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planning_deadline_seconds (--planning-deadline-seconds): must be in "
+                     "[0, 1e9], got ", config.planning_deadline_seconds));
+  }
+  if (config.max_tasks_per_job < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tasks_per_job (--max-tasks-per-job): must be >= 1, got ", config.max_tasks_per_job));
   }
   if (config.retain_jobs < 0) {
     return absl::InvalidArgumentError(
@@ -595,6 +625,11 @@ int ServeMain(const ServeConfig& config) {
   options.queue_limit = config.queue_limit;
   options.lease_expiry_limit = config.lease_expiry_limit;
   options.host_memory_bytes = config.host_memory_bytes;
+  options.planning.threads = config.planning_threads;
+  options.planning.memory_bytes = config.planning_memory_bytes;
+  options.planning.deadline_ms =
+      static_cast<int64_t>(std::llround(config.planning_deadline_seconds * 1000));
+  options.max_tasks_per_job = config.max_tasks_per_job;
   // Kernels saturate the cores; a little lower priority keeps the API responsive under load.
   options.worker_nice = 5;
   options.store_retry_limit_ms =
@@ -662,6 +697,14 @@ int ServeMain(const ServeConfig& config) {
   (*server)->Shutdown(std::min(grace, kRpcDrain));
   (*scheduler)->Shutdown(grace);
   std::filesystem::remove(serve_json, ec);
+  if (const int abandoned = (*scheduler)->abandoned_planning(); abandoned > 0) {
+    // Their threads may still use what the static destructors of a normal exit destroy.
+    spdlog::warn("{} job planning(s) did not stop within the grace period; they resume when "
+                 "quantd starts again", abandoned);
+    spdlog::info("stopped");
+    spdlog::shutdown();
+    _exit(exit_code);
+  }
   spdlog::info("stopped");
   return exit_code;
 }
@@ -742,6 +785,20 @@ void AddServeCommand(CLI::App& app, int& rc) {
   CLI::Option* retain_days =
       cmd->add_option("--retain-days", f.retain_days, "prune finished jobs after D days (0 = never)")
           ->capture_default_str();
+  CLI::Option* planning_threads =
+      cmd->add_option("--planning-threads", f.planning_threads, "jobs planned at once")
+          ->capture_default_str();
+  CLI::Option* planning_memory =
+      cmd->add_option("--planning-memory-bytes", f.planning_memory_bytes,
+                      "memory one job's planning may hold (0 = no limit)")
+          ->capture_default_str();
+  CLI::Option* planning_deadline =
+      cmd->add_option("--planning-deadline-seconds", f.planning_deadline_seconds,
+                      "how long one job's planning may take (0 = no limit)")
+          ->capture_default_str();
+  CLI::Option* max_tasks = cmd->add_option("--max-tasks-per-job", f.max_tasks_per_job,
+                                           "tasks one job's plan may hold")
+                               ->capture_default_str();
   cmd->callback([=, &rc] {
     ServeConfig config;
     if (!parsed->config_path.empty()) {
@@ -773,6 +830,14 @@ void AddServeCommand(CLI::App& app, int& rc) {
     config.init = given.init;
     if (retain_jobs->count() > 0) config.retain_jobs = given.retain_jobs;
     if (retain_days->count() > 0) config.retain_days = given.retain_days;
+    if (planning_threads->count() > 0) config.planning_threads = given.planning_threads;
+    if (planning_memory->count() > 0) {
+      config.planning_memory_bytes = given.planning_memory_bytes;
+    }
+    if (planning_deadline->count() > 0) {
+      config.planning_deadline_seconds = given.planning_deadline_seconds;
+    }
+    if (max_tasks->count() > 0) config.max_tasks_per_job = given.max_tasks_per_job;
     rc = ServeMain(config);
   });
 }

@@ -77,6 +77,12 @@ struct ServeConfig {
   bool init = false;        // a missing or empty quantd.db next to other state files is created
   int64_t retain_jobs = 0;  // finished jobs kept at most (api/history_pruner.h); 0 = all
   double retain_days = 0;   // finished jobs pruned after this many days; 0 = never
+  // A job's planning (scheduler/planning_pool.h): jobs planned at once, the memory and time one
+  // may take (0 = no limit), and the tasks its plan may hold.
+  int planning_threads = 2;
+  int64_t planning_memory_bytes = int64_t{8} << 30;
+  double planning_deadline_seconds = 7200;
+  int64_t max_tasks_per_job = 100'000;
 };
 
 // Applies the settings of the JSON config file at `path` to `config`. InvalidArgument naming the

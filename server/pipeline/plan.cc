@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
+#include "server/base/thread_budget.h"
 #include "server/checkpoint/disk_space.h"
 #include "server/pipeline/export_layout.h"
 #include "server/pipeline/stage.h"
@@ -153,7 +154,8 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
 }
 
 absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::CheckpointDir& source,
-                               const TensorInventory& inventory, const StageRegistry& stages) {
+                               const TensorInventory& inventory, const StageRegistry& stages,
+                               const PlanLimits& limits) {
   absl::StatusOr<Recipe> recipe = RecipeForSpec(spec, inventory);
   if (!recipe.ok()) return recipe.status();
   absl::StatusOr<RecipePlan> selected = PlanRecipe(inventory, *recipe);
@@ -255,10 +257,19 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
       }
     }
   }
+  int64_t planned = 0;  // tasks of the stages so far
   for (const std::unique_ptr<Stage>& stage : stages.stages()) {
+    base::ThreadBudgetCheck();  // a cancelled or late planning stops here (base/thread_budget.h)
     absl::StatusOr<std::vector<store::TaskPlan>> tasks = stage->Plan(input);
     if (!tasks.ok()) return tasks.status();
     if (tasks->empty()) continue;
+    planned += static_cast<int64_t>(tasks->size());
+    if (planned > limits.max_tasks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source.dir(), ": the plan holds more than ", limits.max_tasks, " tasks (", planned,
+          " up to its ", std::string(stage->kind()), " stage), more than one job may have "
+          "(--max-tasks-per-job)"));
+    }
     ASSIGN_OR_RETURN(const uint64_t checkpoint_bytes, stage->CheckpointBytes(input, *tasks));
     plan.checkpoint_bytes += checkpoint_bytes;
     plan.stages.push_back({std::string(stage->kind()), std::move(*tasks)});

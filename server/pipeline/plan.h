@@ -111,12 +111,19 @@ absl::StatusOr<Recipe> RecipeForSpec(const job::JobSpec& spec,
 
 class StageRegistry;  // stage_registry.h
 
+// What one job's plan may hold.
+struct PlanLimits {
+  // Tasks in all stages (DeepSeek-V4-Pro calibrating on 8 devices and evaluating: about 1,000).
+  int64_t max_tasks = 100'000;
+};
+
 // Builds the plan with the stages of `stages`, in their order. Fails with a clear message when the
-// recipe selects nothing, or a selected module's format cannot be quantized (only FP8-block,
-// MXFP4, BF16 and F32 weights can).
+// recipe selects nothing, a selected module's format cannot be quantized (only FP8-block,
+// MXFP4, BF16 and F32 weights can), or the stages plan more than limits.max_tasks tasks (as soon
+// as a stage's tasks pass it).
 absl::StatusOr<Plan> BuildPlan(const job::JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const checkpoint::TensorInventory& inventory,
-                               const StageRegistry& stages);
+                               const StageRegistry& stages, const PlanLimits& limits = {});
 // The same with the built-in stages (BuiltinStages()).
 absl::StatusOr<Plan> BuildPlan(const job::JobSpec& spec, const checkpoint::CheckpointDir& source,
                                const checkpoint::TensorInventory& inventory);

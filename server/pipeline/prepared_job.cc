@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/base/thread_budget.h"
 #include "server/calibration/calibrate_task.h"
 #include "server/calibration/export_amax.h"
 #include "server/checkpoint/atomic_file.h"
@@ -20,6 +21,8 @@
 #include "server/checkpoint/sha256.h"
 #include "server/evaluation/evaluate_task.h"
 #include "server/job/job_paths.h"
+#include "server/model/v4_config.h"
+#include "server/model/v4_config_check.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/evaluate_stage.h"
 
@@ -103,10 +106,23 @@ std::optional<int64_t> EvaluateLayerOf(const store::TaskRow& t) {
   return task->layer;
 }
 
+// The inputs a calibrating job's plan reads besides the headers: the source's tokenizer.json and
+// the data sets (what an exception while planning names).
+std::string CalibrationInputs(const JobSpec& spec) {
+  std::string inputs = absl::StrCat(spec.source, "/tokenizer.json or the calibration data ");
+  if (!spec.calibration.dataset.empty()) absl::StrAppend(&inputs, spec.calibration.dataset);
+  for (size_t i = 0; i < spec.calibration.datasets.size(); ++i) {
+    absl::StrAppend(&inputs, i > 0 || !spec.calibration.dataset.empty() ? ", " : "",
+                    spec.calibration.datasets[i].path);
+  }
+  return inputs;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
                                                                 StoredJob stored,
+                                                                const PlanLimits& limits,
                                                                 const StageRegistry& stages) {
   std::unique_ptr<PreparedJob> job(new PreparedJob());
   job->stages_ = &stages;
@@ -120,9 +136,31 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     job->spec_.evaluate.enabled = false;
   }
   RETURN_IF_ERROR(CheckJobPathsUnchanged(job->spec_));
-  ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source));
-  ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
-  ASSIGN_OR_RETURN(job->plan_, BuildPlan(job->spec_, *job->source_, job->inventory_, stages));
+  const std::string config_path = job->spec_.source + "/config.json";
+  {
+    const base::ScopedInput reading(job->spec_.source);
+    ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source));
+    ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
+  }
+  base::ThreadBudgetCheck();  // where a cancelled or late planning stops (base/thread_budget.h)
+  if (job->inventory_.arch == checkpoint::ModelArch::kDeepseekV4) {
+    const base::ScopedInput reading(config_path);
+    // A config.json that is not a DeepSeek-V4 model's is refused by the stages that run the
+    // forward; the others do not read it.
+    if (absl::StatusOr<model::V4Config> config =
+            model::ParseV4Config(job->source_->config(), config_path);
+        config.ok()) {
+      RETURN_IF_ERROR(model::CheckV4ConfigAgainstTensors(*config, job->inventory_, config_path));
+    }
+  }
+  {
+    const std::string inputs =
+        NeedsCalibration(job->spec_) ? CalibrationInputs(job->spec_) : config_path;
+    const base::ScopedInput reading(inputs);
+    ASSIGN_OR_RETURN(job->plan_,
+                     BuildPlan(job->spec_, *job->source_, job->inventory_, stages, limits));
+  }
+  base::ThreadBudgetCheck();
   if (job->stored_.planned) {
     RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
     ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks));
@@ -513,7 +551,14 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
                                               t.output_bytes.value_or(0)));
       continue;
     }
-    ASSIGN_OR_RETURN(const std::string sha256, checkpoint::Sha256File(t.output_path));
+    // Hashing every output of a large model takes minutes: a cancelled or late planning stops
+    // between chunks.
+    ASSIGN_OR_RETURN(const std::string sha256,
+                     checkpoint::Sha256File(t.output_path, [](uint64_t) {
+                       return base::ThreadBudgetPoll() == base::BudgetLimit::kNone
+                                  ? absl::OkStatus()
+                                  : absl::CancelledError("planning stopped");
+                     }));
     if (sha256 != t.output_sha256) {
       changed.emplace_back(t.id, absl::StrCat(what, " no longer has the recorded SHA-256"));
     }

@@ -84,9 +84,13 @@ class PreparedJob {
   // they hold files quantd did not write and the job would replace one of them; a directory
   // without a marker that holds only done outputs of this job (an earlier release wrote no
   // marker) is adopted. Errors name the file, tensor or field; the caller fails the job with
-  // them. `stages` must outlive the PreparedJob.
+  // them. A DeepSeek-V4 source's config.json is held against its tensors first
+  // (model/v4_config_check.h), and the plan against `limits`. `stages` must outlive the
+  // PreparedJob. Every input it reads is named for the thread's budget (base::ScopedInput), so
+  // an exception while reading one names it.
   static absl::StatusOr<std::unique_ptr<PreparedJob>> Load(
-      const job::JobSpec& spec, StoredJob stored, const StageRegistry& stages = BuiltinStages());
+      const job::JobSpec& spec, StoredJob stored, const PlanLimits& limits = {},
+      const StageRegistry& stages = BuiltinStages());
 
   // The store phase (the store's thread), once per Load. `log` receives the planning summary and
   // the requeued outputs.

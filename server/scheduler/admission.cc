@@ -138,6 +138,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::DoCancel(int64_t job_id, bool pause,
       job.stop = pause ? Stop::kPause : Stop::kCancel;
       job.stop_reason = final_reason;
       for (auto& [task_id, f] : job.in_flight) f.work.run->cancel.store(true);
+      if (job.planning != nullptr) job.planning->cancel.store(true);
       RETURN_IF_ERROR(
           SetState(job_id, JobState::kRunning, pause ? "pausing" : "cancelling", ""));
     }
@@ -334,33 +335,88 @@ absl::Status Scheduler::Impl::StartJobs() {
 absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
                                        const std::vector<int>& workers) {
   ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
+  ASSIGN_OR_RETURN(const int interrupted, InterruptedPlannings(job_id));
+  if (interrupted >= kMaxInterruptedPlannings) {
+    // Planning it crashed (or hung) the process every time: it is not planned a third time. A
+    // resume plans it again.
+    EndPlanning(job_id, "given up");
+    if (options_.metrics != nullptr) options_.metrics->JobFailed("PLANNING_CRASHED");
+    return SetState(job_id, JobState::kFailed, "PLANNING_CRASHED",
+                    absl::StrCat("planning this job was interrupted ", interrupted,
+                                 " times by a crash or a hang of quantd; it is not planned again "
+                                 "(resume it to try once more)"));
+  }
   ASSIGN_OR_RETURN(pipeline::StoredJob stored, pipeline::ReadStoredJob(*store_, job_id));
   const bool resumed = row.state == JobState::kRunning || row.reason == "resumed";
   RETURN_IF_ERROR(SetState(job_id, JobState::kRunning, resumed ? "resumed" : "started", ""));
+  RETURN_IF_ERROR(store_->AddEvent(job_id, "planning",
+                                   absl::StrCat("planning began (start ", interrupted + 1, ")"),
+                                   clock_.NowMs()));
+  // Test hook: "planning:<n>" kills the process once the n-th planning it began is recorded.
+  if (kill_hook_.has_value() && kill_hook_->stage == "planning" &&
+      ++started_["planning"] == kill_hook_->n) {
+    KillSelf();
+  }
   auto job = std::make_unique<ActiveJob>();
   job->id = job_id;
   job->serial = next_serial_++;
   job->workers = workers;
   for (int w : workers) slots_[w].job_id = job_id;
   const uint64_t serial = job->serial;
+  auto run = std::make_shared<PlanningRun>();
+  job->planning = run;
   active_[job_id] = std::move(job);
-  loading_.insert(job_id);
-  // Reading the source (every shard header, every finished output) may take minutes: not on the
-  // strand.
-  boost::asio::post(planning_, [this, job_id, serial, spec, stored = std::move(stored)]() mutable {
-    absl::StatusOr<std::unique_ptr<LoadedJob>> loaded = planner_->Load(spec, std::move(stored));
-    auto result = std::make_shared<decltype(loaded)>(std::move(loaded));
-    boost::asio::post(strand_, [this, job_id, serial, result] {
-      on_strand_.Assert();
-      if (!ended_) OnLoaded(job_id, serial, std::move(*result));
+  loading_.emplace(job_id, run);
+  // Reading the source (every shard header, every finished output) may take minutes, and its
+  // inputs are the caller's: not on the strand, and under the job's budget. The work holds no
+  // pointer into the scheduler but through Deliver, which runs only while the scheduler lives.
+  planning_.Run([this, planner = planner_, budget = options_.planning, job_id, serial, spec,
+                 stored = std::move(stored), run]() mutable {
+    PlanningFigures figures;
+    auto result = std::make_shared<absl::StatusOr<std::unique_ptr<LoadedJob>>>(
+        LoadWithinBudget(*planner, spec, std::move(stored), budget, &run->cancel, &figures));
+    run->returned = true;
+    planning_.Deliver([this, job_id, serial, result, figures] {
+      boost::asio::post(strand_, [this, job_id, serial, result, figures] {
+        on_strand_.Assert();
+        if (ended_) return;
+        Log(job_id, "planning",
+            absl::StrCat("read its source in ", absl::SixDigits(figures.seconds),
+                         " s, holding at most ", figures.peak_bytes, " bytes"));
+        OnLoaded(job_id, serial, std::move(*result));
+      });
     });
   });
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> Scheduler::Impl::InterruptedPlannings(int64_t job_id) {
+  ASSIGN_OR_RETURN(const std::vector<store::EventRow> events, store_->ListEvents(job_id, 0));
+  int interrupted = 0;
+  for (const store::EventRow& e : events) {
+    if (e.kind == "planning") ++interrupted;
+    if (e.kind == "planning_end") interrupted = 0;
+  }
+  return interrupted;
+}
+
+void Scheduler::Impl::EndPlanning(int64_t job_id, const std::string& how) {
+  if (states_.count(job_id) == 0) return;  // deleted meanwhile
+  if (absl::Status s = store_->AddEvent(job_id, "planning_end", how, clock_.NowMs()); !s.ok()) {
+    Log(job_id, "error", absl::StrCat("recording the end of its planning: ", s.message()));
+  }
+}
+
+void Scheduler::Impl::EndReturnedPlannings() {
+  for (const auto& [id, run] : loading_) {
+    if (run->returned.load()) EndPlanning(id, "stopped for shutdown");
+  }
+}
+
 void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
                                absl::StatusOr<std::unique_ptr<LoadedJob>> loaded) {
   loading_.erase(job_id);
+  EndPlanning(job_id, loaded.ok() ? "loaded" : "failed");
   const auto it = active_.find(job_id);
   if (it == active_.end() || it->second->serial != serial) {
     // The job stopped meanwhile: its source phase is dropped (releasing its output claims)
@@ -372,14 +428,15 @@ void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
   }
   ActiveJob& job = *it->second;
   absl::StatusOr<std::unique_ptr<JobTasks>> tasks =
-      loaded.ok() ? (*loaded)->Attach(*store_, clock_.NowMs(),
-                                      [&](const std::string& m) { Log(job_id, "plan", m); })
-                  : loaded.status();
+      loaded.ok() ? AttachLoaded(**loaded, job_id) : loaded.status();
   if (!tasks.ok()) {
-    if (options_.metrics != nullptr) options_.metrics->JobFailed("cannot_start");
+    const std::string reason = tasks.status().GetPayload(pipeline::kJobReasonPayload).has_value()
+                                   ? pipeline::JobReasonOf(tasks.status())
+                                   : std::string("cannot_start");
+    if (options_.metrics != nullptr) options_.metrics->JobFailed(reason);
     Release(job);
     active_.erase(it);
-    if (absl::Status s = SetState(job_id, JobState::kFailed, "cannot_start",
+    if (absl::Status s = SetState(job_id, JobState::kFailed, reason,
                                   std::string(tasks.status().message()));
         !s.ok()) {
       OnStoreError(s, absl::StrCat("failing job ", job_id));
@@ -396,6 +453,20 @@ void Scheduler::Impl::OnLoaded(int64_t job_id, uint64_t serial,
                    })));
   if (absl::Status s = Publish(job_id); !s.ok()) OnStoreError(s, "publishing");
   Kick();
+}
+
+absl::StatusOr<std::unique_ptr<JobTasks>> Scheduler::Impl::AttachLoaded(LoadedJob& loaded,
+                                                                        int64_t job_id) {
+  // Storing the plan allocates with its size (bounded by max_tasks_per_job): running out of
+  // memory fails the job, not the daemon.
+  try {
+    return loaded.Attach(*store_, clock_.NowMs(),
+                         [&](const std::string& m) { Log(job_id, "plan", m); });
+  } catch (const std::bad_alloc&) {
+    return pipeline::WithJobReason(
+        absl::ResourceExhaustedError("storing the job's plan ran out of memory"),
+        "PLANNING_LIMIT");
+  }
 }
 
 absl::Status Scheduler::Impl::MaybeFinish(ActiveJob& job, bool* finished) {

@@ -72,8 +72,8 @@ class JobPlanner {
                                                           pipeline::StoredJob stored) = 0;
 };
 
-// The real pipeline (pipeline/prepared_job.h).
-std::unique_ptr<JobPlanner> NewPipelinePlanner();
+// The real pipeline (pipeline/prepared_job.h); a plan of more than `max_tasks` tasks fails.
+std::unique_ptr<JobPlanner> NewPipelinePlanner(int64_t max_tasks);
 
 }  // namespace quantd::scheduler
 

@@ -50,16 +50,25 @@ class LoadedPipelineJob final : public LoadedJob {
 
 class PipelinePlanner final : public JobPlanner {
  public:
+  explicit PipelinePlanner(int64_t max_tasks) : max_tasks_(max_tasks) {}
+
   absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const job::JobSpec& spec,
                                                   pipeline::StoredJob stored) override {
+    pipeline::PlanLimits limits;
+    limits.max_tasks = max_tasks_;
     ASSIGN_OR_RETURN(std::unique_ptr<pipeline::PreparedJob> job,
-                     pipeline::PreparedJob::Load(spec, std::move(stored)));
+                     pipeline::PreparedJob::Load(spec, std::move(stored), limits));
     return std::unique_ptr<LoadedJob>(new LoadedPipelineJob(std::move(job)));
   }
+
+ private:
+  const int64_t max_tasks_;  // a larger plan fails the job
 };
 
 }  // namespace
 
-std::unique_ptr<JobPlanner> NewPipelinePlanner() { return std::make_unique<PipelinePlanner>(); }
+std::unique_ptr<JobPlanner> NewPipelinePlanner(int64_t max_tasks) {
+  return std::make_unique<PipelinePlanner>(max_tasks);
+}
 
 }  // namespace quantd::scheduler

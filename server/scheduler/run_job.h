@@ -18,7 +18,8 @@
 // any output is written; `mid` once the task has reported half of its bytes through add_progress
 // (its .tmp file is half written); `written` when the task returned its output (renamed into
 // place) but before its completion was recorded; `done` right after the completion was recorded
-// (between tasks). Unset in normal use; a malformed value is an error.
+// (between tasks). "planning:<n>" instead kills it once the n-th job planning it begins is
+// recorded, before the planning runs. Unset in normal use; a malformed value is an error.
 #ifndef QUANTD_SERVER_SCHEDULER_RUN_JOB_H_
 #define QUANTD_SERVER_SCHEDULER_RUN_JOB_H_
 

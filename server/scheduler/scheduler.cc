@@ -12,6 +12,7 @@
 #include "server/base/status_macros.h"
 #include "server/pipeline/stored_job.h"
 #include "server/scheduler/job_proto.h"
+#include "server/scheduler/planning_stall.h"
 #include "server/scheduler/scheduler_impl.h"
 
 namespace quantd::scheduler {
@@ -35,7 +36,8 @@ Scheduler::Impl::Impl(JobBoard* board, std::unique_ptr<store::JobStore> store,
     : board_(*board),
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? *options_.clock : SystemClock()),
-      planner_(options_.planner != nullptr ? options_.planner : NewPipelinePlanner()),
+      planner_(options_.planner != nullptr ? options_.planner
+                                            : NewPipelinePlanner(options_.max_tasks_per_job)),
       strand_(boost::asio::make_strand(io_)),
       on_strand_(&strand_),
       store_(std::move(store)) {}
@@ -44,6 +46,9 @@ Scheduler::Impl::~Impl() { Shutdown(std::chrono::milliseconds(0)); }
 
 absl::Status Scheduler::Impl::Init() {
   ASSIGN_OR_RETURN(kill_hook_, ParseKillHook(getenv("QUANTD_TEST_KILL_AT")));
+  ASSIGN_OR_RETURN(const std::optional<PlanningStall> stall,
+                   ParsePlanningStall(getenv("QUANTD_TEST_PLANNING_STALL")));
+  if (stall.has_value()) planner_ = StallingPlanner(planner_, *stall);
   owner_ = absl::StrCat("quantd:", getpid());
   if (options_.devices.empty()) return absl::InvalidArgumentError("no devices to run tasks on");
   {
@@ -109,6 +114,7 @@ absl::Status Scheduler::Impl::Init() {
 }
 
 void Scheduler::Impl::Shutdown(std::chrono::milliseconds grace) {
+  const auto until = std::chrono::steady_clock::now() + grace;
   {
     absl::MutexLock lock(&state_mu_);
     if (shut_down_) return;
@@ -121,7 +127,11 @@ void Scheduler::Impl::Shutdown(std::chrono::milliseconds grace) {
       },
       [] {});
   if (io_thread_.joinable()) io_thread_.join();
-  planning_.join();
+  // BeginStop asked every planning to stop; one that does not within the grace is left running.
+  abandoned_planning_ = planning_.Close(until);
+  // Nothing runs on the strand any more: the plannings that stopped within the grace ended; the
+  // others count as interrupted when the job starts again.
+  EndReturnedPlannings();
   reporting_.join();  // EndLoop closed report_store_: nothing more is posted
   for (auto& worker : workers_) worker->queue.Close();
   for (auto& worker : workers_) {
@@ -186,6 +196,7 @@ void Scheduler::Impl::BeginStop(std::chrono::milliseconds grace) {
   for (auto& [id, job] : active_) {
     if (job->stop == Stop::kNone) job->stop = Stop::kShutdown;
     for (auto& [task_id, f] : job->in_flight) f.work.run->cancel.store(true);
+    if (job->planning != nullptr) job->planning->cancel.store(true);
   }
   At(clock_.NowMs() + grace.count(), [this] {
     on_strand_.Assert();
@@ -411,6 +422,8 @@ absl::StatusOr<v1::JobReport> Scheduler::Report(int64_t job_id, int worst) {
 }
 
 bool Scheduler::serving() const { return impl_->serving(); }
+
+int Scheduler::abandoned_planning() const { return impl_->abandoned_planning(); }
 
 void Scheduler::Shutdown(std::chrono::milliseconds grace) { impl_->Shutdown(grace); }
 

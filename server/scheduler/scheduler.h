@@ -9,7 +9,9 @@
 // second, read-only connection to the store. Tasks run on worker threads, one per entry of
 // `devices`; workers naming the same device share one compute::Device. The JobBoard is fed by the
 // strand and read by the API and `quantd run`, never the other way round. The parts, by file:
-//   admission.cc  commands and which waiting job starts next, planning off the strand
+//   admission.cc  commands and which waiting job starts next, planning off the strand (on a
+//                 PlanningPool: several jobs at once, each under its budget, never crashing the
+//                 process; a job whose planning a crash interrupted twice fails PLANNING_CRASHED)
 //   dispatch.cc   placement of leased tasks on devices that fit, the worker threads
 //   recording.cc  task results, retries with back-off, leases, store failures
 //   snapshots.cc  snapshots to the board, progress publishing, metrics
@@ -36,7 +38,8 @@
 // start resumes them; a process that dies without Shutdown leaves leases that the next start
 // requeues.
 //
-// Test hook: QUANTD_TEST_KILL_AT (run_job.h) works here too.
+// Test hooks: QUANTD_TEST_KILL_AT (run_job.h) works here too, and QUANTD_TEST_PLANNING_STALL
+// (planning_stall.h) stalls a job's planning.
 #ifndef QUANTD_SERVER_SCHEDULER_SCHEDULER_H_
 #define QUANTD_SERVER_SCHEDULER_SCHEDULER_H_
 
@@ -57,6 +60,7 @@
 #include "server/scheduler/clock.h"
 #include "server/scheduler/job_board.h"
 #include "server/scheduler/job_planner.h"
+#include "server/scheduler/planning_pool.h"
 #include "server/store/job_store.h"
 
 namespace quantd::scheduler {
@@ -77,6 +81,12 @@ struct SchedulerOptions {
   // A task whose lease expires this many times in this process fails its job (reason
   // LEASE_EXPIRED) instead of being requeued again.
   int lease_expiry_limit = 3;
+  // A job's planning (its source phase, job_planner.h): how many jobs plan at once, and the memory
+  // and time one may take (planning_pool.h). The defaults fit DeepSeek-V4-Pro: its headers,
+  // inventory and plan (62 layers, ~150k tensors) and hashing its outputs on a resume.
+  PlanningBudget planning;
+  // Tasks one job's plan may hold (the real model's: about 1,000); a larger plan fails the job.
+  int64_t max_tasks_per_job = 100'000;
   metrics::Metrics* metrics = nullptr;  // not owned; nullptr = no metrics
   // Receives one line per state change, task retry or failure (job id, event kind, message);
   // called on the scheduler thread. nullptr = silent.
@@ -149,10 +159,15 @@ class Scheduler {
   const JobBoard& board() const { return board_; }
   JobBoard& board() { return board_; }
 
-  // Stops taking new work, asks running tasks to stop, waits for them at most `grace` (tasks
-  // stop between tensors), requeues their tasks and stops the threads. Jobs stay RUNNING in the
-  // store and resume on the next Start. Returns when every thread has stopped.
+  // Stops taking new work, asks running tasks and plannings to stop, waits for them at most
+  // `grace` (tasks stop between tensors), requeues their tasks and stops the threads. Jobs stay
+  // RUNNING in the store and resume on the next Start. Returns when every thread has stopped,
+  // except planning threads still running after `grace`: those are abandoned (detached; see
+  // abandoned_planning()).
   void Shutdown(std::chrono::milliseconds grace);
+  // Planning threads Shutdown abandoned: the process should end with _exit, as they may still
+  // use what static destructors would destroy.
+  int abandoned_planning() const;
 
   // Blocks until the job is in a terminal state or PAUSED, the scheduler stopped, or `poll`
   // returns false (it is called about every 100 ms and after each change, with the latest

@@ -47,6 +47,7 @@
 #include "server/scheduler/job_board.h"
 #include "server/scheduler/job_planner.h"
 #include "server/scheduler/kill_hook.h"
+#include "server/scheduler/planning_pool.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/job_store.h"
 
@@ -78,6 +79,16 @@ struct TaskRun {
   std::atomic<bool> cancel{false};       // set to stop it between units of work
 };
 
+// One start's source phase (JobPlanner::Load), shared by the strand and its planning thread.
+struct PlanningRun {
+  std::atomic<bool> cancel{false};    // set to stop it (cancel, pause, shutdown)
+  std::atomic<bool> returned{false};  // its Load returned (its result may still be on the way)
+};
+
+// Starts of a job whose source phase a crash (or a hang past the shutdown grace) interrupted
+// before it fails with reason PLANNING_CRASHED instead of being planned again.
+inline constexpr int kMaxInterruptedPlannings = 2;
+
 // A leased task on its way to a worker, and back with its result.
 // "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task (log lines
 // and events).
@@ -105,6 +116,7 @@ class Scheduler::Impl {
   // directly.
   absl::Status Init() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void Shutdown(std::chrono::milliseconds grace) ABSL_LOCKS_EXCLUDED(state_mu_);
+  int abandoned_planning() const { return abandoned_planning_.load(); }
 
   void Submit(const std::string& request_id, const job::JobSpec& spec,
               std::function<void(absl::StatusOr<v1::Job>, bool)> done);
@@ -142,6 +154,7 @@ class Scheduler::Impl {
     int64_t id = 0;
     uint64_t serial = 0;                    // tells this start from an earlier one of the job
     std::shared_ptr<const JobTasks> tasks;  // nullptr while its source is being loaded
+    std::shared_ptr<PlanningRun> planning;  // its source phase (also in loading_ until it ends)
     Stop stop = Stop::kNone;                // set by Cancel or Shutdown
     std::string stop_reason;                // recorded with PAUSED / CANCELLED
     std::vector<int> workers;               // the workers it holds
@@ -213,6 +226,16 @@ class Scheduler::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void OnLoaded(int64_t job_id, uint64_t serial, absl::StatusOr<std::unique_ptr<LoadedJob>> loaded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // How many starts of the job in a row began planning (an event "planning") and never ended it
+  // (an event "planning_end"): a crash or a hang interrupted them.
+  absl::StatusOr<int> InterruptedPlannings(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Records the end of the job's planning (an event "planning_end") unless the job is gone.
+  void EndPlanning(int64_t job_id, const std::string& how) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // After the loop ended (Shutdown): the plannings that returned within the grace ended.
+  void EndReturnedPlannings() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // LoadedJob::Attach, its std::bad_alloc an error.
+  absl::StatusOr<std::unique_ptr<JobTasks>> AttachLoaded(LoadedJob& loaded, int64_t job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // Ends the job when nothing of it runs and it finished, failed or was asked to stop.
   absl::Status MaybeFinish(ActiveJob& job, bool* finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void Release(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
@@ -271,11 +294,12 @@ class Scheduler::Impl {
       boost::asio::make_work_guard(io_);
   Strand strand_;                             // everything below marked on_strand_
   StrandRole on_strand_;                      // the capability of running on strand_
-  boost::asio::thread_pool planning_{1};      // JobPlanner::Load
+  PlanningPool planning_{options_.planning.threads};  // JobPlanner::Load, under options_.planning
   boost::asio::thread_pool reporting_{1};     // DoReport, off the strand
   std::thread io_thread_;                     // runs io_
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // clock callbacks hold it weakly
   std::atomic<bool> serving_{true};           // false once the store is unusable
+  std::atomic<int> abandoned_planning_{0};    // planning threads Shutdown left running
 
   std::unique_ptr<store::JobStore> store_ ABSL_GUARDED_BY(on_strand_);  // (and Init before)
   std::vector<WorkerSlot> slots_ ABSL_GUARDED_BY(on_strand_);           // one per worker
@@ -285,7 +309,8 @@ class Scheduler::Impl {
   std::map<int64_t, std::unique_ptr<ActiveJob>> active_ ABSL_GUARDED_BY(on_strand_);
   uint64_t next_serial_ ABSL_GUARDED_BY(on_strand_) = 1;   // for ActiveJob::serial
   // Jobs whose source phase (JobPlanner::Load) runs on planning_, current or stopped meanwhile.
-  std::set<int64_t> loading_ ABSL_GUARDED_BY(on_strand_);
+  // (job id -> its source phase).
+  std::map<int64_t, std::shared_ptr<PlanningRun>> loading_ ABSL_GUARDED_BY(on_strand_);
   std::deque<Result> unrecorded_ ABSL_GUARDED_BY(on_strand_);  // results awaiting the store
   bool reconsider_ ABSL_GUARDED_BY(on_strand_) = true;     // StartJobs has news
   bool stopping_ ABSL_GUARDED_BY(on_strand_) = false;      // Shutdown began

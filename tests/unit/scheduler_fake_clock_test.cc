@@ -1,8 +1,11 @@
-// The scheduler with fake stages, fake devices and a fake clock (no sleeps): placement by device
+// The scheduler with fake stages, fake devices and a fake clock (no sleeps but where a planning
+// runs into its real-time deadline): placement by device
 // memory, retries and back-off, lease expiry at run time with the late result ignored (and a task
 // reporting progress keeping its lease), pause/resume and cancel mid-job, shutdown and restart
 // mid-job, and a store that refuses writes (a completion is retried, not lost; a store that stays
-// unusable stops the scheduler).
+// unusable stops the scheduler), and planning that cannot take the scheduler down (an exception
+// fails the job naming its input; memory, deadline and cancel stop it; two jobs plan at once;
+// shutdown abandons a wedged one after its grace; a job whose planning crashed twice fails).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backends.h"
 #include "server/base/status_macros.h"
+#include "server/base/thread_budget.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler.h"
 #include "server/store/job_store.h"
@@ -180,13 +185,21 @@ class FakePlanner final : public JobPlanner {
   explicit FakePlanner(FakeStages* stages) : stages_(stages) {}
   absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const job::JobSpec&,
                                                   pipeline::StoredJob stored) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++loads_;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return !held_; });
+    int load = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      load = ++loads_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !held_; });
+    }
+    // What the source phase of the load-th Load does besides (from 1; throws, allocates, ...).
+    if (const auto it = behaviour.find(load); it != behaviour.end()) it->second();
     return std::unique_ptr<LoadedJob>(
         new FakeLoaded(stages_, stored.identity.job_id, &attached_));
   }
+
+  // By Load (from 1): run in its source phase before it returns; set before the Load begins.
+  std::map<int, std::function<void()>> behaviour;
 
   // From now on, Load waits in the source phase until LetGo.
   void Hold() {
@@ -687,6 +700,138 @@ TEST_F(SchedulerFakeClockTest, AJobCancelledWhileItsSourceIsReadCanBeDeleted) {
   EXPECT_EQ(next.state(), v1::SUCCEEDED) << next.last_error();
   EXPECT_EQ(planner_->attached(), 1);  // the deleted job's source phase was dropped
   EXPECT_EQ(stages_.starts().size(), 1u);
+}
+
+// A source phase that allocates until its budget stops it (a parser working through a huge
+// input that polls its budget): only the budget's cancel, deadline or memory ends it.
+void AllocateForever() {
+  std::vector<std::string> held;
+  while (true) {
+    base::ThreadBudgetCheck();
+    held.push_back(std::string(1 << 16, 'x'));
+    if (held.size() > 64) held.erase(held.begin());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST_F(SchedulerFakeClockTest, AnExceptionWhilePlanningFailsTheJobNamingItsInputNotTheProcess) {
+  stages_.Plan({"a"});
+  planner_->behaviour[1] = [] { throw std::bad_alloc(); };
+  planner_->behaviour[2] = [] {
+    const base::ScopedInput outer("/models/m");
+    const base::ScopedInput reading("/models/m/tokenizer.json");
+    throw std::runtime_error("normalizer \x01 went wrong");
+  };
+  auto s = Start({"cpu"});
+  const v1::Job oom = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(oom.state(), v1::FAILED);
+  EXPECT_EQ(oom.reason(), "PLANNING_LIMIT");
+  EXPECT_EQ(oom.last_error(), "planning ran out of memory reading the source " + dir_ +
+                                  "/src or the job's inputs (a job's planning may hold "
+                                  "8589934592 bytes: --planning-memory-bytes)");
+  const v1::Job parser = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(parser.state(), v1::FAILED);
+  EXPECT_EQ(parser.reason(), "cannot_start");
+  EXPECT_EQ(parser.last_error(),
+            "planning failed reading /models/m/tokenizer.json: \"normalizer \\x01 went wrong\"");
+  const v1::Job next = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(next.state(), v1::SUCCEEDED) << next.last_error();
+}
+
+TEST_F(SchedulerFakeClockTest, PlanningPastItsMemoryBudgetFailsTheJob) {
+  stages_.Plan({"a"});
+  planner_->behaviour[1] = AllocateForever;
+  SchedulerOptions options;
+  options.planning.memory_bytes = 1 << 20;
+  auto s = Start({"cpu"}, options);
+  const v1::Job job = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), "PLANNING_LIMIT");
+  EXPECT_EQ(job.last_error(), "planning ran out of memory reading the source " + dir_ +
+                                  "/src or the job's inputs (a job's planning may hold 1048576 "
+                                  "bytes: --planning-memory-bytes)");
+}
+
+TEST_F(SchedulerFakeClockTest, PlanningPastItsDeadlineFailsTheJob) {
+  stages_.Plan({"a"});
+  planner_->behaviour[1] = AllocateForever;
+  SchedulerOptions options;
+  options.planning.deadline_ms = 200;
+  auto s = Start({"cpu"}, options);
+  const v1::Job job = WaitStopped(*s, Submit(*s));
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), "PLANNING_LIMIT");
+  EXPECT_EQ(job.last_error(), "planning took longer than 0.2 s reading the source " + dir_ +
+                                  "/src or the job's inputs (--planning-deadline-seconds)");
+}
+
+TEST_F(SchedulerFakeClockTest, CancelStopsAPlanningAndJobsPlanSideBySide) {
+  stages_.Plan({"a"});
+  planner_->behaviour[1] = AllocateForever;
+  planner_->behaviour[2] = AllocateForever;
+  auto s = Start({"cpu", "cuda:0"});
+  auto on = [&](const std::string& device) {
+    auto spec = Spec();
+    spec.devices = {device};
+    auto job = s->Submit("", spec, nullptr);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : 0;
+  };
+  const int64_t first = on("cpu");
+  const int64_t second = on("cuda:0");
+  // Two plannings run at once (the default pool has two threads), neither ends on its own.
+  ASSERT_TRUE(planner_->WaitForLoads(2));
+  ASSERT_TRUE(s->Cancel(first, /*pause=*/false).ok());
+  ASSERT_TRUE(s->Cancel(second, /*pause=*/false).ok());
+  EXPECT_EQ(WaitStopped(*s, first).state(), v1::CANCELLED);
+  EXPECT_EQ(WaitStopped(*s, second).state(), v1::CANCELLED);
+  // Their plannings stopped: a third job gets a thread and runs.
+  const v1::Job third = WaitStopped(*s, on("cpu"));
+  EXPECT_EQ(third.state(), v1::SUCCEEDED) << third.last_error();
+  EXPECT_EQ(planner_->attached(), 1);
+}
+
+TEST_F(SchedulerFakeClockTest, ShutdownAbandonsAWedgedPlanningAfterItsGrace) {
+  stages_.Plan({"a"});
+  // Shared with the abandoned thread, which may outlive this test.
+  auto wedged = std::make_shared<std::atomic<bool>>(true);
+  planner_->behaviour[1] = [wedged] {
+    while (wedged->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  auto s = Start({"cpu"});
+  Submit(*s);
+  ASSERT_TRUE(planner_->WaitForLoads(1));
+  const auto start = std::chrono::steady_clock::now();
+  s->Shutdown(std::chrono::milliseconds(300));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(s->abandoned_planning(), 1);
+  *wedged = false;  // lets the abandoned thread end
+}
+
+TEST_F(SchedulerFakeClockTest, AJobWhosePlanningCrashesTwiceFailsPlanningCrashed) {
+  stages_.Plan({"a"});
+  int64_t id = 0;
+  {
+    auto store = OpenStore();
+    bool created = false;
+    auto job = store->CreateJob("", job::JobSpecToJson(Spec()), clock_.NowMs(), &created);
+    ASSERT_TRUE(job.ok()) << job.status();
+    id = *job;
+    // Two starts began planning it and never ended: each was a crash.
+    ASSERT_TRUE(store->SetJobState(id, store::JobState::kRunning, "started", "", 0).ok());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(store->AddEvent(id, "planning", "began", 0).ok());
+  }
+  auto s = Start({"cpu"});
+  const v1::Job job = WaitStopped(*s, id);
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(), "PLANNING_CRASHED");
+  EXPECT_EQ(job.last_error(),
+            "planning this job was interrupted 2 times by a crash or a hang of quantd; it is not "
+            "planned again (resume it to try once more)");
+  EXPECT_TRUE(planner_->WaitForLoads(0));
+  // A resume plans it once more.
+  ASSERT_TRUE(s->Resume(id).ok());
+  EXPECT_EQ(WaitStopped(*s, id).state(), v1::SUCCEEDED);
 }
 
 }  // namespace

@@ -88,9 +88,10 @@ std::string Sha256Of(const std::string& text) {
   return h.HexDigest();
 }
 
-absl::Status WriteText(const std::string& dir, const std::string& name, const std::string& text,
-                       std::vector<Written>* written) {
-  absl::Status s = checkpoint::WriteFileAtomically(absl::StrCat(dir, "/", name), text);
+// Writes `text` to `name` beneath `dir` (atomically) and lists it in *written.
+absl::Status WriteText(const checkpoint::DirHandle& dir, const std::string& name,
+                       const std::string& text, std::vector<Written>* written) {
+  absl::Status s = checkpoint::WriteFileAtomicallyAt(dir, name, text);
   if (!s.ok()) return s;
   written->push_back({name, text.size(), Sha256Of(text)});
   return absl::OkStatus();
@@ -102,16 +103,27 @@ void Heartbeat(const StageContext& ctx) {
   if (ctx.add_progress) ctx.add_progress(0);
 }
 
-// Copies the regular file src (a symlink there is refused) to dst byte for byte through dst.tmp
-// (fsync + rename), with a heartbeat per chunk.
-absl::Status CopyFile(const StageContext& ctx, const std::string& src, const std::string& dst,
-                      const std::string& name, std::vector<Written>* written) {
+// Writes the index of the shards beneath `dir` and lists it in *written.
+absl::Status WriteIndex(const checkpoint::DirHandle& dir, const checkpoint::ShardIndex& index,
+                        std::vector<Written>* written) {
+  absl::StatusOr<std::string> text =
+      checkpoint::ShardIndexText(dir.PathOf(checkpoint::kIndexFileName), index);
+  if (!text.ok()) return text.status();
+  return WriteText(dir, checkpoint::kIndexFileName, *text, written);
+}
+
+// Copies the regular file src (a symlink there is refused) to `name` beneath `dst_dir` byte for
+// byte through name.tmp (fsync + rename), with a heartbeat per chunk.
+absl::Status CopyFile(const StageContext& ctx, const std::string& src,
+                      const checkpoint::DirHandle& dst_dir, const std::string& name,
+                      std::vector<Written>* written) {
   struct stat st;
   absl::StatusOr<int> opened = checkpoint::OpenRegularFile(src, /*follow_symlink=*/false, &st);
   if (!opened.ok()) return opened.status();
   const int in = *opened;
-  const std::string tmp = dst + ".tmp";
-  absl::StatusOr<int> out = checkpoint::CreateForWrite(tmp);
+  const std::string tmp_name = name + ".tmp";
+  const std::string tmp = dst_dir.PathOf(tmp_name);
+  absl::StatusOr<int> out = dst_dir.CreateForWrite(tmp_name);
   if (!out.ok()) {
     close(in);
     return out.status();
@@ -137,9 +149,9 @@ absl::Status CopyFile(const StageContext& ctx, const std::string& src, const std
   close(in);
   absl::Status closed = checkpoint::SyncAndClose(*out, tmp);
   if (status.ok()) status = closed;
-  if (status.ok()) status = checkpoint::CommitTmpFile(tmp, dst);
+  if (status.ok()) status = dst_dir.Rename(tmp_name, name);
   if (!status.ok()) {
-    unlink(tmp.c_str());
+    dst_dir.Remove(tmp_name).IgnoreError();
     return status;
   }
   written->push_back({name, total, hash.HexDigest()});
@@ -173,9 +185,10 @@ std::optional<std::filesystem::path> CopyableFile(const std::filesystem::path& p
 }
 
 // Copies every other regular file of the source tree (tokenizer, generation config, code, docs)
-// that lies inside it (CopyableFile); symlinked directories are not entered.
+// that lies inside it (CopyableFile) to the same relative name beneath `dst_dir`; symlinked
+// directories are not entered.
 absl::Status CopySourceFiles(const StageContext& ctx, const std::filesystem::path& root,
-                             const std::string& src_dir, const std::string& dst_dir,
+                             const std::string& src_dir, const checkpoint::DirHandle& dst_dir,
                              const std::string& rel, int depth, std::vector<Written>* written) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -192,16 +205,15 @@ absl::Status CopySourceFiles(const StageContext& ctx, const std::filesystem::pat
     const std::string name = p.filename().string();
     if (SkippedSourceFile(name, depth == 0)) continue;
     const std::string rel_name = rel.empty() ? name : absl::StrCat(rel, "/", name);
-    const std::string dst = absl::StrCat(dst_dir, "/", name);
     const fs::file_status link_status = fs::symlink_status(p, ec);
     if (fs::is_directory(link_status)) {
       if (depth >= 8) continue;  // nothing a model repository holds
-      fs::create_directories(dst, ec);
-      if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dst, ": ", ec.message()));
-      absl::Status s = CopySourceFiles(ctx, root, p.string(), dst, rel_name, depth + 1, written);
+      if (absl::Status s = dst_dir.MakeDirs(rel_name); !s.ok()) return s;
+      absl::Status s =
+          CopySourceFiles(ctx, root, p.string(), dst_dir, rel_name, depth + 1, written);
       if (!s.ok()) return s;
     } else if (std::optional<fs::path> file = CopyableFile(p, link_status, root); file) {
-      absl::Status s = CopyFile(ctx, file->string(), dst, rel_name, written);
+      absl::Status s = CopyFile(ctx, file->string(), dst_dir, rel_name, written);
       if (!s.ok()) return s;
     }
   }
@@ -366,22 +378,20 @@ json CompressedTensorsConfig(bool w4a4, bool fp8_kv, const std::vector<std::stri
 // listed in the task's checksum under "bf16/".
 absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
                             std::vector<Written>* written) {
-  const std::string& dir = ctx.spec->materialize_bf16;
+  if (ctx.materialize_bf16_dir == nullptr) {
+    return absl::InternalError("materialize_bf16: the job's directory is not open");
+  }
+  const checkpoint::DirHandle& dir = *ctx.materialize_bf16_dir;
   std::vector<std::string> shards;
   for (const store::StagePlan& stage : plan.stages) {
     if (stage.kind != DequantStage::kKind) continue;
     for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
   }
-  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, dir, shards);
+  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, dir.path(), shards);
   if (!index.ok()) return index.status();
   std::vector<Written> bf16;
-  const std::string index_path = absl::StrCat(dir, "/", checkpoint::kIndexFileName);
-  absl::Status s = checkpoint::WriteShardIndex(index_path, *index);
+  absl::Status s = WriteIndex(dir, *index, &bf16);
   if (!s.ok()) return s;
-  absl::StatusOr<std::string> index_text =
-      checkpoint::ReadFile(index_path, checkpoint::kMaxIndexFileBytes);
-  if (!index_text.ok()) return index_text.status();
-  bf16.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
   json config = ctx.source->config();
   config.erase("quantization_config");
   s = WriteText(dir, kConfigName, config.dump(2) + "\n", &bf16);
@@ -414,7 +424,9 @@ absl::StatusOr<TaskOutput> ExportStage::Run(const store::TaskRow&, compute::Devi
 absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& plan) {
   const JobSpec& spec = *ctx.spec;
   const TensorInventory& inventory = *ctx.inventory;
-  const std::string& out_dir = spec.output;
+  if (ctx.output_dir == nullptr) return absl::InternalError("output: the job's directory is not open");
+  const checkpoint::DirHandle& out = *ctx.output_dir;
+  const std::string& out_dir = out.path();
   std::vector<Written> written;
 
   // The index, from the shards the quantize stage wrote.
@@ -425,14 +437,8 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   }
   absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, out_dir, shards);
   if (!index.ok()) return index.status();
-  absl::Status s =
-      checkpoint::WriteShardIndex(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName), *index);
+  absl::Status s = WriteIndex(out, *index, &written);
   if (!s.ok()) return s;
-  absl::StatusOr<std::string> index_text =
-      checkpoint::ReadFile(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName),
-                           checkpoint::kMaxIndexFileBytes);
-  if (!index_text.ok()) return index_text.status();
-  written.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
 
   // What the configs describe.
   const std::set<std::string> quantized(plan.recipe.modules.begin(), plan.recipe.modules.end());
@@ -453,9 +459,9 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   if (layout == ExportLayout::kCompressedTensors) {
     config["quantization_config"] = CompressedTensorsConfig(w4a4, fp8_kv, *excludes);
     // A ModelOpt description left by an earlier export of this directory would mislead readers.
-    const std::string stale = absl::StrCat(out_dir, "/", kHfQuantConfigName);
-    if (unlink(stale.c_str()) != 0 && errno != ENOENT) {
-      return absl::UnavailableError(absl::StrCat("cannot remove ", stale, ": ", strerror(errno)));
+    if (absl::Status removed = out.Remove(kHfQuantConfigName);
+        !removed.ok() && !absl::IsNotFound(removed)) {
+      return removed;
     }
   } else {
     ordered_json quantization = {{"quant_algo", layout == ExportLayout::kModelOptMixed
@@ -475,7 +481,7 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     }
     quantization["exclude_modules"] = *excludes;
     const ordered_json hf = {{"producer", producer}, {"quantization", quantization}};
-    s = WriteText(out_dir, kHfQuantConfigName, hf.dump(2) + "\n", &written);
+    s = WriteText(out, kHfQuantConfigName, hf.dump(2) + "\n", &written);
     if (!s.ok()) return s;
 
     json qc;
@@ -500,10 +506,10 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     if (fp8_kv) qc["kv_cache_scheme"] = Fp8KvCacheScheme();
     config["quantization_config"] = qc;
   }
-  s = WriteText(out_dir, kConfigName, config.dump(2) + "\n", &written);
+  s = WriteText(out, kConfigName, config.dump(2) + "\n", &written);
   if (!s.ok()) return s;
 
-  s = CopySourceFiles(ctx, CanonicalSourceDir(ctx), ctx.source->dir(), out_dir, "", 0, &written);
+  s = CopySourceFiles(ctx, CanonicalSourceDir(ctx), ctx.source->dir(), out, "", 0, &written);
   if (!s.ok()) return s;
   if (!spec.materialize_bf16.empty()) {
     s = ExportBf16Copy(ctx, plan, &written);

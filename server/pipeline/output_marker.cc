@@ -119,6 +119,31 @@ bool Adoptable(const std::set<std::string>& entries, const OwnFiles& own,
   return true;
 }
 
+// Creates `dir` and its missing parents; true when `dir` itself was created. An absolute path is
+// created one component at a time from "/" without following a symbolic link (a parent swapped
+// for a link cannot make quantd create directories elsewhere); a relative one (specs stored by an
+// earlier release) with std::filesystem.
+absl::StatusOr<bool> CreateDirectories(const std::string& field, const std::string& dir) {
+  if (dir.empty() || dir.front() != '/') {
+    std::error_code ec;
+    const bool created = fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": cannot create directory ", dir, ": ", ec.message()));
+    }
+    return created;
+  }
+  absl::string_view rel(dir);
+  while (!rel.empty() && rel.front() == '/') rel.remove_prefix(1);
+  while (!rel.empty() && rel.back() == '/') rel.remove_suffix(1);
+  if (rel.empty()) return false;
+  absl::StatusOr<checkpoint::DirHandle> root = checkpoint::DirHandle::Open(field, "/");
+  if (!root.ok()) return root.status();
+  const bool absent = absl::IsNotFound(root->Stat(rel).status());
+  if (absl::Status s = root->MakeDirs(rel); !s.ok()) return s;
+  return absent;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::string& field,
@@ -126,12 +151,9 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
                                                                   const JobIdentity& job,
                                                                   bool overwrite,
                                                                   const OwnFiles& own) {
-  std::error_code ec;
-  const bool created_dir = fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": cannot create directory ", dir, ": ", ec.message()));
-  }
+  absl::StatusOr<bool> made = CreateDirectories(field, dir);
+  if (!made.ok()) return absl::FailedPreconditionError(made.status().message());
+  const bool created_dir = *made;
   // From here on every name in the directory is resolved beneath this handle: the directory
   // cannot be swapped for a link to somewhere else under the job.
   absl::StatusOr<checkpoint::DirHandle> handle = checkpoint::DirHandle::Open(field, dir);

@@ -225,7 +225,8 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
     return refuse(std::string(s.message()));
   }
   return std::unique_ptr<OutputMarker>(new OutputMarker(
-      field, dir, *std::move(handle), fd, std::move(mine.foreign), adopt, /*wrote_marker=*/true, created_dir));
+      field, dir, *std::move(handle), fd, std::move(mine.foreign), adopt, /*wrote_marker=*/true,
+      created_dir));
 }
 
 OutputMarker::~OutputMarker() { close(fd_); }

@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     job->spec_.evaluate.enabled = false;
   }
   RETURN_IF_ERROR(CheckJobPathsUnchanged(job->spec_));
+  ASSIGN_OR_RETURN(job->source_dir_, checkpoint::DirHandle::Open("source", job->spec_.source));
   ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source));
   ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
   ASSIGN_OR_RETURN(job->plan_, BuildPlan(job->spec_, *job->source_, job->inventory_, stages));
@@ -389,6 +390,7 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.source = source_.get();
   ctx.inventory = &inventory_;
   ctx.plan = &plan_;
+  ctx.source_dir = &source_dir_;
   ctx.output_dir = output_dir_;
   ctx.materialize_bf16_dir = materialize_bf16_dir_;
   ctx.amax_out_dir = amax_out_dir_.is_open() ? &amax_out_dir_ : nullptr;
@@ -408,6 +410,7 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
 }
 
 absl::Status PreparedJob::CheckDirsUnchanged() const {
+  RETURN_IF_ERROR(source_dir_.CheckUnchanged());
   for (const std::unique_ptr<OutputMarker>& marker : markers_) {
     RETURN_IF_ERROR(marker->dir().CheckUnchanged());
   }

@@ -127,7 +127,7 @@ class PreparedJob {
   std::set<int64_t> ChangedTaskIds() const;
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
-  // FailedPrecondition naming the field when a directory the job writes (output,
+  // FailedPrecondition naming the field when the source or a directory the job writes (output,
   // materialize_bf16, the directory of calibration.amax_out) is no longer at its path
   // (checkpoint::DirHandle::CheckUnchanged).
   absl::Status CheckDirsUnchanged() const;
@@ -165,6 +165,7 @@ class PreparedJob {
   std::vector<std::pair<int64_t, std::string>> changed_outputs_;
   std::vector<store::TaskRow> stored_tasks_;  // the stored plan after Attach (the inspect task)
   std::map<std::string, float> input_amax_;   // the amax table, kind "input"
+  checkpoint::DirHandle source_dir_;  // spec_.source as resolved at submit, opened by Load
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
   // The handles of the claimed directories (owned by markers_; null when not in the spec) and of
   // calibration.amax_out's directory: every file of the job there is written beneath them.

@@ -66,6 +66,8 @@ struct StageContext {
   // every file of the output, the BF16 copy and calibration.amax_out is created, renamed and
   // removed beneath these handles, never through the spec's paths. Null when the spec has no
   // such path.
+  // The source directory as resolved at submit, opened once (export copies its files from it).
+  const checkpoint::DirHandle* source_dir = nullptr;            // spec.source
   const checkpoint::DirHandle* output_dir = nullptr;            // spec.output
   const checkpoint::DirHandle* materialize_bf16_dir = nullptr;  // spec.materialize_bf16
   const checkpoint::DirHandle* amax_out_dir = nullptr;  // the directory of calibration.amax_out

@@ -119,3 +119,25 @@ def test_amax_out_directory_swapped_for_a_link_fails_the_job(qd, client, tmp_pat
     assert sorted(p.name for p in bob.iterdir()) == ["amax.json"]
     assert final.state == pb.FAILED, final
     assert f"calibration.amax_out: {cal} " in final.last_error, final.last_error
+
+
+def test_source_swapped_before_export_fails_the_job_and_copies_nothing_of_bobs(qd, client,
+                                                                               tmp_path):
+    """The issue's "copy bob's 0600 file into her output by swapping the source directory before
+    export": export re-resolved the source and copied what lay behind the link. Now the source is
+    the directory opened when the job started: the job FAILS naming source, and no file of bob's
+    reaches alice's output."""
+    pb = client.pb
+    src = tmp_path / "alice-src"
+    qd.run_ok("mkfixture", "--arch", "deepseek-v4", "--preset", "small", "--seed", 3, src)
+    bob = tmp_path / "bob-model"
+    qd.run_ok("mkfixture", "--arch", "deepseek-v4", "--preset", "small", "--seed", 3, bob)
+    (bob / "secret-notes.txt").write_text("bob's secret\n")
+    os.chown(bob / "secret-notes.txt", BOB, BOB)
+    (bob / "secret-notes.txt").chmod(0o600)
+    out = tmp_path / "alice-out"
+    job = client.submit(source=str(src), output=str(out))
+    final = swap_when(client, job.id, "quantize", src, bob, tasks_done=1)
+    assert not list(out.rglob("secret-notes.txt"))
+    assert final.state == pb.FAILED, final
+    assert f"source: {src} " in final.last_error, final.last_error

@@ -28,6 +28,7 @@ const checkpoint::DirHandle* Open(const std::string& field, const std::string& d
 
 void OpenStageDirs(pipeline::StageContext* ctx) {
   const job::JobSpec& spec = *ctx->spec;
+  ctx->source_dir = Open("source", spec.source, /*create=*/false);
   ctx->output_dir = Open("output", spec.output, /*create=*/true);
   ctx->materialize_bf16_dir = Open("materialize_bf16", spec.materialize_bf16, /*create=*/true);
   if (!spec.calibration.amax_out.empty()) {

@@ -108,6 +108,10 @@ std::map<std::string, float> ConstantInputAmax(const checkpoint::TensorInventory
 
 absl::Status WriteAmaxFile(const std::string& path, const std::map<std::string, float>& exported,
                            const AmaxTable& table) {
+  return checkpoint::WriteFileAtomically(path, AmaxFileText(exported, table));
+}
+
+std::string AmaxFileText(const std::map<std::string, float>& exported, const AmaxTable& table) {
   std::map<std::string, float> rows = exported;
   for (const auto& [module, e] : table.entries()) {
     if (!e.has_unweighted) continue;
@@ -116,7 +120,7 @@ absl::Status WriteAmaxFile(const std::string& path, const std::map<std::string, 
   }
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& [module, amax] : rows) j[module] = static_cast<double>(amax);
-  return checkpoint::WriteFileAtomically(path, j.dump(1) + "\n");
+  return j.dump(1) + "\n";
 }
 
 }  // namespace quantd::calibration

@@ -42,7 +42,9 @@ absl::StatusOr<std::map<std::string, float>> ExportInputAmax(const AmaxTable& ta
 std::map<std::string, float> ConstantInputAmax(const checkpoint::TensorInventory& inventory);
 
 // The amax_file JSON ({module: amax}, sorted): `exported`, plus "<module>.unweighted" and
-// "<module>.weighted" for every routed w2 of `table`. Written atomically to `path`.
+// "<module>.weighted" for every routed w2 of `table`.
+std::string AmaxFileText(const std::map<std::string, float>& exported, const AmaxTable& table);
+// AmaxFileText written atomically to `path`.
 absl::Status WriteAmaxFile(const std::string& path, const std::map<std::string, float>& exported,
                            const AmaxTable& table);
 

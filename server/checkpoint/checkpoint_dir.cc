@@ -73,6 +73,12 @@ absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path) {
 }
 
 absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index) {
+  absl::StatusOr<std::string> text = ShardIndexText(path, index);
+  if (!text.ok()) return text.status();
+  return WriteFileAtomically(path, *text);
+}
+
+absl::StatusOr<std::string> ShardIndexText(const std::string& path, const ShardIndex& index) {
   for (const auto& [tensor, shard] : index.weight_map) {
     if (!IsPlainFileName(shard)) {
       return Invalid(path, absl::StrCat("tensor ", base::Excerpt(tensor), " maps to shard ",
@@ -87,7 +93,7 @@ absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index) {
   } catch (const json::exception& e) {
     return Invalid(path, absl::StrCat("cannot serialize index: ", e.what()));
   }
-  return WriteFileAtomically(path, text);
+  return text;
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::string& dir) {

@@ -34,6 +34,8 @@ struct ShardIndex {
 absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path);
 // Writes the index atomically (tmp + fsync + rename).
 absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index);
+// The text WriteShardIndex writes; `path` names the file in errors.
+absl::StatusOr<std::string> ShardIndexText(const std::string& path, const ShardIndex& index);
 
 class CheckpointDir {
  public:

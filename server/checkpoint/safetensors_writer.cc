@@ -79,6 +79,19 @@ uint64_t TensorSpec::bytes() const {
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     std::string path, std::vector<TensorSpec> tensors,
     std::map<std::string, std::string> metadata) {
+  return CreateIn(nullptr, std::move(path), std::move(tensors), std::move(metadata));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const DirHandle& dir, std::string name, std::vector<TensorSpec> tensors,
+    std::map<std::string, std::string> metadata) {
+  return CreateIn(&dir, std::move(name), std::move(tensors), std::move(metadata));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::CreateIn(
+    const DirHandle* dir, std::string name, std::vector<TensorSpec> tensors,
+    std::map<std::string, std::string> metadata) {
+  std::string path = dir != nullptr ? dir->PathOf(name) : name;
   std::set<std::string> names;
   for (const TensorSpec& t : tensors) {
     absl::Status status = CheckSpec(path, t);
@@ -98,14 +111,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   std::string header = HeaderText(tensors, metadata);
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
   writer->path_ = std::move(path);
+  writer->dir_ = dir;
+  writer->name_ = std::move(name);
   writer->tmp_path_ = absl::StrCat(writer->path_, ".tmp");
   writer->header_bytes_ = 8 + header.size();
   for (const TensorSpec& t : tensors) writer->data_bytes_ += t.bytes();
   writer->tensors_ = std::move(tensors);
 
-  absl::StatusOr<int> fd = CreateForWrite(writer->tmp_path_);
-  if (!fd.ok()) return fd.status();
-  writer->fd_ = *fd;  // from here on the destructor removes the .tmp file on failure
+  if (absl::Status s = writer->CreateTmp(); !s.ok()) return s;
+  // From here on the destructor removes the .tmp file on failure.
   // Reserve the whole file so that a full disk fails now, not after gigabytes were written.
   if (fallocate(writer->fd_, 0, 0, static_cast<off_t>(writer->total_bytes())) != 0 &&
       errno != EOPNOTSUPP && errno != ENOSYS) {
@@ -122,10 +136,30 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   return writer;
 }
 
+absl::Status SafetensorsWriter::CreateTmp() {
+  absl::StatusOr<int> fd = dir_ != nullptr ? dir_->CreateForWrite(name_ + ".tmp")
+                                           : CreateForWrite(tmp_path_);
+  if (!fd.ok()) return fd.status();
+  fd_ = *fd;
+  return absl::OkStatus();
+}
+
+void SafetensorsWriter::RemoveTmp() {
+  if (dir_ != nullptr) {
+    dir_->Remove(name_ + ".tmp").IgnoreError();
+  } else {
+    unlink(tmp_path_.c_str());
+  }
+}
+
+absl::Status SafetensorsWriter::CommitTmp() {
+  return dir_ != nullptr ? dir_->Rename(name_ + ".tmp", name_) : CommitTmpFile(tmp_path_, path_);
+}
+
 SafetensorsWriter::~SafetensorsWriter() {
   if (fd_ >= 0) {
     close(fd_);
-    unlink(tmp_path_.c_str());
+    RemoveTmp();
   }
 }
 
@@ -146,7 +180,7 @@ absl::Status SafetensorsWriter::Flush() {
 absl::Status SafetensorsWriter::Abandon(absl::Status status) {
   close(fd_);
   fd_ = -1;
-  unlink(tmp_path_.c_str());
+  RemoveTmp();
   return status;
 }
 
@@ -232,9 +266,9 @@ absl::Status SafetensorsWriter::Finish() {
   sha256_ = hash_.HexDigest();
   status = SyncAndClose(fd_, tmp_path_);
   fd_ = -1;
-  if (status.ok()) status = CommitTmpFile(tmp_path_, path_);
+  if (status.ok()) status = CommitTmp();
   if (!status.ok()) {
-    unlink(tmp_path_.c_str());
+    RemoveTmp();
     sha256_.clear();
     return status;
   }

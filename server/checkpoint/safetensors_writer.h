@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/checkpoint/dir_handle.h"
 #include "server/checkpoint/dtype.h"
 #include "server/checkpoint/sha256.h"
 
@@ -39,6 +40,11 @@ class SafetensorsWriter {
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       std::string path, std::vector<TensorSpec> tensors,
       std::map<std::string, std::string> metadata = {});
+  // The same for the file `name` beneath `dir` (dir_handle.h): the .tmp file is created, renamed
+  // and removed relative to the handle, never through its path; `dir` must outlive the writer.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
+      const DirHandle& dir, std::string name, std::vector<TensorSpec> tensors,
+      std::map<std::string, std::string> metadata = {});
   ~SafetensorsWriter();
 
   // Appends bytes of the current tensor; a chunk may not run past the current tensor's end
@@ -59,6 +65,10 @@ class SafetensorsWriter {
 
  private:
   SafetensorsWriter() = default;
+  // Both Creates: `name` is a path when `dir` is null, else a name beneath `dir`.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CreateIn(
+      const DirHandle* dir, std::string name, std::vector<TensorSpec> tensors,
+      std::map<std::string, std::string> metadata);
   // Moves past tensors whose bytes are complete (zero-byte tensors are complete at once).
   void SkipCompleteTensors();
   // Writes out buffer_.
@@ -67,8 +77,14 @@ class SafetensorsWriter {
   absl::Status Abandon(absl::Status status);
   // The error for a call after Finish() or after a failure.
   absl::Status Closed() const;
+  // Creates, removes and renames the .tmp file (beneath dir_ when it is set).
+  absl::Status CreateTmp();
+  void RemoveTmp();
+  absl::Status CommitTmp();
 
   std::string path_;                // final path
+  const DirHandle* dir_ = nullptr;  // the directory the file is written beneath; null: path_
+  std::string name_;                // the file's name beneath dir_
   std::string tmp_path_;            // path + ".tmp", where bytes go until Finish()
   int fd_ = -1;                     // open descriptor of tmp_path_; -1 once finished or abandoned
   std::vector<TensorSpec> tensors_; // declaration (= file) order

@@ -91,14 +91,13 @@ absl::Status WriteMarker(int fd, const std::string& path, const MarkerContent& m
 }
 
 // The top-level entries of `dir` but the marker.
-absl::StatusOr<std::set<std::string>> ListEntries(const std::string& dir) {
+absl::StatusOr<std::set<std::string>> ListEntries(const checkpoint::DirHandle& dir) {
+  absl::StatusOr<std::vector<checkpoint::DirEntry>> entries = dir.List();
+  if (!entries.ok()) return absl::FailedPreconditionError(entries.status().message());
   std::set<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name != OutputMarker::kFileName) names.insert(name);
+  for (const checkpoint::DirEntry& e : *entries) {
+    if (e.name != OutputMarker::kFileName) names.insert(e.name);
   }
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   return names;
 }
 
@@ -120,6 +119,31 @@ bool Adoptable(const std::set<std::string>& entries, const OwnFiles& own,
   return true;
 }
 
+// Creates `dir` and its missing parents; true when `dir` itself was created. An absolute path is
+// created one component at a time from "/" without following a symbolic link (a parent swapped
+// for a link cannot make quantd create directories elsewhere); a relative one (specs stored by an
+// earlier release) with std::filesystem.
+absl::StatusOr<bool> CreateDirectories(const std::string& field, const std::string& dir) {
+  if (dir.empty() || dir.front() != '/') {
+    std::error_code ec;
+    const bool created = fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": cannot create directory ", dir, ": ", ec.message()));
+    }
+    return created;
+  }
+  absl::string_view rel(dir);
+  while (!rel.empty() && rel.front() == '/') rel.remove_prefix(1);
+  while (!rel.empty() && rel.back() == '/') rel.remove_suffix(1);
+  if (rel.empty()) return false;
+  absl::StatusOr<checkpoint::DirHandle> root = checkpoint::DirHandle::Open(field, "/");
+  if (!root.ok()) return root.status();
+  const bool absent = absl::IsNotFound(root->Stat(rel).status());
+  if (absl::Status s = root->MakeDirs(rel); !s.ok()) return s;
+  return absent;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::string& field,
@@ -127,35 +151,29 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
                                                                   const JobIdentity& job,
                                                                   bool overwrite,
                                                                   const OwnFiles& own) {
-  std::error_code ec;
-  const bool created_dir = fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": cannot create directory ", dir, ": ", ec.message()));
-  }
-  struct stat dir_st;
-  if (lstat(dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": ", dir, " is not a directory (or became a symbolic link)"));
-  }
+  absl::StatusOr<bool> made = CreateDirectories(field, dir);
+  if (!made.ok()) return absl::FailedPreconditionError(made.status().message());
+  const bool created_dir = *made;
+  // From here on every name in the directory is resolved beneath this handle: the directory
+  // cannot be swapped for a link to somewhere else under the job.
+  absl::StatusOr<checkpoint::DirHandle> handle = checkpoint::DirHandle::Open(field, dir);
+  if (!handle.ok()) return absl::FailedPreconditionError(handle.status().message());
   const std::string path = absl::StrCat(dir, "/", kFileName);
-  const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+  const int flags = O_RDWR | O_NONBLOCK;
   bool created = true;
-  int fd = open(path.c_str(), flags | O_CREAT | O_EXCL, 0644);
-  if (fd < 0 && errno == EEXIST) {
+  absl::StatusOr<int> opened = handle->OpenAt(kFileName, flags | O_CREAT | O_EXCL, 0644);
+  if (absl::IsAlreadyExists(opened.status())) {
     created = false;
-    fd = open(path.c_str(), flags);
+    opened = handle->OpenAt(kFileName, flags);
   }
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(field, ": cannot open ", path, ": ", strerror(errno)));
-  }
+  if (!opened.ok()) return absl::FailedPreconditionError(opened.status().message());
+  const int fd = *opened;
   // From here on, a refusal closes the file and removes it when this call created it, then the
   // directory when this call created it and it is empty again.
   const auto refuse = [&](const std::string& message) {
     close(fd);
-    if (created) unlink(path.c_str());
-    if (created_dir) rmdir(dir.c_str());  // fails, harmlessly, unless it is empty
+    if (created) handle->Remove(kFileName).IgnoreError();
+    if (created_dir) rmdir(dir.c_str());  // fails, harmlessly, unless it is empty or a link
     return absl::FailedPreconditionError(absl::StrCat(field, ": ", message));
   };
   struct stat st;
@@ -174,13 +192,13 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
     if (!parsed.ok()) return refuse(std::string(parsed.status().message()));
     previous = *std::move(parsed);
     if (previous->job == job) {
-      return std::unique_ptr<OutputMarker>(new OutputMarker(field, dir, fd,
+      return std::unique_ptr<OutputMarker>(new OutputMarker(field, dir, *std::move(handle), fd,
                                                             std::move(previous->foreign),
                                                             /*adopted=*/false,
                                                             /*wrote_marker=*/false, created_dir));
     }
   }
-  absl::StatusOr<std::set<std::string>> entries = ListEntries(dir);
+  absl::StatusOr<std::set<std::string>> entries = ListEntries(*handle);
   if (!entries.ok()) return refuse(std::string(entries.status().message()));
   std::set<std::string> adopted_foreign;
   std::string not_adopted;  // the entry that stopped an adoption
@@ -207,7 +225,8 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
     return refuse(std::string(s.message()));
   }
   return std::unique_ptr<OutputMarker>(new OutputMarker(
-      field, dir, fd, std::move(mine.foreign), adopt, /*wrote_marker=*/true, created_dir));
+      field, dir, *std::move(handle), fd, std::move(mine.foreign), adopt, /*wrote_marker=*/true,
+      created_dir));
 }
 
 OutputMarker::~OutputMarker() { close(fd_); }
@@ -216,9 +235,9 @@ void OutputMarker::Withdraw() {
   if (!wrote_marker_ || adopted_) return;
   // Removed while still locked, so no other process claims it in between. Failures leave the
   // claim in place, which a rerun of the job takes again.
-  unlink(absl::StrCat(dir_, "/", kFileName).c_str());
+  handle_.Remove(kFileName).IgnoreError();
   wrote_marker_ = false;
-  if (created_dir_) rmdir(dir_.c_str());  // fails, harmlessly, unless it is empty
+  if (created_dir_) rmdir(dir_.c_str());  // fails, harmlessly, unless it is empty or a link
   created_dir_ = false;
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/checkpoint/dir_handle.h"
 
 namespace quantd::pipeline {
 
@@ -74,6 +75,9 @@ class OutputMarker {
   OutputMarker(const OutputMarker&) = delete;
   OutputMarker& operator=(const OutputMarker&) = delete;
 
+  // The claimed directory, opened once by Claim (checkpoint/dir_handle.h): the job writes,
+  // renames and removes its files only beneath it.
+  const checkpoint::DirHandle& dir() const { return handle_; }
   // Whether Claim adopted a directory without a marker (see the table above).
   bool adopted() const { return adopted_; }
   // Whether the top-level entry `name` was in the directory before quantd claimed it.
@@ -89,10 +93,11 @@ class OutputMarker {
   void Withdraw();
 
  private:
-  OutputMarker(std::string field, std::string dir, int fd, std::set<std::string> foreign,
-               bool adopted, bool wrote_marker, bool created_dir)
+  OutputMarker(std::string field, std::string dir, checkpoint::DirHandle handle, int fd,
+               std::set<std::string> foreign, bool adopted, bool wrote_marker, bool created_dir)
       : field_(std::move(field)),
         dir_(std::move(dir)),
+        handle_(std::move(handle)),
         fd_(fd),
         foreign_(std::move(foreign)),
         adopted_(adopted),
@@ -101,6 +106,7 @@ class OutputMarker {
 
   std::string field_;              // spec field naming the directory, for errors
   std::string dir_;                // the claimed directory
+  checkpoint::DirHandle handle_;   // dir_, opened once
   int fd_;                         // the open, flock'ed marker file
   std::set<std::string> foreign_;  // entries present before the claim (overwrite or adoption)
   bool adopted_;                   // claimed by adoption

@@ -40,25 +40,21 @@ using job::WeightFormat;
 
 namespace {
 
-// Removes the *.tmp files directly inside `dir` (left by interrupted tasks), except the foreign
-// ones. Returns how many.
-absl::StatusOr<int> SweepTmpFilesIn(const std::string& dir, const OutputMarker& marker) {
-  std::error_code ec;
-  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return 0;
+// Removes the *.tmp files directly inside the directory `marker` claimed (left by interrupted
+// tasks), except the foreign ones. Returns how many.
+absl::StatusOr<int> SweepTmpFilesIn(const OutputMarker& marker) {
+  ASSIGN_OR_RETURN(const std::vector<checkpoint::DirEntry> entries, marker.dir().List());
   int removed = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    // is_symlink first: is_regular_file follows links.
-    if (entry.is_symlink() || !entry.is_regular_file() || entry.path().extension() != ".tmp" ||
-        marker.IsForeign(entry.path().filename().string())) {
+  for (const checkpoint::DirEntry& entry : entries) {
+    if (entry.type != S_IFREG || !absl::EndsWith(entry.name, ".tmp") ||
+        marker.IsForeign(entry.name)) {
       continue;
     }
-    if (!std::filesystem::remove(entry.path(), ec) || ec) {
-      return absl::InternalError(
-          absl::StrCat("cannot remove ", entry.path().string(), ": ", ec.message()));
-    }
+    absl::Status s = marker.dir().Remove(entry.name);
+    if (absl::IsNotFound(s)) continue;
+    RETURN_IF_ERROR(s);
     ++removed;
   }
-  if (ec) return absl::InternalError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
   return removed;
 }
 
@@ -139,6 +135,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   const std::string config_path = job->spec_.source + "/config.json";
   {
     const base::ScopedInput reading(job->spec_.source);
+    ASSIGN_OR_RETURN(job->source_dir_, checkpoint::DirHandle::Open("source", job->spec_.source));
     ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source));
     ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
   }
@@ -172,6 +169,14 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_, job->stored_.work_dir));
   }
   RETURN_IF_ERROR(job->ClaimOutputDirs());
+  if (NeedsCalibration(spec) && !spec.calibration.amax_out.empty()) {
+    // The file is written beneath its directory's handle, opened now, after the path checks.
+    ASSIGN_OR_RETURN(
+        job->amax_out_dir_,
+        checkpoint::DirHandle::Open(
+            "calibration.amax_out",
+            std::filesystem::path(spec.calibration.amax_out).parent_path().string()));
+  }
   if (NeedsCalibration(spec)) RETURN_IF_ERROR(job->LoadCalibration());
   if (NeedsEvaluation(job->spec_)) RETURN_IF_ERROR(job->LoadEvaluation());
   return job;
@@ -242,6 +247,7 @@ absl::Status PreparedJob::ClaimOutputDirs() {
     ASSIGN_OR_RETURN(std::unique_ptr<OutputMarker> marker,
                      OutputMarker::Claim(d.field, *d.path, stored_.identity, spec_.overwrite, own));
     RETURN_IF_ERROR(marker->RefuseForeign(names));
+    (d.path == &spec_.output ? output_dir_ : materialize_bf16_dir_) = &marker->dir();
     markers_.push_back(std::move(marker));
   }
   return absl::OkStatus();
@@ -414,11 +420,18 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
     return absl::UnimplementedError(
         absl::StrCat("this quantd cannot run ", task.stage_kind, " tasks"));
   }
+  // A directory of the job renamed or replaced since it was opened fails the task, and so the
+  // job, naming the field: before the task writes, and before its output is recorded.
+  RETURN_IF_ERROR(CheckDirsUnchanged());
   StageContext ctx;
   ctx.spec = &spec_;
   ctx.source = source_.get();
   ctx.inventory = &inventory_;
   ctx.plan = &plan_;
+  ctx.source_dir = &source_dir_;
+  ctx.output_dir = output_dir_;
+  ctx.materialize_bf16_dir = materialize_bf16_dir_;
+  ctx.amax_out_dir = amax_out_dir_.is_open() ? &amax_out_dir_ : nullptr;
   ctx.stored_tasks = &stored_tasks_;
   ctx.backend = &device.backend();
   ctx.input_amax = &input_amax_;
@@ -429,7 +442,18 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.recorded_output = [this](std::string_view kind, const std::string& name) {
     return RecordedOutputOf(kind, name);
   };
-  return stage->Run(task, device, ctx);
+  ASSIGN_OR_RETURN(TaskOutput output, stage->Run(task, device, ctx));
+  RETURN_IF_ERROR(CheckDirsUnchanged());
+  return output;
+}
+
+absl::Status PreparedJob::CheckDirsUnchanged() const {
+  RETURN_IF_ERROR(source_dir_.CheckUnchanged());
+  for (const std::unique_ptr<OutputMarker>& marker : markers_) {
+    RETURN_IF_ERROR(marker->dir().CheckUnchanged());
+  }
+  if (amax_out_dir_.is_open()) RETURN_IF_ERROR(amax_out_dir_.CheckUnchanged());
+  return absl::OkStatus();
 }
 
 std::optional<RecordedOutput> PreparedJob::RecordedOutputOf(std::string_view kind,
@@ -474,10 +498,8 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
 
 absl::StatusOr<int> PreparedJob::SweepTmpFiles() const {
   int removed = 0;
-  size_t claimed = 0;
-  for (const std::string& dir : {spec_.output, spec_.materialize_bf16}) {
-    if (dir.empty()) continue;
-    ASSIGN_OR_RETURN(int n, SweepTmpFilesIn(dir, *markers_[claimed++]));
+  for (const std::unique_ptr<OutputMarker>& marker : markers_) {
+    ASSIGN_OR_RETURN(int n, SweepTmpFilesIn(*marker));
     removed += n;
   }
   return removed;

@@ -131,6 +131,10 @@ class PreparedJob {
   std::set<int64_t> ChangedTaskIds() const;
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
+  // FailedPrecondition naming the field when the source or a directory the job writes (output,
+  // materialize_bf16, the directory of calibration.amax_out) is no longer at its path
+  // (checkpoint::DirHandle::CheckUnchanged).
+  absl::Status CheckDirsUnchanged() const;
   // StageContext::recorded_output: completed_ first, then the DONE rows of stored_tasks_.
   std::optional<RecordedOutput> RecordedOutputOf(std::string_view kind,
                                                  const std::string& name) const;
@@ -165,7 +169,13 @@ class PreparedJob {
   std::vector<std::pair<int64_t, std::string>> changed_outputs_;
   std::vector<store::TaskRow> stored_tasks_;  // the stored plan after Attach (the inspect task)
   std::map<std::string, float> input_amax_;   // the amax table, kind "input"
+  checkpoint::DirHandle source_dir_;  // spec_.source as resolved at submit, opened by Load
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
+  // The handles of the claimed directories (owned by markers_; null when not in the spec) and of
+  // calibration.amax_out's directory: every file of the job there is written beneath them.
+  const checkpoint::DirHandle* output_dir_ = nullptr;
+  const checkpoint::DirHandle* materialize_bf16_dir_ = nullptr;
+  checkpoint::DirHandle amax_out_dir_;
   // A calibrating job's runtime state (stages/calibrate_stage.h); nullptr otherwise. Thread-safe.
   std::unique_ptr<calibration::JobCalibration> calibration_;
   // The files of the tasks CompleteTask marked DONE in this process, by (stage kind, task name).

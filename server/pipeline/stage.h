@@ -32,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "server/checkpoint/checkpoint_dir.h"
+#include "server/checkpoint/dir_handle.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/compute/device.h"
 #include "server/job/job_spec.h"
@@ -61,6 +62,15 @@ struct StageContext {
   const checkpoint::CheckpointDir* source = nullptr;  // opened once per run
   const checkpoint::TensorInventory* inventory = nullptr;  // of `source`
   const Plan* plan = nullptr;                         // the job's plan
+  // The directories the job writes, opened once when it was claimed (checkpoint/dir_handle.h):
+  // every file of the output, the BF16 copy and calibration.amax_out is created, renamed and
+  // removed beneath these handles, never through the spec's paths. Null when the spec has no
+  // such path.
+  // The source directory as resolved at submit, opened once (export copies its files from it).
+  const checkpoint::DirHandle* source_dir = nullptr;            // spec.source
+  const checkpoint::DirHandle* output_dir = nullptr;            // spec.output
+  const checkpoint::DirHandle* materialize_bf16_dir = nullptr;  // spec.materialize_bf16
+  const checkpoint::DirHandle* amax_out_dir = nullptr;  // the directory of calibration.amax_out
   const std::vector<store::TaskRow>* stored_tasks = nullptr;  // the plan as stored
   kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on
   // Calibrated max |input| per quantized module (the amax table), for input_scale.

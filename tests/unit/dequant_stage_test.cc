@@ -18,6 +18,7 @@
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
+#include "tests/unit/stage_dirs.h"
 
 namespace quantd::pipeline {
 
@@ -73,6 +74,7 @@ class DequantStageTest : public testing::TestWithParam<fixture::Arch> {
     ctx.source = source_.get();
     ctx.inventory = &inventory_;
     ctx.backend = backend_.get();
+    testing_util::OpenStageDirs(&ctx);
     return ctx;
   }
 

@@ -18,6 +18,7 @@
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
+#include "tests/unit/stage_dirs.h"
 
 namespace quantd::pipeline {
 
@@ -135,6 +136,7 @@ class ExportStageTest : public testing::Test {
     ctx.spec = &spec_;
     ctx.source = source_.get();
     ctx.inventory = &inventory_;
+    testing_util::OpenStageDirs(&ctx);
     ctx.add_progress = [this](uint64_t bytes) {
       ++heartbeats_;
       progress_bytes_ += bytes;

@@ -54,6 +54,29 @@ TEST_F(OutputMarkerTest, AbsentOrEmptyDirectoryIsClaimedAndResumable) {
   EXPECT_FALSE((*again)->IsForeign("model-00001.safetensors"));
 }
 
+// A parent of the output swapped for a symbolic link (into another tenant's directory): the
+// claim creates nothing behind it and names the field; the claimed directory is the handle the
+// job writes beneath.
+TEST_F(OutputMarkerTest, ParentSwappedForALinkIsRefusedAndNothingIsCreatedBehindIt) {
+  const std::string victim = dir_ + "/victim";
+  fs::create_directories(victim);
+  fs::create_symlink(victim, dir_ + "/parent");
+  auto marker =
+      OutputMarker::Claim("output", dir_ + "/parent/out", {3, 1000, "/state/quantd.db"}, false);
+  ASSERT_FALSE(marker.ok());
+  EXPECT_EQ(marker.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(marker.status().message().rfind("output: " + dir_ + "/parent", 0), 0u)
+      << marker.status();
+  EXPECT_NE(marker.status().message().find("symbolic link"), std::string::npos);
+  EXPECT_TRUE(fs::is_empty(victim));
+
+  marker = OutputMarker::Claim("output", dir_ + "/a/b", {3, 1000, "/state/quantd.db"}, false);
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  EXPECT_EQ((*marker)->dir().path(), dir_ + "/a/b");
+  EXPECT_EQ((*marker)->dir().field(), "output");
+  EXPECT_TRUE((*marker)->dir().CheckUnchanged().ok());
+}
+
 TEST_F(OutputMarkerTest, WithdrawUndoesOnlyWhatTheClaimCreated) {
   const JobIdentity job{3, 1000, "/state/quantd.db"};
   // A directory the claim created goes with its marker.

@@ -27,6 +27,7 @@
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
+#include "tests/unit/stage_dirs.h"
 
 namespace quantd::pipeline {
 
@@ -186,6 +187,7 @@ class QuantizeStageTest : public testing::TestWithParam<fixture::Arch> {
     ctx.inventory = &inventory_;
     ctx.backend = backend_.get();
     ctx.input_amax = amax;
+    testing_util::OpenStageDirs(&ctx);
     return ctx;
   }
 
@@ -651,6 +653,7 @@ TEST(QuantizeStageDenseSourceTest, F32AndBf16WeightsQuantizeFromTheirOwnValues) 
   ctx.inventory = &*inventory;
   ctx.backend = backend->get();
   ctx.input_amax = &amax;
+  testing_util::OpenStageDirs(&ctx);
   ASSERT_EQ(plan->stages[1].kind, "quantize");
   ASSERT_EQ(plan->stages[1].tasks.size(), 1u);
   auto task = ParseShardTask(plan->stages[1].tasks[0].payload_json);

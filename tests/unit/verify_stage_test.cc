@@ -31,6 +31,7 @@
 #include "server/pipeline/stages/export_stage.h"
 #include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/stages/verify_rules.h"
+#include "tests/unit/stage_dirs.h"
 
 namespace quantd::pipeline {
 
@@ -281,6 +282,7 @@ class VerifyStageTest : public testing::TestWithParam<bool> {
     ctx.inventory = &inventory_;
     ctx.backend = backend_.get();
     ctx.input_amax = &input_amax_;
+    testing_util::OpenStageDirs(&ctx);
     ctx.recorded_output = [this](std::string_view kind,
                                  const std::string& name) -> std::optional<RecordedOutput> {
       auto it = recorded_.find(name);

@@ -207,9 +207,22 @@ absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
   calibration::ExportReport report;
   ASSIGN_OR_RETURN(const auto exported, calibration::ExportInputAmax(
                                             table, ckpt->config, ctx.spec->calibration, &report));
+  // Written beneath the handle of its directory, opened when the job was claimed, and described
+  // from the bytes written, not read back through the path.
   const std::string& path = ctx.spec->calibration.amax_out;
-  RETURN_IF_ERROR(calibration::WriteAmaxFile(path, exported, table));
-  return FileOutput(path);
+  if (ctx.amax_out_dir == nullptr) {
+    return absl::InternalError("calibration.amax_out: the job's directory for it is not open");
+  }
+  const std::string text = calibration::AmaxFileText(exported, table);
+  const std::string name = std::filesystem::path(path).filename().string();
+  RETURN_IF_ERROR(checkpoint::WriteFileAtomicallyAt(*ctx.amax_out_dir, name, text));
+  checkpoint::Sha256 hash;
+  hash.Update(text.data(), text.size());
+  TaskOutput out;
+  out.path = ctx.amax_out_dir->PathOf(name);
+  out.bytes = text.size();
+  out.sha256 = hash.HexDigest();
+  return out;
 }
 
 }  // namespace

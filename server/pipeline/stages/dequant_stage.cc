@@ -105,11 +105,10 @@ absl::StatusOr<TaskOutput> RunDequantTask(const StageContext& ctx, const Dequant
 
   std::vector<checkpoint::TensorSpec> specs;
   for (const OutputEntry& e : entries) specs.push_back(e.spec);
-  const std::string path =
-      (std::filesystem::path(ctx.spec->materialize_bf16) / task.shard).string();
   absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> writer =
-      CreateShardWriter(path, std::move(specs));
+      CreateShardWriter(ctx.materialize_bf16_dir, task.shard, std::move(specs));
   if (!writer.ok()) return writer.status();
+  const std::string path = ctx.materialize_bf16_dir->PathOf(task.shard);
   for (const OutputEntry& e : entries) {
     if (absl::Status s = CheckCancelled(ctx, task.shard); !s.ok()) return s;
     absl::Status status;

@@ -88,9 +88,10 @@ std::string Sha256Of(const std::string& text) {
   return h.HexDigest();
 }
 
-absl::Status WriteText(const std::string& dir, const std::string& name, const std::string& text,
-                       std::vector<Written>* written) {
-  absl::Status s = checkpoint::WriteFileAtomically(absl::StrCat(dir, "/", name), text);
+// Writes `text` to `name` beneath `dir` (atomically) and lists it in *written.
+absl::Status WriteText(const checkpoint::DirHandle& dir, const std::string& name,
+                       const std::string& text, std::vector<Written>* written) {
+  absl::Status s = checkpoint::WriteFileAtomicallyAt(dir, name, text);
   if (!s.ok()) return s;
   written->push_back({name, text.size(), Sha256Of(text)});
   return absl::OkStatus();
@@ -102,16 +103,23 @@ void Heartbeat(const StageContext& ctx) {
   if (ctx.add_progress) ctx.add_progress(0);
 }
 
-// Copies the regular file src (a symlink there is refused) to dst byte for byte through dst.tmp
-// (fsync + rename), with a heartbeat per chunk.
-absl::Status CopyFile(const StageContext& ctx, const std::string& src, const std::string& dst,
-                      const std::string& name, std::vector<Written>* written) {
-  struct stat st;
-  absl::StatusOr<int> opened = checkpoint::OpenRegularFile(src, /*follow_symlink=*/false, &st);
-  if (!opened.ok()) return opened.status();
-  const int in = *opened;
-  const std::string tmp = dst + ".tmp";
-  absl::StatusOr<int> out = checkpoint::CreateForWrite(tmp);
+// Writes the index of the shards beneath `dir` and lists it in *written.
+absl::Status WriteIndex(const checkpoint::DirHandle& dir, const checkpoint::ShardIndex& index,
+                        std::vector<Written>* written) {
+  absl::StatusOr<std::string> text =
+      checkpoint::ShardIndexText(dir.PathOf(checkpoint::kIndexFileName), index);
+  if (!text.ok()) return text.status();
+  return WriteText(dir, checkpoint::kIndexFileName, *text, written);
+}
+
+// Copies the open regular file `in` (closed here; `src` names it in errors) to `name` beneath
+// `dst_dir` byte for byte through name.tmp (fsync + rename), with a heartbeat per chunk.
+absl::Status CopyFile(const StageContext& ctx, int in, const std::string& src,
+                      const checkpoint::DirHandle& dst_dir, const std::string& name,
+                      std::vector<Written>* written) {
+  const std::string tmp_name = name + ".tmp";
+  const std::string tmp = dst_dir.PathOf(tmp_name);
+  absl::StatusOr<int> out = dst_dir.CreateForWrite(tmp_name);
   if (!out.ok()) {
     close(in);
     return out.status();
@@ -137,9 +145,9 @@ absl::Status CopyFile(const StageContext& ctx, const std::string& src, const std
   close(in);
   absl::Status closed = checkpoint::SyncAndClose(*out, tmp);
   if (status.ok()) status = closed;
-  if (status.ok()) status = checkpoint::CommitTmpFile(tmp, dst);
+  if (status.ok()) status = dst_dir.Rename(tmp_name, name);
   if (!status.ok()) {
-    unlink(tmp.c_str());
+    dst_dir.Remove(tmp_name).IgnoreError();
     return status;
   }
   written->push_back({name, total, hash.HexDigest()});
@@ -153,66 +161,64 @@ bool SkippedSourceFile(const std::string& name, bool top_level) {
   return top_level && (name == kConfigName || name == kHfQuantConfigName);
 }
 
-// The file a source entry names when it may be copied: a regular file, or a symlink whose target
-// resolves to a regular file inside the source directory `root` (canonical). nullopt for anything
-// else: a symlink out of the source would copy a file the caller may not be able to read (the
-// daemon may run as root), so it is never followed.
-std::optional<std::filesystem::path> CopyableFile(const std::filesystem::path& p,
-                                                  const std::filesystem::file_status& link_status,
-                                                  const std::filesystem::path& root) {
+// Where the symlink `rel` of the source leads, as a path beneath the source directory, when it
+// resolves to a file inside it; nullopt otherwise: a symlink out of the source would copy a file
+// the caller may not be able to read (the daemon may run as root), so it is never followed. The
+// source directory is the path resolved at submit (src.path()), never resolved again; the file is
+// then opened beneath the source's handle without following any link, so whatever the link says
+// by the time it is read, nothing outside the directory the job opened is copied.
+std::optional<std::string> LinkTargetBeneath(const checkpoint::DirHandle& src,
+                                             const std::string& rel) {
   namespace fs = std::filesystem;
-  if (fs::is_regular_file(link_status)) return p;
-  if (!fs::is_symlink(link_status)) return std::nullopt;
   std::error_code ec;
-  const fs::path target = fs::canonical(p, ec);
-  if (ec || !fs::is_regular_file(fs::symlink_status(target, ec))) return std::nullopt;
-  if (std::mismatch(root.begin(), root.end(), target.begin(), target.end()).first != root.end()) {
-    return std::nullopt;
-  }
-  return target;
+  const fs::path target = fs::canonical(src.PathOf(rel), ec);
+  const fs::path root(src.path());
+  if (ec) return std::nullopt;
+  const auto [r, t] = std::mismatch(root.begin(), root.end(), target.begin(), target.end());
+  if (r != root.end() || t == target.end()) return std::nullopt;
+  return target.lexically_relative(root).string();
 }
 
 // Copies every other regular file of the source tree (tokenizer, generation config, code, docs)
-// that lies inside it (CopyableFile); symlinked directories are not entered.
-absl::Status CopySourceFiles(const StageContext& ctx, const std::filesystem::path& root,
-                             const std::string& src_dir, const std::string& dst_dir,
-                             const std::string& rel, int depth, std::vector<Written>* written) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::vector<fs::path> entries;
-  for (fs::directory_iterator it(src_dir, ec), end; !ec && it != end; it.increment(ec)) {
-    entries.push_back(it->path());
-  }
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", src_dir, ": ", ec.message()));
-  std::sort(entries.begin(), entries.end());
-  for (const fs::path& p : entries) {
+// to the same relative name beneath `dst_dir`: files listed and opened beneath the source's
+// handle `src`, symlinks only to files inside it (LinkTargetBeneath); symlinked directories are
+// not entered.
+absl::Status CopySourceFiles(const StageContext& ctx, const checkpoint::DirHandle& src,
+                             const checkpoint::DirHandle& dst_dir, const std::string& rel,
+                             int depth, std::vector<Written>* written) {
+  absl::StatusOr<std::vector<checkpoint::DirEntry>> entries = src.List(rel);
+  if (!entries.ok()) return entries.status();
+  for (const checkpoint::DirEntry& e : *entries) {
     if (ctx.cancelled != nullptr && ctx.cancelled->load()) {
       return absl::CancelledError("export cancelled");
     }
-    const std::string name = p.filename().string();
-    if (SkippedSourceFile(name, depth == 0)) continue;
-    const std::string rel_name = rel.empty() ? name : absl::StrCat(rel, "/", name);
-    const std::string dst = absl::StrCat(dst_dir, "/", name);
-    const fs::file_status link_status = fs::symlink_status(p, ec);
-    if (fs::is_directory(link_status)) {
+    if (SkippedSourceFile(e.name, depth == 0)) continue;
+    const std::string rel_name = rel.empty() ? e.name : absl::StrCat(rel, "/", e.name);
+    if (e.type == S_IFDIR) {
       if (depth >= 8) continue;  // nothing a model repository holds
-      fs::create_directories(dst, ec);
-      if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dst, ": ", ec.message()));
-      absl::Status s = CopySourceFiles(ctx, root, p.string(), dst, rel_name, depth + 1, written);
+      if (absl::Status s = dst_dir.MakeDirs(rel_name); !s.ok()) return s;
+      absl::Status s = CopySourceFiles(ctx, src, dst_dir, rel_name, depth + 1, written);
       if (!s.ok()) return s;
-    } else if (std::optional<fs::path> file = CopyableFile(p, link_status, root); file) {
-      absl::Status s = CopyFile(ctx, file->string(), dst, rel_name, written);
-      if (!s.ok()) return s;
+      continue;
     }
+    std::optional<std::string> file;
+    if (e.type == S_IFREG) {
+      file = rel_name;
+    } else if (e.type == S_IFLNK) {
+      file = LinkTargetBeneath(src, rel_name);
+    }
+    if (!file.has_value()) continue;
+    struct stat st;
+    absl::StatusOr<int> in = src.OpenRegularFile(*file, &st);
+    if (!in.ok()) {
+      // A link to a directory, or to a file that is not regular: not copied, as before.
+      if (e.type == S_IFLNK && absl::IsInvalidArgument(in.status())) continue;
+      return in.status();
+    }
+    absl::Status s = CopyFile(ctx, *in, src.PathOf(*file), dst_dir, rel_name, written);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-// The source directory with every symlink resolved: what CopyableFile compares targets with.
-std::filesystem::path CanonicalSourceDir(const StageContext& ctx) {
-  std::error_code ec;
-  std::filesystem::path root = std::filesystem::canonical(ctx.source->dir(), ec);
-  return ec ? std::filesystem::path(ctx.source->dir()) : root;
 }
 
 // model.safetensors.index.json from the output shards' headers, with a heartbeat per shard.
@@ -366,27 +372,25 @@ json CompressedTensorsConfig(bool w4a4, bool fp8_kv, const std::vector<std::stri
 // listed in the task's checksum under "bf16/".
 absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
                             std::vector<Written>* written) {
-  const std::string& dir = ctx.spec->materialize_bf16;
+  if (ctx.materialize_bf16_dir == nullptr) {
+    return absl::InternalError("materialize_bf16: the job's directory is not open");
+  }
+  const checkpoint::DirHandle& dir = *ctx.materialize_bf16_dir;
   std::vector<std::string> shards;
   for (const store::StagePlan& stage : plan.stages) {
     if (stage.kind != DequantStage::kKind) continue;
     for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
   }
-  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, dir, shards);
+  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, dir.path(), shards);
   if (!index.ok()) return index.status();
   std::vector<Written> bf16;
-  const std::string index_path = absl::StrCat(dir, "/", checkpoint::kIndexFileName);
-  absl::Status s = checkpoint::WriteShardIndex(index_path, *index);
+  absl::Status s = WriteIndex(dir, *index, &bf16);
   if (!s.ok()) return s;
-  absl::StatusOr<std::string> index_text =
-      checkpoint::ReadFile(index_path, checkpoint::kMaxIndexFileBytes);
-  if (!index_text.ok()) return index_text.status();
-  bf16.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
   json config = ctx.source->config();
   config.erase("quantization_config");
   s = WriteText(dir, kConfigName, config.dump(2) + "\n", &bf16);
   if (!s.ok()) return s;
-  s = CopySourceFiles(ctx, CanonicalSourceDir(ctx), ctx.source->dir(), dir, "", 0, &bf16);
+  s = CopySourceFiles(ctx, *ctx.source_dir, dir, "", 0, &bf16);
   if (!s.ok()) return s;
   for (Written& w : bf16) written->push_back({absl::StrCat("bf16/", w.name), w.bytes, w.sha256});
   return absl::OkStatus();
@@ -414,7 +418,11 @@ absl::StatusOr<TaskOutput> ExportStage::Run(const store::TaskRow&, compute::Devi
 absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& plan) {
   const JobSpec& spec = *ctx.spec;
   const TensorInventory& inventory = *ctx.inventory;
-  const std::string& out_dir = spec.output;
+  if (ctx.output_dir == nullptr || ctx.source_dir == nullptr) {
+    return absl::InternalError("output, source: the job's directories are not open");
+  }
+  const checkpoint::DirHandle& out = *ctx.output_dir;
+  const std::string& out_dir = out.path();
   std::vector<Written> written;
 
   // The index, from the shards the quantize stage wrote.
@@ -425,14 +433,8 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   }
   absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, out_dir, shards);
   if (!index.ok()) return index.status();
-  absl::Status s =
-      checkpoint::WriteShardIndex(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName), *index);
+  absl::Status s = WriteIndex(out, *index, &written);
   if (!s.ok()) return s;
-  absl::StatusOr<std::string> index_text =
-      checkpoint::ReadFile(absl::StrCat(out_dir, "/", checkpoint::kIndexFileName),
-                           checkpoint::kMaxIndexFileBytes);
-  if (!index_text.ok()) return index_text.status();
-  written.push_back({checkpoint::kIndexFileName, index_text->size(), Sha256Of(*index_text)});
 
   // What the configs describe.
   const std::set<std::string> quantized(plan.recipe.modules.begin(), plan.recipe.modules.end());
@@ -453,9 +455,9 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
   if (layout == ExportLayout::kCompressedTensors) {
     config["quantization_config"] = CompressedTensorsConfig(w4a4, fp8_kv, *excludes);
     // A ModelOpt description left by an earlier export of this directory would mislead readers.
-    const std::string stale = absl::StrCat(out_dir, "/", kHfQuantConfigName);
-    if (unlink(stale.c_str()) != 0 && errno != ENOENT) {
-      return absl::UnavailableError(absl::StrCat("cannot remove ", stale, ": ", strerror(errno)));
+    if (absl::Status removed = out.Remove(kHfQuantConfigName);
+        !removed.ok() && !absl::IsNotFound(removed)) {
+      return removed;
     }
   } else {
     ordered_json quantization = {{"quant_algo", layout == ExportLayout::kModelOptMixed
@@ -475,7 +477,7 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     }
     quantization["exclude_modules"] = *excludes;
     const ordered_json hf = {{"producer", producer}, {"quantization", quantization}};
-    s = WriteText(out_dir, kHfQuantConfigName, hf.dump(2) + "\n", &written);
+    s = WriteText(out, kHfQuantConfigName, hf.dump(2) + "\n", &written);
     if (!s.ok()) return s;
 
     json qc;
@@ -500,10 +502,10 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     if (fp8_kv) qc["kv_cache_scheme"] = Fp8KvCacheScheme();
     config["quantization_config"] = qc;
   }
-  s = WriteText(out_dir, kConfigName, config.dump(2) + "\n", &written);
+  s = WriteText(out, kConfigName, config.dump(2) + "\n", &written);
   if (!s.ok()) return s;
 
-  s = CopySourceFiles(ctx, CanonicalSourceDir(ctx), ctx.source->dir(), out_dir, "", 0, &written);
+  s = CopySourceFiles(ctx, *ctx.source_dir, out, "", 0, &written);
   if (!s.ok()) return s;
   if (!spec.materialize_bf16.empty()) {
     s = ExportBf16Copy(ctx, plan, &written);

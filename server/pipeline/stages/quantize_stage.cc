@@ -409,10 +409,10 @@ absl::StatusOr<TaskOutput> QuantizeRun::Run() {
   if (absl::Status s = Prepare(); !s.ok()) return s;
   std::vector<checkpoint::TensorSpec> specs;
   for (const OutputEntry& e : entries_) specs.push_back(e.spec);
-  const std::string path = (std::filesystem::path(ctx_.spec->output) / task_.shard).string();
   absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> writer =
-      CreateShardWriter(path, std::move(specs));
+      CreateShardWriter(ctx_.output_dir, task_.shard, std::move(specs));
   if (!writer.ok()) return writer.status();
+  const std::string path = ctx_.output_dir->PathOf(task_.shard);
   for (const OutputEntry& e : entries_) {
     if (absl::Status s = CheckCancelled(ctx_, task_.shard); !s.ok()) return s;
     if (absl::Status s = WriteEntry(**writer, e); !s.ok()) return s;

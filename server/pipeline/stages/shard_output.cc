@@ -1,8 +1,6 @@
 #include "server/pipeline/stages/shard_output.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,17 +16,13 @@ constexpr uint64_t kChunkBytes = 64ull << 20;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
-    const std::string& path, std::vector<checkpoint::TensorSpec> tensors) {
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return absl::ErrnoToStatus(
-          ec.value(), absl::StrCat("cannot create directory ", dir.string(), ": ", ec.message()));
-    }
+    const checkpoint::DirHandle* dir, const std::string& shard,
+    std::vector<checkpoint::TensorSpec> tensors) {
+  if (dir == nullptr || !dir->is_open()) {
+    return absl::InternalError(absl::StrCat(shard, ": the job's directory for it is not open"));
   }
-  return checkpoint::SafetensorsWriter::Create(path, std::move(tensors), {{"format", "pt"}});
+  return checkpoint::SafetensorsWriter::Create(*dir, shard, std::move(tensors),
+                                               {{"format", "pt"}});
 }
 
 absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size) {

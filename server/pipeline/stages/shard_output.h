@@ -17,10 +17,12 @@
 
 namespace quantd::pipeline {
 
-// Creates the directory of `path` (and its parents) and a writer for `path` declaring `tensors`
-// in the given order, with __metadata__ {"format": "pt"}.
+// A writer for the shard `shard` (a plain file name) beneath `dir`, the job's output or BF16
+// directory handle (StageContext), declaring `tensors` in the given order, with __metadata__
+// {"format": "pt"}. Internal error when the job has no such directory open.
 absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsWriter>> CreateShardWriter(
-    const std::string& path, std::vector<checkpoint::TensorSpec> tensors);
+    const checkpoint::DirHandle* dir, const std::string& shard,
+    std::vector<checkpoint::TensorSpec> tensors);
 // Streams `size` bytes of host memory into the writer in large chunks.
 absl::Status AppendChunked(checkpoint::SafetensorsWriter& writer, const void* data, uint64_t size);
 // Appends the weight of `module` decoded to BF16 (checkpoint::DecodeWeight) and releases its source

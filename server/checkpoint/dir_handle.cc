@@ -363,7 +363,7 @@ absl::StatusOr<DirHandle> DirHandle::OpenSubdir(absl::string_view rel) const {
   return DirHandle(field_, PathOf(rel), *fd, st.st_dev, st.st_ino);
 }
 
-absl::Status DirHandle::Rename(absl::string_view from, absl::string_view to) const {
+absl::Status DirHandle::Rename(absl::string_view from, absl::string_view to, bool replace) const {
   absl::StatusOr<std::pair<int, std::string>> src = OpenParent(from);
   if (!src.ok()) return src.status();
   Fd src_dir(src->first);
@@ -371,7 +371,8 @@ absl::Status DirHandle::Rename(absl::string_view from, absl::string_view to) con
   if (!dst.ok()) return dst.status();
   Fd dst_dir(dst->first);
   Step();
-  if (renameat(src_dir.get(), src->second.c_str(), dst_dir.get(), dst->second.c_str()) != 0) {
+  if (renameat2(src_dir.get(), src->second.c_str(), dst_dir.get(), dst->second.c_str(),
+                replace ? 0 : RENAME_NOREPLACE) != 0) {
     return Error(errno, absl::StrCat("rename ", from, " to"), to);
   }
   // The rename is durable only once the directory entry is on disk.
@@ -453,7 +454,7 @@ absl::Status DirHandle::CheckUnchanged() const {
 }
 
 absl::Status WriteFileAtomicallyAt(const DirHandle& dir, absl::string_view rel,
-                                   absl::string_view contents) {
+                                   absl::string_view contents, bool replace) {
   const std::string tmp = absl::StrCat(rel, ".tmp");
   absl::StatusOr<int> fd = dir.CreateForWrite(tmp);
   if (!fd.ok()) return fd.status();
@@ -464,7 +465,7 @@ absl::Status WriteFileAtomicallyAt(const DirHandle& dir, absl::string_view rel,
   } else {
     close(*fd);
   }
-  if (status.ok()) status = dir.Rename(tmp, rel);
+  if (status.ok()) status = dir.Rename(tmp, rel, replace);
   if (!status.ok()) dir.Remove(tmp).IgnoreError();
   return status;
 }

@@ -87,8 +87,10 @@ class DirHandle {
   absl::Status MakeDirs(absl::string_view rel) const;
   // Opens the subdirectory `rel` as a handle of its own (same field).
   absl::StatusOr<DirHandle> OpenSubdir(absl::string_view rel) const;
-  // renameat(2) of `from` over `to`, both beneath, then fsync of `to`'s directory.
-  absl::Status Rename(absl::string_view from, absl::string_view to) const;
+  // renameat(2) of `from` over `to`, both beneath, then fsync of `to`'s directory. With
+  // `replace` false an existing `to` is kept and the answer is AlreadyExists (RENAME_NOREPLACE:
+  // of two writers racing for one name, exactly one wins).
+  absl::Status Rename(absl::string_view from, absl::string_view to, bool replace = true) const;
   // unlinkat(2) of the file (or, with `directory`, the empty directory) `rel`; NotFound when
   // absent.
   absl::Status Remove(absl::string_view rel, bool directory = false) const;
@@ -119,9 +121,10 @@ class DirHandle {
 };
 
 // Writes `contents` to `rel` beneath `dir` atomically: "<rel>.tmp", fsync, rename, fsync of the
-// directory (atomic_file.h's WriteFileAtomically, handle-relative).
+// directory (atomic_file.h's WriteFileAtomically, handle-relative). With `replace` false an
+// existing `rel` is kept: AlreadyExists, and the temporary file is removed.
 absl::Status WriteFileAtomicallyAt(const DirHandle& dir, absl::string_view rel,
-                                   absl::string_view contents);
+                                   absl::string_view contents, bool replace = true);
 
 }  // namespace quantd::checkpoint
 

@@ -25,6 +25,7 @@
 #include "server/model/v4_config_check.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/evaluate_stage.h"
+#include "server/store/private_files.h"
 
 namespace quantd::pipeline {
 
@@ -176,10 +177,32 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
         checkpoint::DirHandle::Open(
             "calibration.amax_out",
             std::filesystem::path(spec.calibration.amax_out).parent_path().string()));
+    ASSIGN_OR_RETURN(job->amax_out_existed_, job->AmaxOutExisted());
   }
   if (NeedsCalibration(spec)) RETURN_IF_ERROR(job->LoadCalibration());
   if (NeedsEvaluation(job->spec_)) RETURN_IF_ERROR(job->LoadEvaluation());
   return job;
+}
+
+absl::StatusOr<bool> PreparedJob::AmaxOutExisted() const {
+  const std::string name = std::filesystem::path(spec_.calibration.amax_out).filename().string();
+  const bool present = amax_out_dir_.Stat(name).ok();
+  if (stored_.work_dir.empty()) return present;
+  // What admission accepted at submit is kept in the work dir, so that a resumed job never takes
+  // a file that another writer (a job of another quantd) put there meanwhile for one it may
+  // replace.
+  const std::string marker = stored_.work_dir + "/amax_out_existed";
+  if (stored_.planned) return std::filesystem::exists(marker);
+  if (!present) return false;
+  std::error_code ec;
+  std::filesystem::create_directories(stored_.work_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create the work directory ", stored_.work_dir, ": ", ec.message()));
+  }
+  absl::Status created = store::CreatePrivateFile(marker);
+  if (!created.ok() && !absl::IsAlreadyExists(created)) return created;
+  return true;
 }
 
 absl::Status PreparedJob::LoadCalibration() {
@@ -432,6 +455,7 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.output_dir = output_dir_;
   ctx.materialize_bf16_dir = materialize_bf16_dir_;
   ctx.amax_out_dir = amax_out_dir_.is_open() ? &amax_out_dir_ : nullptr;
+  ctx.amax_out_existed = amax_out_existed_;
   ctx.stored_tasks = &stored_tasks_;
   ctx.backend = &device.backend();
   ctx.input_amax = &input_amax_;

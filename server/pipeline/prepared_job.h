@@ -139,6 +139,8 @@ class PreparedJob {
   std::optional<RecordedOutput> RecordedOutputOf(std::string_view kind,
                                                  const std::string& name) const;
   // Creates calibration_ and finds where it resumes (Load; see above).
+  // Whether calibration.amax_out existed when the job was first loaded (kept in the work dir).
+  absl::StatusOr<bool> AmaxOutExisted() const;
   absl::Status LoadCalibration();
   // Applies the resume point (requeues, log) and restores calibration_ from the tasks' stored
   // amax rows (Attach; a requeue leaves a task's rows in place until its rerun replaces them).
@@ -176,6 +178,8 @@ class PreparedJob {
   const checkpoint::DirHandle* output_dir_ = nullptr;
   const checkpoint::DirHandle* materialize_bf16_dir_ = nullptr;
   checkpoint::DirHandle amax_out_dir_;
+  // calibration.amax_out was there when the job was first loaded (admission accepted replacing it).
+  bool amax_out_existed_ = false;
   // A calibrating job's runtime state (stages/calibrate_stage.h); nullptr otherwise. Thread-safe.
   std::unique_ptr<calibration::JobCalibration> calibration_;
   // The files of the tasks CompleteTask marked DONE in this process, by (stage kind, task name).

@@ -71,6 +71,9 @@ struct StageContext {
   const checkpoint::DirHandle* output_dir = nullptr;            // spec.output
   const checkpoint::DirHandle* materialize_bf16_dir = nullptr;  // spec.materialize_bf16
   const checkpoint::DirHandle* amax_out_dir = nullptr;  // the directory of calibration.amax_out
+  // calibration.amax_out existed when the job was loaded (so admission let the job replace it);
+  // a file that appears there later is another writer's, never replaced without overwrite.
+  bool amax_out_existed = false;
   const std::vector<store::TaskRow>* stored_tasks = nullptr;  // the plan as stored
   kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on
   // Calibrated max |input| per quantized module (the amax table), for input_scale.

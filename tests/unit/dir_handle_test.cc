@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "server/checkpoint/atomic_file.h"
 #include "tests/unit/test_dirs.h"
 
@@ -116,6 +117,22 @@ TEST_P(DirHandleTest, WritesRenamesListsAndRemovesBeneath) {
   EXPECT_FALSE(fs::exists(out_ + "/sub"));
   EXPECT_TRUE(out->Sync().ok());
   EXPECT_TRUE(out->CheckUnchanged().ok());
+}
+
+// Two writers of one file (two daemons' jobs naming one calibration.amax_out): without `replace`
+// the first file stays, the second writer is told AlreadyExists and leaves no temporary file.
+TEST_P(DirHandleTest, AWriteThatMayNotReplaceKeepsTheFileThere) {
+  absl::StatusOr<DirHandle> out = DirHandle::Open("calibration.amax_out", out_);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(WriteFileAtomicallyAt(*out, "amax.json", "first\n", /*replace=*/false).ok());
+  const absl::Status second = WriteFileAtomicallyAt(*out, "amax.json", "second\n", false);
+  EXPECT_EQ(second.code(), absl::StatusCode::kAlreadyExists) << second;
+  EXPECT_TRUE(absl::StartsWith(second.message(), "calibration.amax_out: " + out_ + "/amax.json"))
+      << second;
+  EXPECT_EQ(ReadText(out_ + "/amax.json"), "first\n");
+  EXPECT_FALSE(fs::exists(out_ + "/amax.json.tmp"));
+  ASSERT_TRUE(WriteFileAtomicallyAt(*out, "amax.json", "third\n").ok());  // replace: the default
+  EXPECT_EQ(ReadText(out_ + "/amax.json"), "third\n");
 }
 
 TEST_P(DirHandleTest, RefusesNamesThatAreNotPlainRelativePaths) {

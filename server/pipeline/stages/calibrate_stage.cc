@@ -1,6 +1,9 @@
 #include "server/pipeline/stages/calibrate_stage.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -200,6 +203,24 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
   return out;
 }
 
+// Whether the regular file `name` beneath `dir` holds exactly `text` (read at most text's size
+// plus one byte).
+absl::StatusOr<bool> SameContents(const checkpoint::DirHandle& dir, const std::string& name,
+                                  const std::string& text) {
+  struct stat st;
+  ASSIGN_OR_RETURN(const int fd, dir.OpenRegularFile(name, &st));
+  std::string present(text.size() + 1, '\0');
+  size_t got = 0;
+  while (got < present.size()) {
+    const ssize_t n = read(fd, present.data() + got, present.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  return got == text.size() && present.compare(0, got, text) == 0;
+}
+
 absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
   ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
@@ -215,7 +236,24 @@ absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
   }
   const std::string text = calibration::AmaxFileText(exported, table);
   const std::string name = std::filesystem::path(path).filename().string();
-  RETURN_IF_ERROR(checkpoint::WriteFileAtomicallyAt(*ctx.amax_out_dir, name, text));
+  // A file that was not there when the job was loaded is never replaced (RENAME_NOREPLACE): two
+  // jobs, of one daemon or of two, that name one amax_out cannot both think they wrote it.
+  const bool replace = ctx.spec->overwrite || ctx.amax_out_existed;
+  if (absl::Status written =
+          checkpoint::WriteFileAtomicallyAt(*ctx.amax_out_dir, name, text, replace);
+      absl::IsAlreadyExists(written)) {
+    // The same bytes are this job's own (an attempt that wrote them before it was recorded).
+    ASSIGN_OR_RETURN(const bool same, SameContents(*ctx.amax_out_dir, name, text));
+    if (!same) {
+      return WithJobReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "calibration.amax_out: ", path,
+              " was written by another job while this one ran; set overwrite to replace it")),
+          "OUTPUT_EXISTS");
+    }
+  } else if (!written.ok()) {
+    return written;
+  }
   checkpoint::Sha256 hash;
   hash.Update(text.data(), text.size());
   TaskOutput out;

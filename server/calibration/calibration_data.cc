@@ -240,7 +240,7 @@ std::string DatasetField(const CalibrationSpec& spec, size_t index) {
 absl::StatusOr<const tokenizer::Tokenizer*> CalibrationTokenizer::Get() {
   if (tokenizer_ != nullptr) return tokenizer_;
   if (!error_.ok()) return error_;
-  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> loaded = tokenizer::Tokenizer::LoadDir(dir_);
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> loaded = tokenizer::Tokenizer::LoadDir(dir_, roots_);
   if (!loaded.ok()) {
     error_ = loaded.status();
     return error_;

@@ -126,9 +126,10 @@ absl::StatusOr<std::optional<std::vector<std::string>>> Authorizer::AllowSubmit(
   ASSIGN_OR_RETURN(const Grant grant, Identify(context));
   RETURN_IF_ERROR(CheckAdmin(grant, "SubmitJob"));
   RETURN_IF_ERROR(CheckPaths(grant, spec));
-  if (grant.any_path) return std::nullopt;
-  std::vector<std::string> roots;
-  for (const std::filesystem::path& root : grant.allowed_roots) roots.push_back(root.string());
+  std::optional<std::vector<std::string>> roots;
+  if (grant.any_path) return roots;
+  roots.emplace();
+  for (const std::filesystem::path& root : grant.allowed_roots) roots->push_back(root.string());
   return roots;
 }
 

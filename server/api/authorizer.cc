@@ -121,11 +121,16 @@ absl::Status Authorizer::AllowRead(const grpc::ServerContextBase& context) const
   return Identify(context).status();
 }
 
-absl::Status Authorizer::AllowSubmit(const grpc::ServerContextBase& context,
-                                     const v1::JobSpec& spec) const {
+absl::StatusOr<std::optional<std::vector<std::string>>> Authorizer::AllowSubmit(
+    const grpc::ServerContextBase& context, const v1::JobSpec& spec) const {
   ASSIGN_OR_RETURN(const Grant grant, Identify(context));
   RETURN_IF_ERROR(CheckAdmin(grant, "SubmitJob"));
-  return CheckPaths(grant, spec);
+  RETURN_IF_ERROR(CheckPaths(grant, spec));
+  std::optional<std::vector<std::string>> roots;
+  if (grant.any_path) return roots;
+  roots.emplace();
+  for (const std::filesystem::path& root : grant.allowed_roots) roots->push_back(root.string());
+  return roots;
 }
 
 absl::Status Authorizer::AllowChange(const grpc::ServerContextBase& context, const char* method,

@@ -37,8 +37,11 @@ class Authorizer {
 
   // GetJob, ListJobs, WatchJob, GetJobReport: any known caller.
   absl::Status AllowRead(const grpc::ServerContextBase& context) const;
-  // SubmitJob: an admin whose allowed roots hold every path of `spec`.
-  absl::Status AllowSubmit(const grpc::ServerContextBase& context, const v1::JobSpec& spec) const;
+  // SubmitJob: an admin whose allowed roots hold every path of `spec`. Returns the roots that
+  // symbolic links inside the job's source may lead into (job::JobSpec::source_roots): the
+  // caller's allowed roots, or nullopt for a caller that may name any path.
+  absl::StatusOr<std::optional<std::vector<std::string>>> AllowSubmit(
+      const grpc::ServerContextBase& context, const v1::JobSpec& spec) const;
   // CancelJob, ResumeJob, DeleteJob (`method`) of job `id`: an admin whose allowed roots hold every
   // path of the job (a job that does not exist passes, so that the RPC answers NOT_FOUND).
   absl::Status AllowChange(const grpc::ServerContextBase& context, const char* method,

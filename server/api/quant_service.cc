@@ -345,8 +345,9 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
                                                   const v1::SubmitJobRequest* request,
                                                   v1::Job* response) {
   return AsyncUnary(context, "SubmitJob", [&](const Finisher& finish) -> absl::Status {
+    std::optional<std::vector<std::string>> source_roots;  // no authorizer: any path
     if (authorizer_ != nullptr) {
-      RETURN_IF_ERROR(authorizer_->AllowSubmit(*context, request->spec()));
+      ASSIGN_OR_RETURN(source_roots, authorizer_->AllowSubmit(*context, request->spec()));
     }
     RETURN_IF_ERROR(CheckRequestId(request->request_id()));
     if (absl::Status s = CheckSpecLimits(request->spec()); !s.ok()) {
@@ -354,6 +355,7 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
     }
     absl::StatusOr<job::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
     if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
+    spec->source_roots = std::move(source_roots);
     if (absl::Status s = job::ResolveJobPaths(&*spec, /*allow_relative=*/false); !s.ok()) {
       return WithReason(
           absl::InvalidArgumentError(absl::StrCat("SubmitJobRequest.spec: ", s.message())),

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "server/base/status_macros.h"
+#include "server/base/thread_budget.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
 #include "server/tokenizer/chat_encoding.h"
@@ -240,7 +241,7 @@ std::string DatasetField(const CalibrationSpec& spec, size_t index) {
 absl::StatusOr<const tokenizer::Tokenizer*> CalibrationTokenizer::Get() {
   if (tokenizer_ != nullptr) return tokenizer_;
   if (!error_.ok()) return error_;
-  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> loaded = tokenizer::Tokenizer::LoadDir(dir_);
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> loaded = tokenizer::Tokenizer::LoadDir(dir_, roots_);
   if (!loaded.ok()) {
     error_ = loaded.status();
     return error_;
@@ -315,6 +316,11 @@ absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.Below(i)]);
     int64_t taken = 0;
     for (size_t i = 0; i < order.size() && taken < d.samples; ++i) {
+      // A cancelled or late planning stops between samples (base/thread_budget.h; a Status
+      // here, not an exception).
+      if (base::ThreadBudgetPoll() != base::BudgetLimit::kNone) {
+        return absl::CancelledError(absl::StrCat(d.path, ": tokenization stopped"));
+      }
       ASSIGN_OR_RETURN(const Sample sample, ReadSample(files[f], lines[order[i]], vocab));
       absl::StatusOr<std::vector<int32_t>> ids = sample.ids;
       if (sample.kind != Sample::Kind::kIds) {

@@ -49,7 +49,9 @@ inline constexpr uint64_t kMaxCalibrationLineBytes = uint64_t{4} << 20;
 class CalibrationTokenizer {
  public:
   // Loads DIR/tokenizer.json (tokenizer::Tokenizer::LoadDir) on first use.
-  explicit CalibrationTokenizer(std::string dir) : dir_(std::move(dir)) {}
+  // Its files must resolve inside `roots` (checkpoint/source_roots.h).
+  explicit CalibrationTokenizer(std::string dir, checkpoint::SourceRoots roots = std::nullopt)
+      : dir_(std::move(dir)), roots_(std::move(roots)) {}
   // One already loaded, not owned.
   explicit CalibrationTokenizer(const tokenizer::Tokenizer& loaded) : tokenizer_(&loaded) {}
 
@@ -58,6 +60,7 @@ class CalibrationTokenizer {
 
  private:
   std::string dir_;
+  checkpoint::SourceRoots roots_;
   const tokenizer::Tokenizer* tokenizer_ = nullptr;  // once loaded
   std::unique_ptr<tokenizer::Tokenizer> owned_;
   absl::Status error_;  // a failed load

@@ -33,7 +33,7 @@ uint64_t GetU64(const std::string& in, size_t at) {
 absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids) {
-  CalibrationTokenizer tokenizer(tokenizer_dir);
+  CalibrationTokenizer tokenizer(tokenizer_dir, spec.source_roots);
   // input_ids are the model's ids: checked against its vocabulary (folded ones fold below).
   ASSIGN_OR_RETURN(CalibrationSet set,
                    LoadCalibrationSet(spec.calibration, tokenizer, fold_ids ? INT32_MAX : vocab));

@@ -48,7 +48,7 @@ JobCalibration::JobCalibration(const job::JobSpec& spec, std::string work_dir,
 absl::StatusOr<const model::V4Checkpoint*> JobCalibration::Checkpoint() {
   absl::MutexLock lock(&mu_);
   if (ckpt_ == nullptr) {
-    ASSIGN_OR_RETURN(ckpt_, model::OpenV4Checkpoint(spec_.source));
+    ASSIGN_OR_RETURN(ckpt_, model::OpenV4Checkpoint(spec_.source, spec_.source_roots));
   }
   return ckpt_.get();
 }

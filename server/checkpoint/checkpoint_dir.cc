@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "server/base/excerpt.h"
+#include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 
@@ -96,12 +97,14 @@ absl::StatusOr<std::string> ShardIndexText(const std::string& path, const ShardI
   return text;
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::string& dir,
+                                                                   const SourceRoots& roots) {
   std::unique_ptr<CheckpointDir> checkpoint(new CheckpointDir());
   checkpoint->dir_ = dir;
 
   std::string config_path = absl::StrCat(dir, "/", kConfigFileName);
   if (FileExists(config_path)) {
+    RETURN_IF_ERROR(CheckInsideRoots("source", config_path, roots));
     absl::StatusOr<json> config = ReadJsonFile(config_path, kMaxConfigFileBytes);
     if (!config.ok()) return config.status();
     if (!config->is_object()) return Invalid(config_path, "not a JSON object");
@@ -115,6 +118,7 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
   std::map<std::string, std::string> weight_map;  // empty for a single-file checkpoint
   std::set<std::string> shard_names;
   if (indexed) {
+    RETURN_IF_ERROR(CheckInsideRoots("source", index_path, roots));
     absl::StatusOr<ShardIndex> index = ParseShardIndex(index_path);
     if (!index.ok()) return index.status();
     weight_map = std::move(index->weight_map);
@@ -135,6 +139,7 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
           index_path, ": shard ", quoted, " is missing",
           quoted == absl::StrCat("\"", shard, "\"") ? absl::StrCat(" (", shard_path, ")") : ""));
     }
+    RETURN_IF_ERROR(CheckInsideRoots("source", shard_path, roots));
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
     if (!file.ok()) return file.status();
     size_t shard_index = checkpoint->shards_.size();

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
 #include "server/checkpoint/safetensors_reader.h"
+#include "server/checkpoint/source_roots.h"
 
 namespace quantd::checkpoint {
 
@@ -40,8 +41,11 @@ absl::StatusOr<std::string> ShardIndexText(const std::string& path, const ShardI
 class CheckpointDir {
  public:
   // Opens every shard (mmap) and checks that the index and the shards agree: every indexed shard
-  // exists, every indexed tensor is in its shard, no tensor appears in two shards.
-  static absl::StatusOr<std::unique_ptr<CheckpointDir>> Open(const std::string& dir);
+  // exists, every indexed tensor is in its shard, no tensor appears in two shards. config.json,
+  // the index and every shard must resolve inside `roots` (source_roots.h: a job's source;
+  // PermissionDenied naming "source" and the file otherwise).
+  static absl::StatusOr<std::unique_ptr<CheckpointDir>> Open(const std::string& dir,
+                                                             const SourceRoots& roots = std::nullopt);
 
   const std::string& dir() const { return dir_; }
   // config.json (empty object when the file is absent).

@@ -329,6 +329,11 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::st
   QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
   QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
   QUANTD_RETURN_IF_ERROR(r.Bool("overwrite", &spec.overwrite));
+  std::vector<std::string> source_roots;
+  QUANTD_RETURN_IF_ERROR(r.StringList("source_roots", &source_roots));
+  if (auto it = doc.find("source_roots"); it != doc.end() && !it->is_null()) {
+    spec.source_roots = std::move(source_roots);
+  }
   QUANTD_RETURN_IF_ERROR(r.RejectUnknown());
   QUANTD_RETURN_IF_ERROR(CheckLimits(origin, spec));
   // Whether output or materialize_bf16 overlap the source is decided on the resolved paths
@@ -395,6 +400,7 @@ std::string JobSpecToJson(const JobSpec& spec) {
   }
   j["host_memory_bytes"] = spec.host_memory_bytes;
   if (spec.overwrite) j["overwrite"] = true;
+  if (spec.source_roots.has_value()) j["source_roots"] = *spec.source_roots;
   return j.dump();
 }
 

@@ -152,6 +152,12 @@ struct JobSpec {
   std::vector<std::string> devices;  // empty = auto
   int64_t host_memory_bytes = 0;     // 0 = unset
   bool overwrite = false;            // a non-empty output directory may be used (output_marker.h)
+  // Internal, never from a request (the gRPC JobSpec has no such field): the allowed roots of the
+  // caller that submitted the job, set by the API from its access-config entry ("source_roots"
+  // in the stored spec). A symbolic link inside the source is followed only to a file inside one
+  // of them (checkpoint/source_roots.h). nullopt (absent, as in specs stored by earlier
+  // releases): a caller that may name any path, whose links are followed anywhere.
+  std::optional<std::vector<std::string>> source_roots;
 };
 
 inline constexpr size_t kMaxJobSpecBytes = 256 << 10;

@@ -97,9 +97,10 @@ void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor
   }
 }
 
-absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path) {
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path,
+                                                            const checkpoint::SourceRoots& roots) {
   auto ckpt = std::make_unique<V4Checkpoint>();
-  ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path));
+  ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path, roots));
   ASSIGN_OR_RETURN(ckpt->inventory, checkpoint::BuildInventory(*ckpt->dir));
   if (ckpt->inventory.arch != checkpoint::ModelArch::kDeepseekV4) {
     return absl::InvalidArgumentError(absl::StrCat(path,

@@ -35,13 +35,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/source_roots.h"
 
 namespace quantd::tokenizer {
 
 class Tokenizer {
  public:
   // Reads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json (its `bos_token`).
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadDir(const std::string& dir);
+  // Both files must resolve inside `roots` (checkpoint/source_roots.h: a job's source).
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadDir(
+      const std::string& dir, const checkpoint::SourceRoots& roots = std::nullopt);
   // Parses tokenizer.json text; `origin` names the file in errors. `bos_token`: the content of
   // the beginning-of-sequence token, if known (tokenizer_config.json's bos_token).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(

@@ -8,13 +8,15 @@ are 0600: the daemon runs as root here, so only the handles keep it from writing
 """
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
+import grpc
 import pytest
 
 from daemon import Daemon
-from job_client import WATCH_TIMEOUT_S, JobClient
+from job_client import DEFAULT_SPEC, RPC_TIMEOUT_S, WATCH_TIMEOUT_S, JobClient
 
 BOB = 47912  # the other tenant
 DATA = Path(__file__).resolve().parents[1] / "data" / "calibration_sample.jsonl"
@@ -141,3 +143,102 @@ def test_source_swapped_before_export_fails_the_job_and_copies_nothing_of_bobs(q
     assert not list(out.rglob("secret-notes.txt"))
     assert final.state == pb.FAILED, final
     assert f"source: {src} " in final.last_error, final.last_error
+
+
+ALICE_TOKEN = "alice-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def alice(qd, stubs, tmp_path_factory):
+    """A daemon on loopback TCP where alice's token is an admin confined to her own directory
+    (allowed_roots), and a caller that sends it."""
+    root = tmp_path_factory.mktemp("tenants")
+    home = root / "alice"
+    home.mkdir()
+    token = root / "alice.token"
+    token.write_text(ALICE_TOKEN + "\n")
+    token.chmod(0o600)
+    (root / "access.json").write_text(json.dumps({"callers": [
+        {"token_file": str(token), "role": "admin", "allowed_roots": [str(home)]}]}))
+    d = Daemon(qd.binary, root / "state", "--listen", "127.0.0.1:0", "--access-config",
+               root / "access.json")
+    d.start()
+    channel = grpc.insecure_channel(d.tcp_address)
+    d.channels.append(channel)
+    pb, pb_grpc = stubs
+    yield {"root": root, "home": home, "pb": pb, "stub": pb_grpc.QuantServiceStub(channel)}
+    try:
+        d.stop()
+    finally:
+        d.close()
+
+
+def alice_runs(alice, **fields):
+    """Alice submits DEFAULT_SPEC updated with `fields`; returns the job's last snapshot."""
+    pb, stub = alice["pb"], alice["stub"]
+    metadata = (("authorization", "Bearer " + ALICE_TOKEN),)
+    job = stub.SubmitJob(pb.SubmitJobRequest(spec=pb.JobSpec(**{**DEFAULT_SPEC, **fields})),
+                         metadata=metadata, timeout=RPC_TIMEOUT_S)
+    last = None
+    for last in stub.WatchJob(pb.WatchJobRequest(id=job.id), metadata=metadata,
+                              timeout=WATCH_TIMEOUT_S):
+        pass
+    return last
+
+
+def test_source_of_links_to_another_tenants_shards_fails_the_job(qd, alice):
+    """The issue's "read another tenant's model": alice's source directory holds only symbolic
+    links to bob's 0600 files. Before: the job quantized them and wrote a BF16 copy into alice's
+    output. Now: the job FAILS naming source and the first file that leads outside her roots, and
+    nothing of bob's reaches her output or her BF16 copy."""
+    pb, home = alice["pb"], alice["home"]
+    bob = bobs_model(qd, alice["root"])
+    src = home / "src"
+    src.mkdir()
+    for p in bob.iterdir():
+        (src / p.name).symlink_to(p)
+    out, bf16 = home / "out", home / "bf16"
+    final = alice_runs(alice, source=str(src), output=str(out), materialize_bf16=str(bf16))
+    assert final.state == pb.FAILED, final
+    assert (f"source: {src}/config.json leads outside the allowed roots of the caller that "
+            "submitted the job") in final.last_error, final.last_error
+    assert str(bob) not in final.last_error
+    bobs = {h for h, _, _ in digest_tree(bob).values()}
+    for d in (out, bf16):
+        if d.exists():
+            assert [name for name, (h, _, _) in digest_tree(d).items() if h in bobs] == []
+            assert not list(d.glob("*.safetensors")), sorted(p.name for p in d.iterdir())
+
+    # A link to a shard alone (config.json and the index alice's own) is refused too.
+    mixed = home / "mixed"
+    mixed.mkdir()
+    for p in bob.iterdir():
+        if p.suffix == ".safetensors":
+            (mixed / p.name).symlink_to(p)
+        else:
+            (mixed / p.name).write_bytes(p.read_bytes())
+    shard = sorted(p.name for p in bob.glob("*.safetensors"))[0]
+    final = alice_runs(alice, source=str(mixed), output=str(home / "out-mixed"))
+    assert final.state == pb.FAILED, final
+    assert f"source: {mixed}/{shard} leads outside the allowed roots" in final.last_error, \
+        final.last_error
+
+
+def test_hugging_face_cache_snapshot_inside_the_roots_converts(qd, alice):
+    """A Hugging Face cache snapshot, whose files link to ../../blobs/<hash>, works when the cache
+    lies inside the caller's allowed roots."""
+    pb, home = alice["pb"], alice["home"]
+    model = alice["root"] / "fixture"
+    qd.run_ok("mkfixture", "--arch", "deepseek-v4", "--preset", "tiny", "--seed", 11, model)
+    cache = home / "hub" / "models--acme--tiny"
+    blobs, snapshot = cache / "blobs", cache / "snapshots" / "0123abc"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for p in model.iterdir():
+        blob = hashlib.sha256(p.read_bytes()).hexdigest()
+        (blobs / blob).write_bytes(p.read_bytes())
+        (snapshot / p.name).symlink_to(Path("../../blobs") / blob)
+    out = home / "hf-out"
+    final = alice_runs(alice, source=str(snapshot), output=str(out))
+    assert final.state == pb.SUCCEEDED, final
+    assert list(out.glob("*.safetensors")), sorted(p.name for p in out.iterdir())

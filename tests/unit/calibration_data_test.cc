@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "server/base/thread_budget.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
 #include "server/tokenizer/chat_encoding.h"
@@ -149,6 +151,20 @@ TEST_F(CalibrationDataTest, SelectionIsDeterministicBySeedAndSplitsNumSamples) {
   // same on every platform; these lines come from an independent Python implementation of both.
   EXPECT_EQ(lines(spec), (std::vector<std::string>{"a.jsonl:31", "a.jsonl:36", "a.jsonl:33", "b.jsonl:28", "b.jsonl:39"}));
   EXPECT_EQ(first, (std::vector<std::string>{"a.jsonl:2", "a.jsonl:17", "a.jsonl:38", "b.jsonl:21", "b.jsonl:31"}));
+}
+
+// A cancelled (or late) planning stops between samples: the thread's budget is polled before
+// each one is tokenized (base/thread_budget.h).
+TEST_F(CalibrationDataTest, ACancelledBudgetStopsTokenization) {
+  const std::string path = TextFile("text.jsonl", 4);
+  const std::atomic<bool> cancelled{true};
+  absl::StatusOr<CalibrationSet> set;
+  {
+    base::ScopedThreadBudget budget(base::ThreadBudgetLimits{.cancelled = &cancelled});
+    set = Load(Spec({{path, 2}}));
+  }
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(set.status().message(), path + ": tokenization stopped");
 }
 
 TEST_F(CalibrationDataTest, ShortSamplesAreSkipped) {

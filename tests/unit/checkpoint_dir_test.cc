@@ -153,6 +153,65 @@ TEST_F(CheckpointDirTest, OpensShardedCheckpoint) {
   EXPECT_EQ((*ckpt)->ShardOf("dd"), nullptr);
 }
 
+// A symbolic link inside the source is followed only while it leads inside the roots
+// (source_roots.h); nullopt follows it anywhere.
+TEST_F(CheckpointDirTest, LinksAreFollowedOnlyInsideTheRoots) {
+  const std::string root = fs::canonical(dir_).string();
+  const std::string other = root + "/other";
+  const std::string src = root + "/tenant/src";
+  fs::create_directories(other);
+  fs::create_directories(src);
+  MakeTwoShardDir(other);
+  WriteText(other + "/config.json", R"({"model_type":"deepseek_v4"})");
+  for (const fs::directory_entry& e : fs::directory_iterator(other)) {
+    fs::create_symlink(e.path(), src + "/" + e.path().filename().string());
+  }
+  const SourceRoots tenant = std::vector<std::string>{root + "/tenant"};
+  absl::StatusOr<std::unique_ptr<CheckpointDir>> ckpt = CheckpointDir::Open(src, tenant);
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ErrorOf(ckpt.status()),
+            "source: " + src + "/config.json leads outside the allowed roots of the caller that "
+            "submitted the job (a symbolic link in a source is followed only within them)");
+
+  // config.json and the index the tenant's own, a shard a link outside: that shard is named.
+  fs::remove(src + "/config.json");
+  fs::remove(src + "/" + kIndexFileName);
+  fs::copy_file(other + "/config.json", src + "/config.json");
+  fs::copy_file(other + "/" + kIndexFileName, src + "/" + kIndexFileName);
+  ckpt = CheckpointDir::Open(src, tenant);
+  EXPECT_EQ(ErrorOf(ckpt.status()),
+            "source: " + src + "/model-00001-of-00002.safetensors leads outside the allowed "
+            "roots of the caller that submitted the job (a symbolic link in a source is followed "
+            "only within them)");
+
+  // Roots that hold the targets, or none at all (a caller that may name any path): opened.
+  ckpt = CheckpointDir::Open(src, std::vector<std::string>{root});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ((*ckpt)->shards().size(), 2u);
+  ckpt = CheckpointDir::Open(src);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  // No roots at all: nothing.
+  ckpt = CheckpointDir::Open(other, std::vector<std::string>{});
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A Hugging Face cache snapshot links each file to ../../blobs/<hash>: inside the roots, opened.
+TEST_F(CheckpointDirTest, HuggingFaceSnapshotInsideTheRootsOpens) {
+  const std::string root = fs::canonical(dir_).string();
+  const std::string blobs = root + "/hub/models--a--b/blobs";
+  const std::string snapshot = root + "/hub/models--a--b/snapshots/0123";
+  fs::create_directories(blobs);
+  fs::create_directories(snapshot);
+  WriteShard(blobs + "/f00d", {"aa", "bb"});
+  fs::create_symlink("../../blobs/f00d", snapshot + "/model.safetensors");
+  absl::StatusOr<std::unique_ptr<CheckpointDir>> ckpt =
+      CheckpointDir::Open(snapshot, std::vector<std::string>{root + "/hub"});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_NE((*ckpt)->Find("bb"), nullptr);
+  ckpt = CheckpointDir::Open(snapshot, std::vector<std::string>{snapshot});
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
 TEST_F(CheckpointDirTest, OpensSingleFileWithoutConfig) {
   const std::string& dir = dir_;
   WriteShard(dir + "/model.safetensors", {"aa", "bb"});

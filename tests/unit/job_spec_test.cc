@@ -54,6 +54,25 @@ TEST(JobSpecTest, EveryFieldParsesAndRoundTrips) {
   EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
 }
 
+// source_roots (the submitter's allowed roots, set by the API): absent means any path and stays
+// absent in the canonical spec; an empty list means no root at all and round-trips as such.
+TEST(JobSpecTest, SourceRootsAbsentEmptyOrListed) {
+  auto spec = ParseJobSpec(R"({"source": "/in", "output": "/out"})", "spec.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->source_roots.has_value());
+  EXPECT_EQ(JobSpecToJson(*spec).find("source_roots"), std::string::npos);
+  for (const std::vector<std::string>& roots :
+       {std::vector<std::string>{}, std::vector<std::string>{"/models/alice", "/hf"}}) {
+    spec->source_roots = roots;
+    auto again = ParseJobSpec(JobSpecToJson(*spec), "canonical");
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE(again->source_roots.has_value());
+    EXPECT_EQ(*again->source_roots, roots);
+  }
+  auto bad = ParseJobSpec(R"({"source": "/in", "output": "/out", "source_roots": "/"})", "s");
+  EXPECT_EQ(bad.status().message(), "s: field 'source_roots' must be an array of strings");
+}
+
 TEST(JobSpecTest, IncludeMeansCustomRecipe) {
   auto spec = ParseJobSpec(R"({"source": "a", "output": "b", "include": ["layers.*.ffn.experts.*"]})",
                            "spec.json");

@@ -40,7 +40,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 // `vocab`: the source model's vocab_size.
 absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec, int64_t vocab) {
-  calibration::CalibrationTokenizer tokenizer(spec.source);
+  calibration::CalibrationTokenizer tokenizer(spec.source, spec.source_roots);
   return evaluation::LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, tokenizer,
                                         vocab);
 }

@@ -17,7 +17,7 @@ absl::StatusOr<std::vector<store::TaskPlan>> InspectStage::Plan(const PlanInput&
 absl::StatusOr<TaskOutput> InspectStage::Run(const store::TaskRow&, compute::Device&,
                                              const StageContext& ctx) const {
   ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointDir> source,
-                   checkpoint::CheckpointDir::Open(ctx.spec->source));
+                   checkpoint::CheckpointDir::Open(ctx.spec->source, ctx.spec->source_roots));
   ASSIGN_OR_RETURN(TensorInventory inventory, BuildInventory(*source));
   ASSIGN_OR_RETURN(pipeline::Plan plan, BuildPlan(*ctx.spec, *source, inventory));
   RETURN_IF_ERROR(CheckPlanUnchanged(plan, *ctx.stored_tasks));

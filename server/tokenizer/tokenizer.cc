@@ -617,7 +617,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string&
   std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
     RETURN_IF_ERROR(checkpoint::CheckInsideRoots("source", config_path, roots));
-    ASSIGN_OR_RETURN(std::string config_text, checkpoint::ReadFile(config_path, kMaxTokenizerConfigBytes));
+    ASSIGN_OR_RETURN(std::string config_text,
+                     checkpoint::ReadFile(config_path, kMaxTokenizerConfigBytes));
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));

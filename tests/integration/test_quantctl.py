@@ -462,7 +462,8 @@ def test_failed_job_exits_1_then_resume_and_delete(qc, tmp_path):
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     job_id = int(re.match(r"job (\d+) PENDING\n", proc.stdout).group(1))
     lines = proc.stdout.splitlines()
-    assert lines[-2].startswith(f"last error: {tmp_path / 'missing'}: "), lines
+    # The job's source is opened as a directory handle first: the error names the field.
+    assert lines[-2].startswith(f"last error: source: {tmp_path / 'missing'}: "), lines
     assert re.fullmatch(rf"job {job_id} FAILED( \(\w+\))?", lines[-1]), lines
     # "job <id> <STATE>", then the reason when there is one.
     assert re.fullmatch(rf"job {job_id} PENDING( \(\w+\))?\n", qc.run_ok("resume", job_id).stdout)

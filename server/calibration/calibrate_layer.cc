@@ -135,7 +135,8 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
   SliceResult result;
   result.amax.AddSlice(options.slice);
   auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<model::V4LayerWeights> weights = model::LoadLayer(ckpt, layer, device, options.alive);
+  absl::StatusOr<model::V4LayerWeights> weights =
+      model::LoadLayer(ckpt, layer, device, options.alive);
   if (!weights.ok()) return AddLayerContext(weights.status(), layer);
   result.timing.load = SecondsSince(start);
 

@@ -137,7 +137,8 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   {
     const base::ScopedInput reading(job->spec_.source);
     ASSIGN_OR_RETURN(job->source_dir_, checkpoint::DirHandle::Open("source", job->spec_.source));
-    ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source, job->spec_.source_roots));
+    ASSIGN_OR_RETURN(job->source_, checkpoint::CheckpointDir::Open(job->spec_.source,
+                                                                   job->spec_.source_roots));
     ASSIGN_OR_RETURN(job->inventory_, BuildInventory(*job->source_));
   }
   base::ThreadBudgetCheck();  // where a cancelled or late planning stops (base/thread_budget.h)

@@ -26,8 +26,9 @@
 // heartbeat); a task silent for a whole lease loses it: it is requeued for another worker and its
 // late completion is ignored. The worker that ran it stays busy, its memory reserved, until the
 // silent attempt returns. A task that loses its lease lease_expiry_limit times fails its job
-// (reason LEASE_EXPIRED) instead of looping. A task's error decides what happens (pipeline/stage.h): transient
-// codes are retried after a back-off (pipeline::RetryDelayMs), anything else fails the job.
+// (reason LEASE_EXPIRED) instead of looping. A task's error decides what happens
+// (pipeline/stage.h): transient codes are retried after a back-off (pipeline::RetryDelayMs),
+// anything else fails the job.
 //
 // Store failures never stop the engine silently: a result that cannot be recorded is kept and
 // recorded again with back-off; a store that fails for store_retry_limit_ms is unusable: the

@@ -153,6 +153,7 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
         persist_bytes += file->batch_bytes + static_cast<int64_t>(file->bytes);
       }
       timing.load += r->timing.load;
+      timing.decode += r->timing.decode;
       timing.forward += r->timing.forward;
       timing.record += r->timing.record;
       timing.spill += r->timing.spill;
@@ -162,10 +163,10 @@ int CalibrateMain(const CalibrateArgs& args, std::ostream& out, std::ostream& er
     const double elapsed = SecondsSince(start);
     const double rate = static_cast<double>(tokens) * (layer + 1) / elapsed;
     err << absl::StrFormat(
-        "layer %d of %d: %.0f tokens/s, ETA %.1f s (load %.3f s, forward %.3f s, record %.3f s, "
-        "spill %.3f s; RSS %d KiB, peak %d KiB)\n",
+        "layer %d of %d: %.0f tokens/s, ETA %.1f s (load %.3f s, decode %.3f s, forward %.3f s, "
+        "record %.3f s, spill %.3f s; RSS %d KiB, peak %d KiB)\n",
         layer + 1, layers, rate, elapsed / (layer + 1) * (layers - layer - 1), timing.load,
-        timing.forward, timing.record, timing.spill, RssKib(), PeakRssKib());
+        timing.decode, timing.forward, timing.record, timing.spill, RssKib(), PeakRssKib());
     if (checkpoints != nullptr && !options.discard_output) {
       checkpoints->OnBoundaryCommitted(layer);
       err << absl::StrFormat("layer %d of %d checkpoint: %d bytes in %.3f s\n", layer + 1, layers,

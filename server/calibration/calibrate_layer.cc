@@ -145,6 +145,7 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
                    model::MakeForwardContext(device, options.numerics, &observer));
   ctx.observe_all_experts = options.all_experts;
   ctx.alive = options.alive;
+  ctx.decode_seconds = &result.timing.decode;
   double run_seconds = 0.0;
   for (size_t i = 0; i < input.size(); ++i) {
     if (cancelled != nullptr && cancelled->load()) {
@@ -187,7 +188,7 @@ absl::StatusOr<SliceResult> CalibrateLayerSlice(const model::V4Checkpoint& ckpt,
     result.output.push_back(std::move(batch));
   }
   result.timing.record = observer.record_seconds();
-  result.timing.forward = run_seconds - result.timing.record;
+  result.timing.forward = run_seconds - result.timing.record - result.timing.decode;
   return result;
 }
 

@@ -90,7 +90,8 @@ struct SliceOptions {
 // Wall time of one slice, in seconds.
 struct SliceTiming {
   double load = 0.0;     // LoadLayer: read and decode the weights
-  double forward = 0.0;  // RunLayer, less the time spent recording amax
+  double decode = 0.0;   // decoding routed experts inside RunLayer (one at a time)
+  double forward = 0.0;  // RunLayer, less decoding and recording amax
   double record = 0.0;   // the observer
   double spill = 0.0;    // reading spilled inputs and writing spilled outputs
 };

@@ -91,9 +91,12 @@ absl::StatusOr<DeviceMoe> UploadMoe(const DeviceForwardContext& ctx, MoeWeights&
   } else {
     ASSIGN_OR_RETURN(d.bias, UploadArray(ctx, w.bias, w.gate.module + ".bias"));
   }
-  d.experts.reserve(w.experts.size());
-  for (ExpertWeights& e : w.experts) {
-    ASSIGN_OR_RETURN(DeviceExpert de, UploadExpert(ctx, e));
+  // Every routed expert is decoded on the host and uploaded in BF16/F32, all of them resident on
+  // the device (the host forward decodes them one at a time instead).
+  d.experts.reserve(static_cast<size_t>(w.experts.size()));
+  for (int64_t e = 0; e < w.experts.size(); ++e) {
+    ASSIGN_OR_RETURN(ExpertWeights decoded, w.experts.Decode(e));
+    ASSIGN_OR_RETURN(DeviceExpert de, UploadExpert(ctx, decoded));
     d.experts.push_back(std::move(de));
   }
   ASSIGN_OR_RETURN(d.shared, UploadExpert(ctx, w.shared));

@@ -41,6 +41,9 @@ struct ForwardContext {
   // Called after every product on the host (each expert's, each projection's): the running
   // task's sign of life, so a long batch keeps its lease. May be empty.
   std::function<void()> alive;
+  // When set, MoeForward adds the seconds it spends decoding routed experts (the caller's
+  // timing; one forward at a time per counter).
+  double* decode_seconds = nullptr;
 };
 
 // Optional facts about the rows of one linear call, passed on to the observer.

@@ -1,8 +1,10 @@
 #include "server/model/v4_moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
@@ -61,53 +63,57 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
                      {tokens, expert, weights, show_unweighted ? u.data() : nullptr});
 }
 
-// calibrate_all_experts: shows the observer each routed expert's inputs for the tokens that
-// were not routed to it (`routed[e]`, ascending), w2's without a routing weight. Nothing else
-// changes.
+// calibrate_all_experts: shows the observer routed expert `e`'s inputs for the tokens that were
+// not routed to it (`routed`, ascending), w2's without a routing weight. Nothing else changes.
 absl::Status ObserveUnroutedRows(const ForwardContext& ctx, const V4Config& config,
-                                 const MoeWeights& w, const float* x, int64_t tokens,
-                                 const std::vector<std::vector<int64_t>>& routed) {
+                                 const ExpertWeights& ew, int e, const float* x, int64_t tokens,
+                                 const std::vector<int64_t>& routed) {
   const int64_t d = config.hidden_size;
   std::vector<int64_t> others;
-  std::vector<float> xe, g, u;
-  for (size_t e = 0; e < w.experts.size(); ++e) {
-    others.clear();
-    size_t k = 0;
-    for (int64_t t = 0; t < tokens; ++t) {
-      if (k < routed[e].size() && routed[e][k] == t) {
-        ++k;
-      } else {
-        others.push_back(t);
-      }
+  size_t k = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (k < routed.size() && routed[k] == t) {
+      ++k;
+    } else {
+      others.push_back(t);
     }
-    const int64_t n = static_cast<int64_t>(others.size());
-    if (n == 0) continue;
-    const ExpertWeights& ew = w.experts[e];
-    const int64_t inter = ew.w1.out_features();
-    xe.resize(static_cast<size_t>(n * d));
-    for (int64_t i = 0; i < n; ++i) std::copy_n(x + others[i] * d, d, xe.data() + i * d);
-    g.resize(static_cast<size_t>(n * inter));
-    u.resize(g.size());
-    const LinearRows facts{others.data(), static_cast<int>(e), nullptr};
-    RETURN_IF_ERROR(ApplyLinear(ctx, ew.w1, xe.data(), n, g.data(), LinearOutput::kModelDtype, facts));
-    RETURN_IF_ERROR(ApplyLinear(ctx, ew.w3, xe.data(), n, u.data(), LinearOutput::kModelDtype, facts));
-    for (size_t i = 0; i < g.size(); ++i) g[i] = ClampedSwiglu(g[i], u[i], config.swiglu_limit);
-    ToModelDtype(ctx, g.data(), n * inter);
-    LinearInput input;
-    input.module = &ew.w2.module;
-    input.expert = static_cast<int>(e);
-    input.x = g.data();
-    input.rows = n;
-    input.cols = inter;
-    input.ld = inter;
-    input.tokens = others.data();
-    input.unweighted_x = g.data();
-    ctx.observer->OnLinearInput(input);
   }
+  const int64_t n = static_cast<int64_t>(others.size());
+  if (n == 0) return absl::OkStatus();
+  const int64_t inter = ew.w1.out_features();
+  std::vector<float> xe(static_cast<size_t>(n * d));
+  GatherRows(x, d, others.data(), n, xe.data(), ctx.threads);
+  std::vector<float> g(static_cast<size_t>(n * inter)), u(g.size());
+  const LinearRows facts{others.data(), e, nullptr};
+  RETURN_IF_ERROR(ApplyLinear(ctx, ew.w1, xe.data(), n, g.data(), LinearOutput::kModelDtype, facts));
+  RETURN_IF_ERROR(ApplyLinear(ctx, ew.w3, xe.data(), n, u.data(), LinearOutput::kModelDtype, facts));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = ClampedSwiglu(g[i], u[i], config.swiglu_limit);
+  ToModelDtype(ctx, g.data(), n * inter);
+  LinearInput input;
+  input.module = &ew.w2.module;
+  input.expert = e;
+  input.x = g.data();
+  input.rows = n;
+  input.cols = inter;
+  input.ld = inter;
+  input.tokens = others.data();
+  input.unweighted_x = g.data();
+  ctx.observer->OnLinearInput(input);
   return absl::OkStatus();
 }
 
 }  // namespace
+
+RoutedExperts::RoutedExperts(const V4Checkpoint* ckpt, kernels::Backend* backend,
+                             std::string prefix, int64_t count, int64_t inter)
+    : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)), count_(count), inter_(inter) {}
+
+absl::StatusOr<ExpertWeights> RoutedExperts::Decode(int64_t e) const {
+  if (e < 0 || e >= count_) {
+    return absl::OutOfRangeError(absl::StrCat(prefix_, "experts: no expert ", e));
+  }
+  return LoadExpert(*ckpt_, *backend_, absl::StrCat(prefix_, "experts.", e, "."), inter_);
+}
 
 absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                    const std::string& prefix, bool hash,
@@ -123,14 +129,15 @@ absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& b
   } else {
     ASSIGN_OR_RETURN(w.bias, LoadFloats(ckpt, p + "gate.bias", {c.n_routed_experts}));
   }
-  w.experts.reserve(static_cast<size_t>(c.n_routed_experts));
+  const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    ASSIGN_OR_RETURN(
-        ExpertWeights ew,
-        LoadExpert(ckpt, backend, absl::StrCat(p, "experts.", e, "."), c.moe_intermediate_size));
-    w.experts.push_back(std::move(ew));
+    const std::string ep = absl::StrCat(p, "experts.", e, ".");
+    RETURN_IF_ERROR(CheckLinear(ckpt, ep + "w1", inter, d));
+    RETURN_IF_ERROR(CheckLinear(ckpt, ep + "w2", d, inter));
+    RETURN_IF_ERROR(CheckLinear(ckpt, ep + "w3", inter, d));
     if (alive) alive();
   }
+  w.experts = RoutedExperts(&ckpt, &backend, p, c.n_routed_experts, inter);
   ASSIGN_OR_RETURN(w.shared, LoadExpert(ckpt, backend, p + "shared_experts.",
                                         c.moe_intermediate_size * c.n_shared_experts));
   return w;
@@ -229,6 +236,11 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
                                                      ")"));
     }
   }
+  if (w.experts.size() != experts) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE of ", w.gate.module, ": ",
+                                                   w.experts.size(), " routed experts loaded, ",
+                                                   experts, " configured"));
+  }
   std::vector<float> logits(static_cast<size_t>(tokens * experts));
   RETURN_IF_ERROR(ApplyLinear(ctx, w.gate, x, tokens, logits.data(), LinearOutput::kFloat32));
   const Routing routing = Route(config, w, logits.data(), tokens, token_ids, ctx.threads);
@@ -236,21 +248,33 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
   const ExpertRows routed = GroupByExpert(routing, tokens, topk, experts);
   std::vector<float> sum(static_cast<size_t>(tokens * d), 0.0f);  // fp32 routed sum
   std::vector<float> xe, out;
+  // Each expert that a token reaches (or, calibrate_all_experts, that the observer sees) is
+  // decoded once, used and dropped before the next.
+  const bool observe_all = ctx.observer != nullptr && ctx.observe_all_experts;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t n = static_cast<int64_t>(routed.tokens[e].size());
-    if (n == 0) continue;
-    xe.resize(static_cast<size_t>(n * d));
-    const int64_t* ids = routed.tokens[e].data();
-    GatherRows(x, d, ids, n, xe.data(), ctx.threads);
-    out.resize(xe.size());
-    RETURN_IF_ERROR(ExpertForward(ctx, config, w.experts[e], xe.data(), n, ids,
-                                  static_cast<int>(e), routed.weights[e].data(), out.data()));
-    // A token is routed to an expert at most once (distinct ids per row): no two rows share a
-    // destination.
-    AddRows(out.data(), ids, n, d, sum.data(), ctx.threads);
-  }
-  if (ctx.observer != nullptr && ctx.observe_all_experts) {
-    RETURN_IF_ERROR(ObserveUnroutedRows(ctx, config, w, x, tokens, routed.tokens));
+    if (n == 0 && !observe_all) continue;
+    const auto decode_start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(const ExpertWeights ew, w.experts.Decode(e));
+    if (ctx.decode_seconds != nullptr) {
+      *ctx.decode_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
+    }
+    if (n > 0) {
+      xe.resize(static_cast<size_t>(n * d));
+      const int64_t* ids = routed.tokens[e].data();
+      GatherRows(x, d, ids, n, xe.data(), ctx.threads);
+      out.resize(xe.size());
+      RETURN_IF_ERROR(ExpertForward(ctx, config, ew, xe.data(), n, ids, static_cast<int>(e),
+                                    routed.weights[e].data(), out.data()));
+      // A token is routed to an expert at most once (distinct ids per row): no two rows share a
+      // destination.
+      AddRows(out.data(), ids, n, d, sum.data(), ctx.threads);
+    }
+    if (observe_all) {
+      RETURN_IF_ERROR(ObserveUnroutedRows(ctx, config, ew, static_cast<int>(e), x, tokens,
+                                          routed.tokens[e]));
+    }
   }
   RETURN_IF_ERROR(ExpertForward(ctx, config, w.shared, x, tokens, nullptr, -1, nullptr, y));
   ParallelRows(ctx.threads, tokens * d, 1, [&](int, int64_t begin, int64_t end) {

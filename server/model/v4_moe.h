@@ -24,17 +24,42 @@ struct ExpertWeights {
   LinearWeight w3;  // up [inter, d]
 };
 
+// A layer's routed experts kept in their stored form (FP8 / MXFP4 / NVFP4 bytes and scales in the
+// mapped source): MoeForward decodes each one into host memory right before its products and
+// drops it after them, so a forward holds one decoded expert at a time instead of all of them
+// (at DeepSeek-V4-Pro size 384 experts are 51.5 GB in BF16, one is 132 MB). The checkpoint and
+// the backend must outlive it. Decode is thread-safe.
+class RoutedExperts {
+ public:
+  RoutedExperts() = default;
+  // The experts "<prefix>experts.E." for E < count, each [inter, d] / [d, inter].
+  RoutedExperts(const V4Checkpoint* ckpt, kernels::Backend* backend, std::string prefix,
+                int64_t count, int64_t inter);
+
+  int64_t size() const { return count_; }
+  // Expert `e` decoded (LoadLinear of its w1, w2, w3); errors name the tensor.
+  absl::StatusOr<ExpertWeights> Decode(int64_t e) const;
+
+ private:
+  const V4Checkpoint* ckpt_ = nullptr;
+  kernels::Backend* backend_ = nullptr;
+  std::string prefix_;  // "layers.3.ffn."
+  int64_t count_ = 0;
+  int64_t inter_ = 0;
+};
+
 struct MoeWeights {
   LinearWeight gate;             // router [experts, d], run in float32
   std::vector<float> bias;       // [experts]; empty in hash layers
   std::vector<int32_t> tid2eid;  // [vocab, topk]; hash layers only
-  std::vector<ExpertWeights> experts;
+  RoutedExperts experts;         // decoded one at a time by MoeForward
   ExpertWeights shared;
 };
 
 // Loads layer `layer`'s (or the MTP block's, prefix "mtp.0.") MoE weights under `prefix`
-// ("layers.3.").
-// `alive` (may be empty) is called after each expert: the loading task's sign of life.
+// ("layers.3."): the router and the shared expert decoded, the routed experts checked (present,
+// of the config's shapes, in a format the forward reads) and left in the source for MoeForward.
+// `alive` (may be empty) is called after each expert checked: the loading task's sign of life.
 absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                    const std::string& prefix, bool hash,
                                    const std::function<void()>& alive);

@@ -19,6 +19,11 @@ absl::Status TensorShapeError(const std::string& name, const std::vector<int64_t
                                                  checkpoint::ShapeString(want)));
 }
 
+bool IsNvfp4(const checkpoint::LinearModule& m) {
+  return m.format == checkpoint::TensorFormat::kNvfp4 ||
+         m.format == checkpoint::TensorFormat::kNvfp4CompressedTensors;
+}
+
 // A one-element F32 scale of an NVFP4 module (ModelOpt: [], compressed-tensors: [1]), checked
 // finite and positive; `reciprocal` for compressed-tensors' global scales (1 / ModelOpt's).
 absl::StatusOr<float> LoadNvfp4Scalar(const V4Checkpoint& ckpt, const std::string& name,
@@ -112,27 +117,34 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
   return ckpt;
 }
 
+absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, int64_t out,
+                         int64_t in) {
+  const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
+  if (m == nullptr || !IsNvfp4(*m)) {
+    ASSIGN_OR_RETURN(const checkpoint::SourceWeight source,
+                     checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
+    m = source.module;
+  }
+  if (m->out_features != out || m->in_features != in) {
+    return TensorShapeError(m->tensors.front(), {m->out_features, m->in_features}, {out, in},
+                            checkpoint::FormatName(m->format));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                         const std::string& module, int64_t out, int64_t in) {
+  RETURN_IF_ERROR(CheckLinear(ckpt, module, out, in));
   LinearWeight w;
   w.module = module;
   if (const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
-      m != nullptr && (m->format == checkpoint::TensorFormat::kNvfp4 ||
-                       m->format == checkpoint::TensorFormat::kNvfp4CompressedTensors)) {
-    if (m->out_features != out || m->in_features != in) {
-      return TensorShapeError(m->tensors.front(), {m->out_features, m->in_features}, {out, in},
-                              checkpoint::FormatName(m->format));
-    }
+      IsNvfp4(*m)) {
     RETURN_IF_ERROR(LoadNvfp4Linear(ckpt, backend, *m, &w));
     return w;
   }
   ASSIGN_OR_RETURN(checkpoint::SourceWeight source,
                    checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
   const checkpoint::LinearModule& m = *source.module;
-  if (m.out_features != out || m.in_features != in) {
-    return TensorShapeError(m.tensors.front(), {m.out_features, m.in_features}, {out, in},
-                            checkpoint::FormatName(m.format));
-  }
   w.quantized_source = m.format == checkpoint::TensorFormat::kFp8BlockE8m0 ||
                        m.format == checkpoint::TensorFormat::kFp8BlockF32 ||
                        m.format == checkpoint::TensorFormat::kMxfp4;

@@ -58,6 +58,11 @@ struct LinearWeight {
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                         const std::string& module, int64_t out, int64_t in);
 
+// What LoadLinear checks before it decodes (the module is present, [out, in], its tensors of the
+// sizes its format needs), without decoding it: for weights decoded later (RoutedExperts).
+absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, int64_t out,
+                         int64_t in);
+
 // Drops the resident pages of a tensor of the mapped source once it has been copied out, so that
 // memory stays flat as the forward moves through the layers.
 void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor);

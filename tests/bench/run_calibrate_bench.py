@@ -9,7 +9,8 @@ and on copies with 2x and 4x its decoder layers (deepen_fixture.py), printed as 
   peak anon    peak RssAnon sampled every 20 ms: RSS without file pages, i.e. the layer's decoded
                weights, the activations between layers and the forward's working memory; this is
                what must not grow with depth
-  per layer    mean seconds per layer: load (read + decode the layer's weights), forward, record
+  per layer    mean seconds per layer: load (read + decode the dense weights), decode (the routed
+               experts, one at a time inside the forward), forward, record
                (the amax observer), spill (write + read back activations; 0 in memory)
 
 One more run of the deepest fixture spills every activation (--spill-dir) to show the spill cost,
@@ -36,8 +37,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-LAYER_LINE = re.compile(r"layer (\d+) of (\d+): .*\(load ([\d.]+) s, forward ([\d.]+) s, "
-                        r"record ([\d.]+) s, spill ([\d.]+) s;")
+LAYER_LINE = re.compile(r"layer (\d+) of (\d+): .*\(load ([\d.]+) s, decode ([\d.]+) s, "
+                        r"forward ([\d.]+) s, record ([\d.]+) s, spill ([\d.]+) s;")
 DONE_LINE = re.compile(r"calibrated (\d+) layers on (\d+) tokens in ([\d.]+) s")
 CHECKPOINT_LINE = re.compile(r"layer \d+ of \d+ checkpoint: (\d+) bytes in ([\d.]+) s")
 
@@ -84,7 +85,7 @@ def calibrate(qd, spec, amax_out, threads, spill_dir=None, checkpoint_dir=None):
 
 
 def mean_forward(r):
-    return sum(x[1] for x in r["layers"]) / len(r["layers"])
+    return sum(x[2] for x in r["layers"]) / len(r["layers"])
 
 
 def main():
@@ -130,14 +131,15 @@ def main():
               f"{seq_len} tokens, threads {threads or 'all'}")
         print(f"{'layers':>6} {'acts':>7} {'tokens':>7} {'wall s':>7} {'layer-tok/s':>11} "
               f"{'model tok/s':>11} {'peak RSS MiB':>12} {'peak anon MiB':>13} "
-              f"{'load':>6} {'forward':>7} {'record':>6} {'spill':>6}  (s per layer)")
+              f"{'load':>6} {'decode':>6} {'forward':>7} {'record':>6} {'spill':>6}  (s per layer)")
         for factor, mode, r in rows:
             n = len(r["layers"])
-            mean = [sum(x[i] for x in r["layers"]) / n for i in range(4)]
+            mean = [sum(x[i] for x in r["layers"]) / n for i in range(5)]
             print(f"{n:>6} {mode:>7} {r['tokens']:>7} {r['wall']:>7.2f} "
                   f"{r['tokens'] * n / r['loop']:>11.0f} {r['tokens'] / r['loop']:>11.1f} "
                   f"{r['hwm'] / 1024:>12.1f} {r['anon'] / 1024:>13.1f} "
-                  f"{mean[0]:>6.3f} {mean[1]:>7.3f} {mean[2]:>6.3f} {mean[3]:>6.3f}")
+                  f"{mean[0]:>6.3f} {mean[1]:>6.3f} {mean[2]:>7.3f} {mean[3]:>6.3f} "
+                  f"{mean[4]:>6.3f}")
         for factor, mode, r in rows:
             if r["checkpoints"]:
                 n = len(r["checkpoints"])

@@ -16,13 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "server/calibration/calibrate_layer.h"
+#include "server/calibration/calibrate_task.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/evaluation/evaluate_task.h"
 #include "server/evaluation/job_evaluation.h"
 #include "server/fixture/fixture.h"
+#include "server/model/v4_config.h"
+#include "server/model/v4_memory.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage_registry.h"
 #include "server/pipeline/stages/evaluate_stage.h"
+#include "server/pipeline/stages/layer_task_memory.h"
 #include "server/scheduler/evaluation_report.h"
 #include "tests/unit/test_dirs.h"
 
@@ -36,6 +41,7 @@ using job::ParseJobSpec;
 
 namespace {
 
+using calibration::CalibrateTask;
 using evaluation::EvaluateTask;
 
 const std::string kData = std::string(QUANTD_SOURCE_DIR) + "/tests/data/calibration_sample.jsonl";
@@ -154,6 +160,58 @@ TEST_F(EvaluatePlanTest, CheckpointBytesAreTwoBoundariesOfEveryTokenAndTheDiskCh
                                "about " + std::to_string(uint64_t{1} << 62) + " bytes in " +
                                work_dir + ") but " + spec.output + " has ";
   EXPECT_EQ(s.message().substr(0, expected.size()), expected) << s.message();
+}
+
+// Calibrate and evaluate tasks state the memory they hold (layer_task_memory.h): the layer of the
+// model/v4_memory.h model plus their activations; the other tasks none.
+TEST_F(EvaluatePlanTest, LayerTasksStateTheMemoryOfTheirLayerAndActivations) {
+  absl::StatusOr<Plan> plan = PlanWith("");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto config = model::ParseV4Config(source_->config(), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (const store::TaskPlan& t : StageOf(*plan, "calibrate")->tasks) {
+    absl::StatusOr<CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
+    ASSERT_TRUE(task.ok()) << task.status();
+    if (task->kind != CalibrateTask::Kind::kLayer) {
+      EXPECT_EQ(t.requirement.memory_bytes, 0) << t.name;
+      continue;
+    }
+    const int64_t layer_bytes =
+        model::EstimateLayerMemory(inventory_, "layers." + std::to_string(task->layer) + ".",
+                                   model::DecodedWidth::kAsStored)
+            .resident_bytes();
+    if (t.bytes_total == 0) {  // a slice without a batch (the tiny data fit one): the layer
+      EXPECT_EQ(t.requirement.memory_bytes, layer_bytes) << t.name;
+      continue;
+    }
+    // At least the layer, one sequence's working memory and the slice's streams in and out, at
+    // most one whole batch budget more.
+    const int64_t streams = 2 * StreamBytes(*config, t.bytes_total);
+    EXPECT_GT(t.requirement.memory_bytes,
+              layer_bytes + streams + calibration::EstimateBatchBytes(*config, 1, 16))
+        << t.name;
+    EXPECT_LE(t.requirement.memory_bytes,
+              layer_bytes + streams + calibration::kDefaultBatchBytes)
+        << t.name;
+    EXPECT_FALSE(t.requirement.gpu);
+  }
+  const std::vector<store::TaskPlan>& evaluate = StageOf(*plan, EvaluateStage::kKind)->tasks;
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string prefix = "layers." + std::to_string(i) + ".";
+    const int64_t layers =
+        model::EstimateLayerMemory(inventory_, prefix, model::DecodedWidth::kAsStored)
+            .resident_bytes() +
+        model::EstimateLayerMemory(inventory_, prefix, model::DecodedWidth::kFloat32)
+            .resident_bytes();
+    const int64_t streams = 4 * StreamBytes(*config, evaluate[i].bytes_total);
+    EXPECT_GT(evaluate[i].requirement.memory_bytes, layers + streams) << i;
+    EXPECT_LE(evaluate[i].requirement.memory_bytes,
+              layers + streams + calibration::kDefaultBatchBytes)
+        << i;
+  }
+  EXPECT_GT(evaluate[3].requirement.memory_bytes,
+            2 * 4 * config->vocab_size * config->hidden_size);  // the head
+  EXPECT_EQ(evaluate[4].requirement.memory_bytes, 0);  // the gate
 }
 
 TEST_F(EvaluatePlanTest, ExplicitSampleCountIsKeptOrRefusedNamingTheFile) {

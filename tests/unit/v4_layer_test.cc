@@ -3,6 +3,7 @@
 // equality with transformers is tests/interop/test_v4_forward.py's.
 #include "server/model/v4_layer.h"
 
+#include <malloc.h>
 #include <string.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats.h"
+#include "server/model/v4_memory.h"
 #include "tests/unit/v4_tiny_checkpoint.h"
 
 namespace quantd::model {
@@ -169,6 +171,37 @@ TEST_F(V4LayerTest, LoadAndForwardSignLifeWithoutChangingABit) {
   // At least the router and the shared expert's three products, and one per expert reached.
   EXPECT_GE(products, 4);
   EXPECT_EQ(a->streams, b->streams);
+}
+
+// Bytes the process's malloc holds now, every arena and mmapped chunk.
+int64_t HeapBytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+TEST_F(V4LayerTest, ALoadedLayerHoldsItsDenseWeightsAndNoRoutedExpert) {
+  const V4Config& c = ckpt_->config;
+  const LayerMemory model =
+      EstimateLayerMemory(ckpt_->inventory, "layers.1.", DecodedWidth::kAsStored);
+  // Names, vectors' headers, alignment: far less than one decoded expert.
+  constexpr int64_t kSlack = 64 << 10;
+  ASSERT_EQ(model.expert_bytes, 3 * c.moe_intermediate_size * c.hidden_size * 2);
+  ASSERT_LT(kSlack, model.expert_bytes);
+  auto acts = Embed(*ckpt_, ids_, kSequences, kSeqLen);
+  auto ctx = MakeForwardContext(*device_, Numerics::kOfficial, nullptr);
+  ASSERT_TRUE(acts.ok() && ctx.ok());
+  const int64_t before = HeapBytes();
+  auto weights = LoadLayer(*ckpt_, 1, *device_);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const int64_t loaded = HeapBytes() - before;
+  EXPECT_GE(loaded, model.dense_bytes - kSlack);
+  EXPECT_LE(loaded, model.dense_bytes + kSlack);
+  // The forward decodes the experts its tokens reach and keeps none of them (the first run also
+  // leaves the thread pools' and BLAS's one-time buffers, so the second is measured).
+  ASSERT_TRUE(RunLayer(*ctx, c, *weights, *acts).ok());
+  const int64_t warm = HeapBytes();
+  ASSERT_TRUE(RunLayer(*ctx, c, *weights, *acts).ok());
+  EXPECT_LE(HeapBytes() - warm, kSlack);
 }
 
 TEST_F(V4LayerTest, OfficialStaysAbove20DbSqnrOfMathInOneLayer) {

@@ -27,6 +27,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/inspect_stage.h"
+#include "server/pipeline/stages/layer_task_memory.h"
 
 namespace quantd::pipeline {
 
@@ -366,13 +367,19 @@ absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInpu
       t.layer = l;
       t.slice = s;
       std::tie(t.first_batch, t.end_batch) = calibration::SliceBatches(n, s, layout.slices);
-      int64_t slice_tokens = 0;
+      int64_t slice_tokens = 0, batch_bytes = 0;
       for (int64_t b = t.first_batch; b < t.end_batch; ++b) {
         for (size_t k : batches[b]) slice_tokens += lengths[k];
+        batch_bytes = std::max(batch_bytes, calibration::EstimateBatchBytes(
+                                                config, static_cast<int64_t>(batches[b].size()),
+                                                lengths[batches[b].front()]));
       }
       std::string label = absl::StrCat("layer ", l + 1, " of ", layout.layers);
       if (layout.slices > 1) absl::StrAppend(&label, ", slice ", s + 1, " of ", layout.slices);
-      tasks.push_back({t.Name(), ToJson(t), slice_tokens, label, {}, previous});
+      compute::DeviceRequirement memory;
+      memory.memory_bytes =
+          CalibrateLayerTaskBytes(config, *input.inventory, l, slice_tokens, batch_bytes);
+      tasks.push_back({t.Name(), ToJson(t), slice_tokens, label, memory, previous});
       current.push_back({kind, t.Name()});
     }
     previous = std::move(current);

@@ -1,5 +1,6 @@
 #include "server/pipeline/stages/evaluate_stage.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/export_stage.h"
+#include "server/pipeline/stages/layer_task_memory.h"
 #include "server/pipeline/stages/verify_stage.h"
 
 namespace quantd::pipeline {
@@ -227,16 +229,35 @@ absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput
   for (const OutputShard& shard : input.output_shards) {
     after.push_back({std::string(VerifyStage::kKind), shard.task.shard});
   }
+  // The batches EmbedHeldOut will form, for the tasks' memory.
+  std::vector<int64_t> lengths;
+  for (const std::vector<int32_t>& s : samples) lengths.push_back(static_cast<int64_t>(s.size()));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> batches,
+                   calibration::PlanBatches(config, lengths, calibration::kDefaultBatchBytes));
+  int64_t batch_bytes = 0, seq_len = 0;
+  for (const std::vector<size_t>& b : batches) {
+    const int64_t n = lengths[b.front()];
+    seq_len = std::max(seq_len, n);
+    batch_bytes = std::max(batch_bytes, calibration::EstimateBatchBytes(
+                                            config, static_cast<int64_t>(b.size()), n));
+  }
   t.kind = EvaluateTask::Kind::kLayer;
   for (int64_t l = 0; l < layout.layers; ++l) {
     t.layer = l;
+    compute::DeviceRequirement memory;
+    memory.memory_bytes =
+        EvaluateLayerTaskBytes(config, *input.inventory, l, t.tokens, batch_bytes);
     tasks.push_back({t.Name(), ToJson(t), t.tokens,
-                     absl::StrCat("layer ", l + 1, " of ", layout.layers), {}, std::move(after)});
+                     absl::StrCat("layer ", l + 1, " of ", layout.layers), memory,
+                     std::move(after)});
     after = {{kind, t.Name()}};
   }
   t.layer = 0;
   t.kind = EvaluateTask::Kind::kHead;
-  tasks.push_back({t.Name(), ToJson(t), t.tokens, "head: next-token figures", {}, after});
+  compute::DeviceRequirement head_memory;
+  head_memory.memory_bytes = EvaluateHeadTaskBytes(config, t.tokens, seq_len);
+  tasks.push_back(
+      {t.Name(), ToJson(t), t.tokens, "head: next-token figures", head_memory, after});
   const store::TaskRef head{kind, t.Name()};
   t.kind = EvaluateTask::Kind::kGate;
   tasks.push_back({t.Name(), ToJson(t), 0, "quality gate", {}, {head}});

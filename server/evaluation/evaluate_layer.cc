@@ -51,6 +51,7 @@ absl::StatusOr<LayerEvaluation> EvaluateLayer(const model::V4Checkpoint& source,
   ASSIGN_OR_RETURN(model::ForwardContext ctx,
                    model::MakeForwardContext(device, numerics, /*observer=*/nullptr));
   ctx.alive = hooks.alive;
+  ctx.decode_seconds = &q.decode_seconds;
   for (size_t i = 0; i < input.source->size(); ++i) {
     if (hooks.cancelled != nullptr && hooks.cancelled->load()) {
       return absl::CancelledError(absl::StrCat("layer ", layer, ": evaluation cancelled"));
@@ -73,7 +74,7 @@ absl::StatusOr<LayerEvaluation> EvaluateLayer(const model::V4Checkpoint& source,
     result.source.push_back(InHost(*std::move(out)));
     result.quantized.push_back(InHost(*std::move(own)));
   }
-  q.forward_seconds = SecondsSince(start);
+  q.forward_seconds = SecondsSince(start) - q.decode_seconds;
   return result;
 }
 

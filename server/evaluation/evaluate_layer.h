@@ -26,7 +26,8 @@ struct LayerQuality {
   Sqnr free_running;    // quantized model on its own activations vs the source model
   Sqnr teacher_forced;  // quantized layer on the source's activations vs the source layer
   double load_seconds = 0.0;     // both layers' weights read and decoded
-  double forward_seconds = 0.0;  // the three layer runs over every batch
+  double decode_seconds = 0.0;   // routed experts decoded inside the layer runs
+  double forward_seconds = 0.0;  // the three layer runs over every batch, less decoding
 };
 
 struct LayerEvaluation {

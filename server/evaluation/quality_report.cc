@@ -47,6 +47,7 @@ nlohmann::json QualityReportToJson(const QualityReport& r) {
                       {"free_running_sqnr_db", DbJson(l.free_running)},
                       {"teacher_forced_sqnr_db", DbJson(l.teacher_forced)},
                       {"load_seconds", l.load_seconds},
+                      {"decode_seconds", l.decode_seconds},
                       {"forward_seconds", l.forward_seconds}});
   }
   const NextTokenQuality& n = r.next_token;

@@ -59,9 +59,9 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                                                          device, numerics, hooks));
     const LayerQuality& q = step.quality;
     progress(absl::StrFormat("layer %d of %d: SQNR %.2f dB free-running, %.2f dB teacher-forced "
-                             "(load %.3f s, forward %.3f s)",
+                             "(load %.3f s, decode %.3f s, forward %.3f s)",
                              layer + 1, layers, q.free_running.Db(), q.teacher_forced.Db(),
-                             q.load_seconds, q.forward_seconds));
+                             q.load_seconds, q.decode_seconds, q.forward_seconds));
     report.layers.push_back(q);
     batches.source = std::make_shared<const Batches>(std::move(step.source));
     batches.quantized = std::make_shared<const Batches>(std::move(step.quantized));

@@ -123,6 +123,9 @@ struct TaskOutput {
   std::optional<store::EvaluationLayerRow> evaluation_layer;
   std::optional<store::EvaluationRow> evaluation;
   int64_t evaluated_tokens = 0;
+  // For people: appended to the task's "done" event (a layer task's seconds of load, decode,
+  // forward and record); "" for none.
+  std::string summary;
 };
 
 class Stage {

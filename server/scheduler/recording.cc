@@ -81,6 +81,7 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
     if (!output->path.empty()) {
       absl::StrAppend(&message, ": ", output->path, ", ", output->bytes, " bytes");
     }
+    if (!output->summary.empty()) absl::StrAppend(&message, " (", output->summary, ")");
     RETURN_IF_ERROR(store_->AddEvent(job.id, "task_done", message, now));
     Log(job.id, "task_done", message);
     if (metrics != nullptr) {

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/base/status_macros.h"
 #include "server/calibration/amax_rows.h"
 #include "server/calibration/calibrate_layer.h"
@@ -201,6 +202,9 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
   out.calibrated_tokens = result->tokens;
   out.calibration_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const calibration::SliceTiming& s = result->timing;
+  out.summary = absl::StrFormat("load %.1f s, decode %.1f s, forward %.1f s, record %.1f s", s.load,
+                                s.decode, s.forward, s.record);
   return out;
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/base/status_macros.h"
 #include "server/calibration/calibrate_layer.h"
 #include "server/calibration/job_calibration.h"
@@ -129,6 +130,8 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
                                 q.free_running.noise, q.teacher_forced.signal,
                                 q.teacher_forced.noise, SecondsSince(start)};
   out.evaluated_tokens = input.tokens();
+  out.summary = absl::StrFormat("load %.1f s, decode %.1f s, forward %.1f s", q.load_seconds,
+                                q.decode_seconds, q.forward_seconds);
   return out;
 }
 

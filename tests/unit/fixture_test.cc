@@ -500,6 +500,11 @@ TEST(FixtureTest, ProLayerHasTheReferenceShapes) {
   for (const auto& [name, shape] : stored) EXPECT_NE(name.rfind("mtp.", 0), 0u) << name;
   // embed + head 2 * 1853358080, 384 experts * 35094528, tid2eid 6205440, the rest 392435244.
   EXPECT_EQ(bytes, 17581655596u);
+  uint64_t flash_bytes = 0;
+  for (const FixtureTensor& t : FixtureTensors(MakeConfig(Arch::kDeepseekV4, Preset::kFlash))) {
+    for (const checkpoint::TensorSpec& s : t.Stored()) flash_bytes += s.bytes();
+  }
+  EXPECT_EQ(flash_bytes, 5684542828u);  // as written by mkfixture --preset flash --layers 1
 
   // --layers 3 --mtp: the CSA layer 2 has its indexer, the MTP block its projections.
   FixtureCuts cuts;

@@ -36,20 +36,27 @@ struct MkfixtureArgs {
   std::string preset = "tiny";
   uint64_t seed = 1;
   bool force = false;
+  quantd::fixture::FixtureCuts cuts;  // --layers, --mtp, --experts, --vocab
   std::string out_dir;
 };
 
 int RunMkfixture(const MkfixtureArgs& a) {
+  using quantd::fixture::Preset;
   absl::StatusOr<quantd::fixture::Arch> arch = quantd::fixture::ParseArch(a.arch);
   if (!arch.ok()) return Fail("mkfixture", arch.status(), kUsage);
-  absl::StatusOr<quantd::fixture::Preset> preset = quantd::fixture::ParsePreset(a.preset);
+  absl::StatusOr<Preset> preset = quantd::fixture::ParsePreset(*arch, a.preset);
   if (!preset.ok()) return Fail("mkfixture", preset.status(), kUsage);
+  absl::StatusOr<quantd::fixture::FixtureConfig> config =
+      quantd::fixture::MakeConfig(*arch, *preset, a.cuts);
+  if (!config.ok()) return Fail("mkfixture", config.status(), kUsage);
   quantd::fixture::WriteOptions options;
   options.force = a.force;
-  if (*preset == quantd::fixture::Preset::kBench) options.progress = &std::cerr;
+  if (*preset == Preset::kBench || *preset == Preset::kPro || *preset == Preset::kFlash) {
+    options.progress = &std::cerr;
+  }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<quantd::fixture::FixtureSummary> s = quantd::fixture::WriteFixture(
-      quantd::fixture::MakeConfig(*arch, *preset), a.seed, a.out_dir, options);
+  absl::StatusOr<quantd::fixture::FixtureSummary> s =
+      quantd::fixture::WriteFixture(*config, a.seed, a.out_dir, options);
   if (!s.ok()) return Fail("mkfixture", s.status(), kFailure);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -64,8 +71,15 @@ void AddMkfixture(CLI::App& app, int& rc) {
   CLI::App* cmd = app.add_subcommand(
       "mkfixture", "Write a synthetic DeepSeek-V4/V3 format checkpoint from a seed");
   cmd->add_option("--arch", args->arch, "deepseek-v4 or deepseek-v3")->capture_default_str();
-  cmd->add_option("--preset", args->preset, "tiny, small or bench")->capture_default_str();
+  cmd->add_option("--preset", args->preset,
+                  "tiny, small, bench, or the real DeepSeek-V4 dimensions: pro or flash")
+      ->capture_default_str();
   cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  cmd->add_option("--layers", args->cuts.layers, "pro/flash: main layers (default 1)");
+  cmd->add_flag("--mtp", args->cuts.mtp, "pro/flash: also write the MTP block");
+  cmd->add_option("--experts", args->cuts.experts,
+                  "pro/flash: routed experts per layer, at least 6 (default: the real count)");
+  cmd->add_option("--vocab", args->cuts.vocab, "pro/flash: vocabulary size (default 129280)");
   cmd->add_flag("--force", args->force, "write into a non-empty OUT_DIR");
   cmd->add_option("OUT_DIR", args->out_dir, "output directory")->required();
   cmd->callback([args, &rc] { rc = RunMkfixture(*args); });

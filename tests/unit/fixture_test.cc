@@ -322,6 +322,203 @@ const FixtureTensor& FindSpec(const std::vector<FixtureTensor>& ts, const std::s
   return ts.front();
 }
 
+// §1's table, field by field.
+TEST(FixtureTest, ProAndFlashPresetsHaveTheReferenceDimensions) {
+  const FixtureConfig pro = MakeConfig(Arch::kDeepseekV4, Preset::kPro);
+  const FixtureConfig flash = MakeConfig(Arch::kDeepseekV4, Preset::kFlash);
+  EXPECT_EQ(pro.hidden_size, 7168);
+  EXPECT_EQ(flash.hidden_size, 4096);
+  EXPECT_EQ(pro.num_attention_heads, 128);
+  EXPECT_EQ(flash.num_attention_heads, 64);
+  EXPECT_EQ(pro.q_lora_rank, 1536);
+  EXPECT_EQ(flash.q_lora_rank, 1024);
+  EXPECT_EQ(pro.o_groups, 16);
+  EXPECT_EQ(flash.o_groups, 8);
+  EXPECT_EQ(pro.index_topk, 1024);
+  EXPECT_EQ(flash.index_topk, 512);
+  EXPECT_EQ(pro.n_routed_experts, 384);
+  EXPECT_EQ(flash.n_routed_experts, 256);
+  EXPECT_EQ(pro.moe_intermediate_size, 3072);
+  EXPECT_EQ(flash.moe_intermediate_size, 2048);
+  EXPECT_EQ(pro.routed_scaling_factor, 2.5);
+  EXPECT_EQ(flash.routed_scaling_factor, 1.5);
+  EXPECT_EQ(pro.compress_ratios, (std::vector<int64_t>{128, 0}));
+  EXPECT_EQ(flash.compress_ratios, (std::vector<int64_t>{0, 0}));
+  for (const FixtureConfig& c : {pro, flash}) {
+    EXPECT_EQ(c.arch, Arch::kDeepseekV4);
+    EXPECT_EQ(c.shard_bytes, 5'000'000'000u);
+    EXPECT_EQ(c.vocab_size, 129280);
+    EXPECT_EQ(c.num_hidden_layers, 1);
+    EXPECT_FALSE(c.mtp);
+    EXPECT_EQ(c.head_dim, 512);
+    EXPECT_EQ(c.qk_rope_head_dim, 64);
+    EXPECT_EQ(c.o_lora_rank, 1024);
+    EXPECT_EQ(c.sliding_window, 128);
+    EXPECT_EQ(c.index_n_heads, 64);
+    EXPECT_EQ(c.index_head_dim, 128);
+    EXPECT_EQ(c.n_shared_experts, 1);
+    EXPECT_EQ(c.num_experts_per_tok, 6);
+    EXPECT_EQ(c.num_hash_layers, 3);
+    EXPECT_EQ(c.hc_mult, 4);
+    const nlohmann::json j = ConfigJson(c);
+    EXPECT_EQ(j["num_nextn_predict_layers"], 0);
+    EXPECT_EQ(j["routed_scaling_factor"], c.routed_scaling_factor);
+    EXPECT_EQ(j["compress_ratios"], nlohmann::json(c.compress_ratios));
+  }
+  // pro and flash are V4 models whichever arch is asked for; the parser refuses the mix.
+  EXPECT_EQ(MakeConfig(Arch::kDeepseekV3, Preset::kPro).hidden_size, 7168);
+  EXPECT_EQ(*ParsePreset(Arch::kDeepseekV4, "pro"), Preset::kPro);
+  EXPECT_EQ(*ParsePreset(Arch::kDeepseekV4, "flash"), Preset::kFlash);
+  EXPECT_EQ(ParsePreset(Arch::kDeepseekV3, "pro").status().message(),
+            "--preset pro is a DeepSeek-V4 model (pass --arch deepseek-v4)");
+  EXPECT_EQ(ParsePreset(Arch::kDeepseekV4, "huge").status().message(),
+            "unknown --preset 'huge' (expected tiny, small, bench, pro or flash)");
+}
+
+// The whole real layer stack: 61 (Pro) and 43 (Flash) main layers and the MTP entry, with §1's
+// counts of ratio 4, 128 and 0.
+TEST(FixtureTest, LayerCutsFollowTheRealCompressRatios) {
+  auto count = [](const std::vector<int64_t>& v, int64_t x) {
+    return std::count(v.begin(), v.end(), x);
+  };
+  FixtureCuts cuts;
+  cuts.layers = 61;
+  absl::StatusOr<FixtureConfig> pro = MakeConfig(Arch::kDeepseekV4, Preset::kPro, cuts);
+  ASSERT_TRUE(pro.ok()) << pro.status();
+  ASSERT_EQ(pro->compress_ratios.size(), 62u);
+  EXPECT_EQ(count(pro->compress_ratios, 4), 30);
+  EXPECT_EQ(count(pro->compress_ratios, 128), 31);
+  EXPECT_EQ(count(pro->compress_ratios, 0), 1);
+  EXPECT_EQ(std::vector<int64_t>(pro->compress_ratios.begin(), pro->compress_ratios.begin() + 6),
+            (std::vector<int64_t>{128, 128, 4, 128, 4, 128}));
+  EXPECT_EQ(pro->compress_ratios[60], 4);
+  cuts.layers = 43;
+  absl::StatusOr<FixtureConfig> flash = MakeConfig(Arch::kDeepseekV4, Preset::kFlash, cuts);
+  ASSERT_TRUE(flash.ok()) << flash.status();
+  ASSERT_EQ(flash->compress_ratios.size(), 44u);
+  EXPECT_EQ(count(flash->compress_ratios, 4), 21);
+  EXPECT_EQ(count(flash->compress_ratios, 128), 20);
+  EXPECT_EQ(count(flash->compress_ratios, 0), 3);
+  EXPECT_EQ(flash->num_hidden_layers, 43);
+  cuts.layers = 3;
+  flash = MakeConfig(Arch::kDeepseekV4, Preset::kFlash, cuts);
+  ASSERT_TRUE(flash.ok()) << flash.status();
+  EXPECT_EQ(flash->compress_ratios, (std::vector<int64_t>{0, 0, 4, 0}));
+}
+
+TEST(FixtureTest, CutsApplyToProAndFlashOnly) {
+  FixtureCuts cuts;
+  cuts.layers = 2;
+  cuts.mtp = true;
+  cuts.experts = 6;
+  cuts.vocab = 261;
+  absl::StatusOr<FixtureConfig> c = MakeConfig(Arch::kDeepseekV4, Preset::kFlash, cuts);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_hidden_layers, 2);
+  EXPECT_TRUE(c->mtp);
+  EXPECT_EQ(c->n_routed_experts, 6);
+  EXPECT_EQ(c->vocab_size, 261);
+  EXPECT_EQ(c->num_experts_per_tok, 6);
+  EXPECT_EQ(c->hidden_size, 4096);
+  EXPECT_EQ(ConfigJson(*c)["num_nextn_predict_layers"], 1);
+  // No cut: the preset as it is.
+  c = MakeConfig(Arch::kDeepseekV4, Preset::kPro, FixtureCuts{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(ConfigJson(*c), ConfigJson(MakeConfig(Arch::kDeepseekV4, Preset::kPro)));
+  c = MakeConfig(Arch::kDeepseekV3, Preset::kTiny, FixtureCuts{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(ConfigJson(*c), ConfigJson(MakeConfig(Arch::kDeepseekV3, Preset::kTiny)));
+
+  auto error = [](Preset preset, FixtureCuts cuts) {
+    absl::StatusOr<FixtureConfig> c = MakeConfig(Arch::kDeepseekV4, preset, cuts);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(c.status().message());
+  };
+  FixtureCuts bad;
+  bad.experts = 5;
+  EXPECT_EQ(error(Preset::kPro, bad), "--experts 5 is outside [6, 384]");
+  bad.experts = 257;
+  EXPECT_EQ(error(Preset::kFlash, bad), "--experts 257 is outside [6, 256]");
+  bad.experts = 8;
+  EXPECT_EQ(error(Preset::kTiny, bad), "--experts is only for --preset pro and --preset flash");
+  bad = {};
+  bad.vocab = 260;
+  EXPECT_EQ(error(Preset::kPro, bad), "--vocab 260 is outside [261, 129280]");
+  bad.vocab = 129281;
+  EXPECT_EQ(error(Preset::kFlash, bad), "--vocab 129281 is outside [261, 129280]");
+  bad.vocab = 1024;
+  EXPECT_EQ(error(Preset::kBench, bad), "--vocab is only for --preset pro and --preset flash");
+  bad = {};
+  bad.layers = 0;
+  EXPECT_EQ(error(Preset::kPro, bad), "--layers 0 is outside [1, 61]");
+  bad.layers = 44;
+  EXPECT_EQ(error(Preset::kFlash, bad), "--layers 44 is outside [1, 43]");
+  bad.layers = 2;
+  EXPECT_EQ(error(Preset::kSmall, bad), "--layers is only for --preset pro and --preset flash");
+  bad = {};
+  bad.mtp = true;
+  EXPECT_EQ(error(Preset::kTiny, bad), "--mtp is only for --preset pro and --preset flash");
+}
+
+// `mkfixture --preset pro --layers 1`: §2's Pro shapes, and its size.
+TEST(FixtureTest, ProLayerHasTheReferenceShapes) {
+  const std::vector<FixtureTensor> ts = FixtureTensors(MakeConfig(Arch::kDeepseekV4, Preset::kPro));
+  std::map<std::string, std::vector<int64_t>> stored;
+  uint64_t bytes = 0;
+  for (const FixtureTensor& t : ts) {
+    for (const checkpoint::TensorSpec& s : t.Stored()) {
+      stored[s.name] = s.shape;
+      bytes += s.bytes();
+    }
+  }
+  auto logical = [&](const std::string& name) { return FindSpec(ts, name).shape; };
+  using Shape = std::vector<int64_t>;
+  EXPECT_EQ(logical("layers.0.attn.wq_a.weight"), (Shape{1536, 7168}));
+  EXPECT_EQ(stored["layers.0.attn.wq_a.scale"], (Shape{12, 56}));
+  EXPECT_EQ(logical("layers.0.attn.wq_b.weight"), (Shape{65536, 1536}));
+  EXPECT_EQ(logical("layers.0.attn.wo_a.weight"), (Shape{16384, 4096}));
+  EXPECT_EQ(stored["layers.0.attn.wo_a.scale"], (Shape{128, 32}));
+  EXPECT_EQ(logical("layers.0.attn.wo_b.weight"), (Shape{7168, 16384}));
+  EXPECT_EQ(stored["layers.0.attn.wo_b.scale"], (Shape{56, 128}));
+  EXPECT_EQ(logical("layers.0.ffn.experts.383.w2.weight"), (Shape{7168, 3072}));
+  EXPECT_EQ(stored["layers.0.ffn.experts.383.w2.weight"], (Shape{7168, 1536}));
+  EXPECT_EQ(stored["layers.0.ffn.experts.383.w2.scale"], (Shape{7168, 96}));
+  EXPECT_EQ(stored["layers.0.ffn.experts.0.w1.weight"], (Shape{3072, 3584}));
+  EXPECT_EQ(stored["layers.0.ffn.experts.0.w1.scale"], (Shape{3072, 224}));
+  EXPECT_EQ(logical("layers.0.ffn.shared_experts.w1.weight"), (Shape{3072, 7168}));
+  EXPECT_EQ(stored["layers.0.ffn.shared_experts.w2.scale"], (Shape{56, 24}));
+  EXPECT_EQ(logical("layers.0.ffn.gate.weight"), (Shape{384, 7168}));
+  EXPECT_EQ(stored["layers.0.ffn.gate.tid2eid"], (Shape{129280, 6}));  // a hash layer
+  EXPECT_EQ(stored["layers.0.hc_attn_fn"], (Shape{24, 28672}));
+  EXPECT_EQ(stored["layers.0.attn.compressor.ape"], (Shape{128, 512}));  // ratio 128
+  EXPECT_EQ(stored["layers.0.attn.compressor.wkv.weight"], (Shape{512, 7168}));
+  EXPECT_EQ(logical("embed.weight"), (Shape{129280, 7168}));
+  EXPECT_EQ(logical("head.weight"), (Shape{129280, 7168}));
+  EXPECT_EQ(stored["hc_head_fn"], (Shape{4, 28672}));
+  EXPECT_EQ(stored.count("layers.0.ffn.experts.384.w1.weight"), 0u);
+  EXPECT_EQ(stored.count("layers.0.attn.indexer.wq_b.weight"), 0u);
+  for (const auto& [name, shape] : stored) EXPECT_NE(name.rfind("mtp.", 0), 0u) << name;
+  // embed + head 2 * 1853358080, 384 experts * 35094528, tid2eid 6205440, the rest 392435244.
+  EXPECT_EQ(bytes, 17581655596u);
+  uint64_t flash_bytes = 0;
+  for (const FixtureTensor& t : FixtureTensors(MakeConfig(Arch::kDeepseekV4, Preset::kFlash))) {
+    for (const checkpoint::TensorSpec& s : t.Stored()) flash_bytes += s.bytes();
+  }
+  EXPECT_EQ(flash_bytes, 5684542828u);  // as written by mkfixture --preset flash --layers 1
+
+  // --layers 3 --mtp: the CSA layer 2 has its indexer, the MTP block its projections.
+  FixtureCuts cuts;
+  cuts.layers = 3;
+  cuts.mtp = true;
+  absl::StatusOr<FixtureConfig> c = MakeConfig(Arch::kDeepseekV4, Preset::kPro, cuts);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<FixtureTensor> deep = FixtureTensors(*c);
+  EXPECT_EQ(FindSpec(deep, "layers.2.attn.indexer.wq_b.weight").shape, (Shape{8192, 1536}));
+  EXPECT_EQ(FindSpec(deep, "layers.2.ffn.gate.tid2eid").shape, (Shape{129280, 6}));
+  EXPECT_EQ(FindSpec(deep, "mtp.0.e_proj.weight").shape, (Shape{7168, 7168}));
+  EXPECT_EQ(FindSpec(deep, "mtp.0.ffn.gate.bias").shape, (Shape{384}));
+}
+
 // Checks one FP8 tensor against DeepSeek's encoding of the generated floats; returns the number
 // of all-zero 128x128 blocks.
 int CheckFp8(const CheckpointDir& c, const FixtureTensor& t, uint64_t seed) {

@@ -727,6 +727,41 @@ TEST(FixtureTest, RowsDoNotDependOnHowTheTensorIsSplit) {
   }
 }
 
+// pro and flash draw their values from the triangular law (four per random draw): an F32
+// parameter of mean 0 and stddev 1 is (a + b - 255) / sigma for bytes a, b, so sigma * x is
+// (to float rounding) an integer in [-255, 255], and its sample moments are those of unit variance; tiny keeps normals.
+TEST(FixtureTest, ProAndFlashValuesFollowTheTriangularLaw) {
+  absl::StatusOr<FixtureConfig> pro = MakeConfig(Arch::kDeepseekV4, Preset::kPro, {});
+  ASSERT_TRUE(pro.ok()) << pro.status();
+  EXPECT_TRUE(pro->triangular_values);
+  EXPECT_FALSE(MakeConfig(Arch::kDeepseekV4, Preset::kTiny).triangular_values);
+  const std::vector<FixtureTensor> ts = FixtureTensors(*pro);
+  const FixtureTensor& sink = FindSpec(ts, "layers.0.attn.attn_sink");  // [128], N(0, 1)
+  ASSERT_TRUE(sink.dist.triangular);
+  const float sigma = std::sqrt(2.0f * (256.0f * 256.0f - 1.0f) / 12.0f);
+  double sum = 0, squares = 0;
+  const int kRows = 64;  // 64 seeds x 128 values
+  for (int seed = 1; seed <= kRows; ++seed) {
+    for (float x : SourceRows(sink, seed, 0, 1)) {
+      const float v = x * sigma;
+      ASSERT_NEAR(v, std::round(v), 1e-3) << x;  // two float roundings off an integer
+      ASSERT_LE(std::fabs(v), 255.0f);
+      sum += x;
+      squares += x * x;
+    }
+  }
+  const double n = kRows * 128.0;
+  // Mean 0 (standard error 1/sqrt(n) = 0.011) and variance 1 (standard error about
+  // sqrt(2.4 / n) = 0.017 for this law's kurtosis): within 4 standard errors.
+  EXPECT_NEAR(sum / n, 0.0, 0.045);
+  EXPECT_NEAR(squares / n, 1.0, 0.07);
+  // A linear weight keeps its structure: rows of one tensor do not depend on the split.
+  const FixtureTensor& w = FindSpec(ts, "layers.0.ffn.experts.0.w2.weight");
+  const std::vector<float> all = SourceRows(w, 3, 0, 8);
+  const std::vector<float> part = SourceRows(w, 3, 5, 8);
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 5 * w.cols()));
+}
+
 TEST(FixtureTest, PortableMathMatchesLibm) {
   double worst_log = 0, worst_sin = 0, worst_cos = 0, worst_exp = 0;
   Rng rng(42);

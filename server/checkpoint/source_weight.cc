@@ -257,8 +257,11 @@ absl::StatusOr<DenseWeight> DecodeWeightRows(kernels::Backend& backend, const So
   return out;
 }
 
-absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w) {
-  absl::StatusOr<DenseWeight> dense = DecodeWeight(backend, w);
+absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w,
+                                              kernels::Buffer spare) {
+  if (w.module == nullptr) return absl::InvalidArgumentError("no module to decode");
+  absl::StatusOr<DenseWeight> dense =
+      DecodeWeightRows(backend, w, 0, w.module->out_features, std::move(spare));
   if (!dense.ok()) return dense.status();
   HostWeight out;
   out.dense = std::move(*dense);

@@ -89,7 +89,10 @@ struct HostWeight {
   std::vector<uint8_t> staging;  // their host copy when the backend computes on device memory
   const void* data = nullptr;    // host view of the values: dense.tensor.data or staging
 };
-absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w);
+// `spare` as DecodeWeightRows takes it: a caller decoding weights of one shape in turn hands back
+// the last one's holder, so that no decode allocates (and faults in) fresh pages.
+absl::StatusOr<HostWeight> DecodeWeightToHost(kernels::Backend& backend, const SourceWeight& w,
+                                              kernels::Buffer spare = {});
 
 }  // namespace quantd::checkpoint
 

@@ -13,13 +13,18 @@
 namespace quantd::model {
 namespace {
 
+// The expert under `prefix`, decoded into `previous`'s buffers where they are large enough.
 absl::StatusOr<ExpertWeights> LoadExpert(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                                         const std::string& prefix, int64_t inter) {
+                                         const std::string& prefix, int64_t inter,
+                                         ExpertWeights previous = {}) {
   const int64_t d = ckpt.config.hidden_size;
   ExpertWeights e;
-  ASSIGN_OR_RETURN(e.w1, LoadLinear(ckpt, backend, prefix + "w1", inter, d));
-  ASSIGN_OR_RETURN(e.w2, LoadLinear(ckpt, backend, prefix + "w2", d, inter));
-  ASSIGN_OR_RETURN(e.w3, LoadLinear(ckpt, backend, prefix + "w3", inter, d));
+  ASSIGN_OR_RETURN(e.w1, LoadLinear(ckpt, backend, prefix + "w1", inter, d,
+                                    std::move(previous.w1.host.dense.holder)));
+  ASSIGN_OR_RETURN(e.w2, LoadLinear(ckpt, backend, prefix + "w2", d, inter,
+                                    std::move(previous.w2.host.dense.holder)));
+  ASSIGN_OR_RETURN(e.w3, LoadLinear(ckpt, backend, prefix + "w3", inter, d,
+                                    std::move(previous.w3.host.dense.holder)));
   return e;
 }
 
@@ -108,11 +113,12 @@ RoutedExperts::RoutedExperts(const V4Checkpoint* ckpt, kernels::Backend* backend
                              std::string prefix, int64_t count, int64_t inter)
     : ckpt_(ckpt), backend_(backend), prefix_(std::move(prefix)), count_(count), inter_(inter) {}
 
-absl::StatusOr<ExpertWeights> RoutedExperts::Decode(int64_t e) const {
+absl::StatusOr<ExpertWeights> RoutedExperts::Decode(int64_t e, ExpertWeights previous) const {
   if (e < 0 || e >= count_) {
     return absl::OutOfRangeError(absl::StrCat(prefix_, "experts: no expert ", e));
   }
-  return LoadExpert(*ckpt_, *backend_, absl::StrCat(prefix_, "experts.", e, "."), inter_);
+  return LoadExpert(*ckpt_, *backend_, absl::StrCat(prefix_, "experts.", e, "."), inter_,
+                    std::move(previous));
 }
 
 absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& backend,
@@ -249,13 +255,14 @@ absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const
   std::vector<float> sum(static_cast<size_t>(tokens * d), 0.0f);  // fp32 routed sum
   std::vector<float> xe, out;
   // Each expert that a token reaches (or, calibrate_all_experts, that the observer sees) is
-  // decoded once, used and dropped before the next.
+  // decoded once, into the buffers of the one before, and used before the next.
   const bool observe_all = ctx.observer != nullptr && ctx.observe_all_experts;
+  ExpertWeights ew;  // the expert in use; its buffers take the next one
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t n = static_cast<int64_t>(routed.tokens[e].size());
     if (n == 0 && !observe_all) continue;
     const auto decode_start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(const ExpertWeights ew, w.experts.Decode(e));
+    ASSIGN_OR_RETURN(ew, w.experts.Decode(e, std::move(ew)));
     if (ctx.decode_seconds != nullptr) {
       *ctx.decode_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();

@@ -37,8 +37,10 @@ class RoutedExperts {
                 int64_t count, int64_t inter);
 
   int64_t size() const { return count_; }
-  // Expert `e` decoded (LoadLinear of its w1, w2, w3); errors name the tensor.
-  absl::StatusOr<ExpertWeights> Decode(int64_t e) const;
+  // Expert `e` decoded (LoadLinear of its w1, w2, w3) into `previous`'s buffers where they are
+  // large enough (the expert the caller is done with), so that stepping through the experts
+  // allocates once; errors name the tensor.
+  absl::StatusOr<ExpertWeights> Decode(int64_t e, ExpertWeights previous = {}) const;
 
  private:
   const V4Checkpoint* ckpt_ = nullptr;

@@ -43,9 +43,11 @@ absl::StatusOr<float> LoadNvfp4Scalar(const V4Checkpoint& ckpt, const std::strin
 }
 
 // An NVFP4 weight (`m`, as the inventory classified it) decoded to float32 with the backend's
-// Nvfp4Dequant; the input scale, when the module has one, into w->input_scale.
+// Nvfp4Dequant (into `spare` when it is large enough); the input scale, when the module has one,
+// into w->input_scale.
 absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                             const checkpoint::LinearModule& m, LinearWeight* w) {
+                             const checkpoint::LinearModule& m, kernels::Buffer spare,
+                             LinearWeight* w) {
   const bool ct = m.format == checkpoint::TensorFormat::kNvfp4CompressedTensors;
   const std::string& weight_name = m.tensors.front();
   const std::string scale_name = m.name + ".weight_scale";
@@ -79,7 +81,11 @@ absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend
   src.scales = static_cast<const uint8_t*>(scale_bytes);
   checkpoint::DenseWeight& dense = w->host.dense;
   dense.bytes = static_cast<size_t>(elements) * sizeof(float);
-  ASSIGN_OR_RETURN(dense.holder, backend.Allocate(dense.bytes));
+  if (spare.size() >= dense.bytes) {
+    dense.holder = std::move(spare);
+  } else {
+    ASSIGN_OR_RETURN(dense.holder, backend.Allocate(dense.bytes));
+  }
   dense.tensor = {dense.holder.data(), kernels::FloatType::kF32, m.out_features, m.in_features};
   if (absl::Status s = backend.Nvfp4Dequant(src, {dense.holder.data(), kernels::FloatType::kF32});
       !s.ok()) {
@@ -133,13 +139,14 @@ absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, in
 }
 
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                                        const std::string& module, int64_t out, int64_t in) {
+                                        const std::string& module, int64_t out, int64_t in,
+                                        kernels::Buffer spare) {
   RETURN_IF_ERROR(CheckLinear(ckpt, module, out, in));
   LinearWeight w;
   w.module = module;
   if (const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
       IsNvfp4(*m)) {
-    RETURN_IF_ERROR(LoadNvfp4Linear(ckpt, backend, *m, &w));
+    RETURN_IF_ERROR(LoadNvfp4Linear(ckpt, backend, *m, std::move(spare), &w));
     return w;
   }
   ASSIGN_OR_RETURN(checkpoint::SourceWeight source,
@@ -148,7 +155,7 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
   w.quantized_source = m.format == checkpoint::TensorFormat::kFp8BlockE8m0 ||
                        m.format == checkpoint::TensorFormat::kFp8BlockF32 ||
                        m.format == checkpoint::TensorFormat::kMxfp4;
-  ASSIGN_OR_RETURN(w.host, checkpoint::DecodeWeightToHost(backend, source));
+  ASSIGN_OR_RETURN(w.host, checkpoint::DecodeWeightToHost(backend, source, std::move(spare)));
   w.view = w.host.dense.tensor;
   w.view.data = w.host.data;
   if (w.host.data == source.weight->data) {  // read in place from the mapped shard

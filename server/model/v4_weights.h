@@ -52,11 +52,13 @@ struct LinearWeight {
   int64_t in_features() const { return view.cols; }
 };
 
-// Decodes linear `module` with `backend`'s kernels. InvalidArgument
-// when it is missing or its shape is not [out, in], or (NVFP4) a global or input scale is not
-// finite and positive.
+// Decodes linear `module` with `backend`'s kernels, into `spare` when it is large enough (the
+// holder of a weight the caller is done with: RoutedExperts reuses one expert's buffers for the
+// next). InvalidArgument when it is missing or its shape is not [out, in], or (NVFP4) a global or
+// input scale is not finite and positive.
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
-                                        const std::string& module, int64_t out, int64_t in);
+                                        const std::string& module, int64_t out, int64_t in,
+                                        kernels::Buffer spare = {});
 
 // What LoadLinear checks before it decodes (the module is present, [out, in], its tensors of the
 // sizes its format needs), without decoding it: for weights decoded later (RoutedExperts).

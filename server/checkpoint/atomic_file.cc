@@ -132,10 +132,15 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
   return fd;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) {
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
+                                     const SourceRoots& roots) {
   struct stat st;
   absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st);
   if (!fd.ok()) return fd.status();
+  if (absl::Status inside = CheckOpenedInsideRoots("source", path, *fd, roots); !inside.ok()) {
+    close(*fd);
+    return inside;
+  }
   const auto too_large = [&] {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": larger than the limit of ", max_bytes, " bytes for this file"));

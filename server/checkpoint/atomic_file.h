@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/checkpoint/source_roots.h"
 
 namespace quantd::checkpoint {
 
@@ -38,7 +39,9 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
 
 // Reads a whole (small) regular file of at most `max_bytes` (OpenRegularFile, symlinks followed);
 // a larger one is InvalidArgument naming the path and the cap. Errors never quote the content.
-absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
+// With `roots`, the opened file must lie inside them (CheckOpenedInsideRoots, field "source").
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
+                                     const SourceRoots& roots = std::nullopt);
 
 }  // namespace quantd::checkpoint
 

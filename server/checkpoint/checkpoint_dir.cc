@@ -36,8 +36,8 @@ bool FileExists(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path) {
-  absl::StatusOr<json> root = ReadJsonFile(path, kMaxIndexFileBytes);
+absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path, const SourceRoots& roots) {
+  absl::StatusOr<json> root = ReadJsonFile(path, kMaxIndexFileBytes, roots);
   if (!root.ok()) return root.status();
   if (!root->is_object()) return Invalid(path, "not a JSON object");
 
@@ -104,8 +104,7 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
 
   std::string config_path = absl::StrCat(dir, "/", kConfigFileName);
   if (FileExists(config_path)) {
-    RETURN_IF_ERROR(CheckInsideRoots("source", config_path, roots));
-    absl::StatusOr<json> config = ReadJsonFile(config_path, kMaxConfigFileBytes);
+    absl::StatusOr<json> config = ReadJsonFile(config_path, kMaxConfigFileBytes, roots);
     if (!config.ok()) return config.status();
     if (!config->is_object()) return Invalid(config_path, "not a JSON object");
     checkpoint->config_ = std::make_unique<json>(std::move(*config));
@@ -118,8 +117,7 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
   std::map<std::string, std::string> weight_map;  // empty for a single-file checkpoint
   std::set<std::string> shard_names;
   if (indexed) {
-    RETURN_IF_ERROR(CheckInsideRoots("source", index_path, roots));
-    absl::StatusOr<ShardIndex> index = ParseShardIndex(index_path);
+    absl::StatusOr<ShardIndex> index = ParseShardIndex(index_path, roots);
     if (!index.ok()) return index.status();
     weight_map = std::move(index->weight_map);
     for (const auto& [tensor, shard] : weight_map) shard_names.insert(shard);
@@ -139,8 +137,7 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
           index_path, ": shard ", quoted, " is missing",
           quoted == absl::StrCat("\"", shard, "\"") ? absl::StrCat(" (", shard_path, ")") : ""));
     }
-    RETURN_IF_ERROR(CheckInsideRoots("source", shard_path, roots));
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path, roots);
     if (!file.ok()) return file.status();
     size_t shard_index = checkpoint->shards_.size();
     for (const TensorView& view : (*file)->tensors()) {

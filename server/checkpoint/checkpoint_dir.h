@@ -32,7 +32,8 @@ struct ShardIndex {
 
 // Parses and validates an index (shard names must be plain file names, no paths); at most
 // kMaxIndexFileBytes.
-absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path);
+absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path,
+                                           const SourceRoots& roots = std::nullopt);
 // Writes the index atomically (tmp + fsync + rename).
 absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index);
 // The text WriteShardIndex writes; `path` names the file in errors.

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "server/checkpoint/source_roots.h"
 #include "nlohmann/json.hpp"
 
 namespace quantd::checkpoint {
@@ -26,7 +27,9 @@ bool JsonNestingExceeds(const uint8_t* text, uint64_t size, int limit);
 absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::string& origin);
 
 // ReadFile(path, max_bytes), then ParseJsonText.
-absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes);
+// With `roots`, the opened file must lie inside them (ReadFile).
+absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes,
+                                            const SourceRoots& roots = std::nullopt);
 
 // Field readers for the parsers of what quantd stored itself (task payloads, checkpoint
 // manifests). Each is false, and leaves *out alone, when `j` is not an object or its `field` is

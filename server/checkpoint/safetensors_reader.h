@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/checkpoint/dtype.h"
+#include "server/checkpoint/source_roots.h"
 
 namespace quantd::checkpoint {
 
@@ -44,7 +45,9 @@ class SafetensorsFile {
   // JSON nesting deeper than this is rejected before parsing.
   static constexpr int kMaxJsonDepth = 16;
 
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // With `roots`, the file opened must lie inside them (CheckOpenedInsideRoots, field "source").
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
+      const std::string& path, const SourceRoots& roots = std::nullopt);
   // Validates an in-memory file image (header + data); `name` is used in errors. Does not copy:
   // `bytes` must outlive the result. Used by the fuzz target and tests.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,

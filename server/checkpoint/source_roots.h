@@ -19,12 +19,14 @@ namespace quantd::checkpoint {
 // (a caller that may name any path).
 using SourceRoots = std::optional<std::vector<std::string>>;
 
-// Whether the existing file `path` (a file of the job's `field`, "source") resolves (realpath)
-// to a place inside one of `roots`: OK when it does or when `roots` is nullopt;
-// PermissionDenied naming the field and `path` (never the target) when it leads outside; the
-// error of realpath naming `path` when it cannot be resolved.
-absl::Status CheckInsideRoots(absl::string_view field, const std::string& path,
-                              const SourceRoots& roots);
+// Whether the file open as `fd` (opened from `path`, a file of the job's `field`, "source") lies
+// inside one of `roots`, judged by where the opened file is (/proc/self/fd), so a link swapped
+// after any earlier check cannot lead the read elsewhere: OK when it does or when `roots` is
+// nullopt; PermissionDenied naming the field and `path` (never the target) when it lies outside;
+// the error of readlink naming `path` when it cannot be resolved. Callers
+// open first, check, then read (ReadFile, SafetensorsFile::Open with roots).
+absl::Status CheckOpenedInsideRoots(absl::string_view field, const std::string& path, int fd,
+                                    const SourceRoots& roots);
 
 }  // namespace quantd::checkpoint
 

@@ -605,20 +605,14 @@ constexpr uint64_t kMaxTokenizerConfigBytes = 4ull << 20;
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string& dir,
                                                               const checkpoint::SourceRoots& roots) {
   const std::string json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  {
-    std::error_code exists_ec;
-    if (std::filesystem::exists(json_path, exists_ec)) {
-      RETURN_IF_ERROR(checkpoint::CheckInsideRoots("source", json_path, roots));
-    }
-  }
-  ASSIGN_OR_RETURN(std::string text, checkpoint::ReadFile(json_path, kMaxTokenizerFileBytes));
+  ASSIGN_OR_RETURN(std::string text,
+                   checkpoint::ReadFile(json_path, kMaxTokenizerFileBytes, roots));
   std::optional<std::string> bos_token;
   const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
   std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
-    RETURN_IF_ERROR(checkpoint::CheckInsideRoots("source", config_path, roots));
     ASSIGN_OR_RETURN(std::string config_text,
-                     checkpoint::ReadFile(config_path, kMaxTokenizerConfigBytes));
+                     checkpoint::ReadFile(config_path, kMaxTokenizerConfigBytes, roots));
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (!config.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));

@@ -1,5 +1,6 @@
 // Shard index, checkpoint directories and atomic file writes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -193,6 +194,43 @@ TEST_F(CheckpointDirTest, LinksAreFollowedOnlyInsideTheRoots) {
   // No roots at all: nothing.
   ckpt = CheckpointDir::Open(other, std::vector<std::string>{});
   EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// The roots judge the file that was opened, not the path it was opened by: a link swapped
+// between a check of the path and the open cannot lead the read elsewhere.
+TEST_F(CheckpointDirTest, RootsJudgeTheOpenedFileNotItsPath) {
+  const std::string root = fs::canonical(dir_).string();
+  fs::create_directories(root + "/tenant");
+  fs::create_directories(root + "/other");
+  WriteText(root + "/tenant/mine.json", "{}");
+  WriteText(root + "/other/theirs.json", "{}");
+  const SourceRoots tenant = std::vector<std::string>{root + "/tenant"};
+  struct stat st;
+  absl::StatusOr<int> theirs = OpenRegularFile(root + "/other/theirs.json", true, &st);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  // Named by a path inside the roots, but the open file is the other tenant's: refused.
+  absl::Status s = CheckOpenedInsideRoots("source", root + "/tenant/mine.json", *theirs, tenant);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ErrorOf(s), "source: " + root + "/tenant/mine.json leads outside the allowed roots "
+                        "of the caller that submitted the job (a symbolic link in a source is "
+                        "followed only within them)");
+  EXPECT_TRUE(CheckOpenedInsideRoots("source", "x", *theirs, std::nullopt).ok());
+  close(*theirs);
+  absl::StatusOr<int> mine = OpenRegularFile(root + "/tenant/mine.json", true, &st);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_TRUE(CheckOpenedInsideRoots("source", "x", *mine, tenant).ok());
+  close(*mine);
+  // ReadFile and SafetensorsFile::Open check what they opened: a link to the other tenant's file
+  // is refused, the tenant's own file read.
+  fs::create_symlink(root + "/other/theirs.json", root + "/tenant/link.json");
+  EXPECT_EQ(ReadFile(root + "/tenant/link.json", 100, tenant).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(*ReadFile(root + "/tenant/mine.json", 100, tenant), "{}");
+  WriteShard(root + "/other/w.safetensors", {"aa"});
+  fs::create_symlink(root + "/other/w.safetensors", root + "/tenant/w.safetensors");
+  EXPECT_EQ(SafetensorsFile::Open(root + "/tenant/w.safetensors", tenant).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(SafetensorsFile::Open(root + "/tenant/w.safetensors").ok());
 }
 
 // A Hugging Face cache snapshot links each file to ../../blobs/<hash>: inside the roots, opened.

@@ -82,7 +82,7 @@ run_pid=$!
 # Peak RssAnon of quantd (the child of time), sampled every 0.2 s.
 peak_anon=0
 while kill -0 "$run_pid" 2>/dev/null; do
-  child=$(pgrep -P "$run_pid" -x quantd || true)
+  child=$(pgrep -P "$run_pid" | head -1 || true)
   if [ -n "$child" ]; then
     anon=$(awk '/^RssAnon:/ {print $2}' "/proc/$child/status" 2>/dev/null || echo 0)
     [ -n "$anon" ] && [ "$anon" -gt "$peak_anon" ] && peak_anon=$anon

@@ -29,8 +29,29 @@ PRO = {
     "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 6,
     "moe_intermediate_size": 3072, "num_hash_layers": 3, "hc_mult": 4,
 }
-SAMPLES = (128, 512)
+SAMPLES = (128, 512, 1024)
 SEQ_LEN = 4096
+EVAL_SAMPLES = 32  # evaluate.num_samples' default (job/job_spec.h kDefaultEvaluateSamples)
+
+# The machines of the stage table: HBM per GPU, the dense BF16 GEMM rate a layer-wise forward
+# achieves (about 45% of peak: B200 ~2250, H100 SXM ~989 TFLOP/s dense), host<->device GB/s.
+GPUS = {"8xB200": {"gpus": 8, "hbm_gb": 180, "tflops": 1000, "h2d_gbps": 50},
+        "8xH100": {"gpus": 8, "hbm_gb": 80, "tflops": 450, "h2d_gbps": 50}}
+
+# Measured on this project's 2-core CPU machine with scripts/real_scale.sh (pro --layers 1: one
+# hash-routed HCA layer, 384 experts; 16 x 512 calibration tokens in 2 slices that ran at once,
+# about one core each; 2026-12-07, the closing note of issue 21). Per calibrate slice: its tokens,
+# its RunLayer batches (one 512-token sequence each: at 7168 wide one fills the 1 GiB batch
+# budget), the seconds decoding routed experts (every batch decodes each expert a token reaches)
+# and of the rest of the forward; the quantize stage's and quantd verify's GB/s.
+MEASURED_RUN = {
+    "tokens": 8 * 512,
+    "batches": 8,
+    "decode_s": 534.2,
+    "forward_s": 567.0,
+    "quantize_gbps": 0.180,
+    "verify_gbps": 1.854,
+}
 
 
 def fp8(out, inp):
@@ -107,6 +128,106 @@ def layer_list(layers):
     return f"{layers[0]},{layers[1]}..{layers[-1]}"
 
 
+def dense_decoded_bytes(c, ratio):
+    """A layer's dense linears decoded to BF16 (model/v4_memory.h): attention, compressor,
+    indexer, router, shared expert; small parameters as float32."""
+    d, h, hd, q = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["q_lora_rank"]
+    g, ol, i = c["o_groups"], c["o_lora_rank"], c["moe_intermediate_size"]
+    values = q * d + h * hd * q + hd * d + g * ol * (h * hd // g) + d * g * ol
+    if ratio:
+        values += 2 * (2 if ratio == 4 else 1) * hd * d
+    if ratio == 4:
+        ih, ihd = c["index_n_heads"], c["index_head_dim"]
+        values += ih * ihd * q + ih * d + 2 * 2 * ihd * d
+    values += c["n_routed_experts"] * d + 3 * c["n_shared_experts"] * i * d
+    hc = c["hc_mult"]
+    return 2 * values + 4 * 2 * (2 + hc) * hc * hc * d
+
+
+def batch_bytes(c, sequences, seq_len):
+    """One RunLayer call's working memory (calibration/calibrate_layer.cc EstimateBatchBytes)."""
+    per_token = (4 * c["hc_mult"] * c["hidden_size"] + 4 * c["hidden_size"] + c["q_lora_rank"]
+                 + 3 * c["num_attention_heads"] * c["head_dim"] + c["n_routed_experts"]
+                 + 3 * (c["num_experts_per_tok"] + c["n_shared_experts"])
+                 * c["moe_intermediate_size"])
+    keys = min(seq_len, c["sliding_window"] + c["index_topk"] + seq_len // 4)
+    return 4 * (sequences * seq_len * per_token + sequences * c["num_attention_heads"] * seq_len
+                * keys)
+
+
+def stage_table(c, G, disk_gbps):
+    """Memory per GPU and seconds per stage on each machine of GPUS."""
+    i, d, e = c["moe_intermediate_size"], c["hidden_size"], c["n_routed_experts"]
+    act_per_token = c["hc_mult"] * d * 4 + 4
+    kinds = layer_kinds(c)
+    dense = max(dense_decoded_bytes(c, r) for r, _ in kinds)
+    stored_experts = e * (2 * mxfp4(i, d) + mxfp4(d, i))
+    one_expert = 2 * 3 * i * d
+    work = batch_bytes(c, 1, SEQ_LEN)
+    layers = c["num_hidden_layers"]
+    total_bytes = sum(len(ls) * layer_bytes(c, r, h) for (r, h), ls in kinds.items())
+    whole = total_bytes + 2 * 2 * c["vocab_size"] * d
+    flops = {n: sum(len(ls) * layer_flops(c, r, SEQ_LEN) for (r, _), ls in kinds.items())
+             for n in SAMPLES}
+    print()
+    print("per GPU memory of a calibrate layer task (host model of model/v4_memory.h: dense "
+          "weights decoded, experts kept as stored, one decoded at a time)")
+    print(f"  dense weights {dense / G:.2f} GB + routed experts as stored {stored_experts / G:.2f}"
+          f" GB + one expert decoded {one_expert / G:.3f} GB + one {SEQ_LEN}-token sequence's "
+          f"working memory {work / G:.2f} GB")
+    seq_act = 2 * SEQ_LEN * act_per_token  # one sequence's streams in and out
+    gpu = dense + stored_experts + one_expert + work + seq_act
+    for name, m in GPUS.items():
+        print(f"  {name}: {gpu / G:.1f} GB per GPU with one sequence a batch "
+              f"({'fits' if gpu <= m['hbm_gb'] * G else 'DOES NOT FIT'} in {m['hbm_gb']} GB); the "
+              "slice's activations between layers stay in host memory (ActivationStore, spilled "
+              "past its budget): " + ", ".join(
+                  f"{n} samples {2 * n * SEQ_LEN * act_per_token / m['gpus'] / G:.1f} GB"
+                  for n in SAMPLES) + f" per GPU (the node holds {m['gpus']} times that, on "
+              "disk where it exceeds the host budget)")
+    print(f"  today's CUDA upload decodes every expert of the layer: {e * one_expert / G:.1f} GB "
+          "instead of the stored experts and one decoded")
+    print()
+    print(f"seconds per stage (quantize and verify bound by {disk_gbps:g} GB/s of disk over the "
+          f"{whole / G:.0f} GB, which assumes the GPUs' codecs keep up: never measured, no GPU has "
+          f"run quantd; evaluate: {EVAL_SAMPLES} held-out samples, 3 forwards per layer on one "
+          "GPU, then the head)")
+    head = f"{'machine':>8} {'samples':>7} {'quantize':>9} {'calibrate':>10} {'evaluate':>9} " \
+           f"{'verify':>7}"
+    print(head)
+    for name, m in GPUS.items():
+        for n in SAMPLES:
+            tokens = n * SEQ_LEN
+            load = total_bytes / (disk_gbps * G) + total_bytes / (m["h2d_gbps"] * G)
+            calibrate = (load + tokens / m["gpus"] * flops[n] / (m["tflops"] * 1e12)
+                         + layers * 2 * tokens * act_per_token / m["gpus"] / (m["h2d_gbps"] * G))
+            held_out = EVAL_SAMPLES * SEQ_LEN
+            head_flops = 2 * 2 * held_out * c["vocab_size"] * d
+            evaluate = (2 * load + (3 * held_out * flops[n] + head_flops) / (m["tflops"] * 1e12))
+            io = whole / (disk_gbps * G)
+            print(f"{name:>8} {n:>7} {io:9.0f} {calibrate:10.0f} {evaluate:9.0f} {io:7.0f}")
+
+
+def measured(c, G):
+    """The real-shape run on this machine against the model."""
+    r = MEASURED_RUN
+    flops = layer_flops(c, 128, 512) * r["tokens"]
+    i, d, e = c["moe_intermediate_size"], c["hidden_size"], c["n_routed_experts"]
+    decoded = r["batches"] * e * (2 * mxfp4(i, d) + mxfp4(d, i))  # every expert, every batch
+    print()
+    print(f"measured (scripts/real_scale.sh, pro --layers 1, a slice of {r['tokens']} tokens on "
+          f"about one core): forward {r['forward_s']:.0f} s = "
+          f"{flops / r['forward_s'] / G:.1f} GFLOP/s for the model's {flops / 1e12:.1f} TFLOP; "
+          f"routed experts decoded {r['batches']} times (once per batch) in {r['decode_s']:.0f} s "
+          f"= {decoded / r['decode_s'] / G:.2f} GB/s of MXFP4; quantize "
+          f"{r['quantize_gbps']:.3f} GB/s, verify {r['verify_gbps']:.2f} GB/s (source in the page "
+          "cache)")
+    print("  the model above assumes the experts' decode hides under the GEMMs and one load per "
+          f"layer; measured, decoding costs {r['decode_s'] / r['forward_s']:.2f}x the forward, "
+          "because it repeats per batch: batches that take many sequences (or a MoE that takes "
+          "every batch's rows per expert) are what makes the model's load term true")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gpus", type=int, default=8, help="data parallel slices (default 8 B200)")
@@ -156,16 +277,13 @@ def main():
     d = c["hidden_size"]
     whole = total_bytes + 2 * 2 * c["vocab_size"] * d + layer_bytes(c, 0, False) + 2 * fp8(d, d)
     print(f"whole checkpoint {whole / 2**30:.1f} GiB (deepseek_v4_format.md: 805.33, 64 shards)")
-    experts_bf16 = 2 * 3 * c["n_routed_experts"] * c["moe_intermediate_size"] * c["hidden_size"]
-    slice_act = 2 * SAMPLES[-1] * SEQ_LEN * act_per_token / args.gpus
-    print(f"GPU memory at {SAMPLES[-1]} samples: routed experts of a layer in BF16 "
-          f"{experts_bf16 / G:.1f} GB + a slice's activations in and out {slice_act / G:.1f} GB "
-          "(batched to free memory: it need not all be resident)")
     print("assumptions: per layer, load (disk once + one host-to-device copy per GPU) + forward "
           f"({args.gpu_tflops:g} TFLOP/s per GPU on its 1/{args.gpus} of the tokens) + activations "
           f"in and out over {args.h2d_gbps:g} GB/s, not overlapped (an upper bound); activations "
           "F32 (BF16 halves them); no MTP layer; calibrate_all_experts would multiply the routed "
           f"expert FLOPs by {c['n_routed_experts'] // c['num_experts_per_tok']}.")
+    stage_table(c, G, args.disk_gbps)
+    measured(c, G)
     if args.cpu_tokens_per_s:
         if not args.fixture_config:
             p.error("--cpu-tokens-per-s needs --fixture-config (the fixture it was measured on)")

@@ -46,4 +46,24 @@ def test_prints_the_table_and_the_checkpoint_size():
                          check=True).stdout
     # The real checkpoint: 805.33 (GiB) in 64 shards.
     assert "whole checkpoint 805.3 GiB" in out
-    assert "128 samples:" in out and "512 samples:" in out
+    assert "128 samples:" in out and "512 samples:" in out and "1024 samples:" in out
+    # Memory per GPU and seconds per stage on both machines, for each sample count.
+    for machine in ("8xB200", "8xH100"):
+        assert f"  {machine}: " in out and "GB per GPU" in out
+        rows = [line.split() for line in out.splitlines() if line.strip().startswith(machine)
+                and len(line.split()) == 6]
+        assert [int(r[1]) for r in rows] == [128, 512, 1024], rows
+    assert "measured (scripts/real_scale.sh" in out
+
+
+def test_the_layer_memory_model_counts_the_dense_weights_and_the_batch():
+    e = load()
+    c = e.PRO
+    # An HCA layer's dense linears: attention (wq_a, wq_b, wkv, wo_a, wo_b), the compressor's wkv
+    # and wgate, the router and the shared expert, in BF16; the hc mixers in float32.
+    values = (1536 * 7168 + 65536 * 1536 + 512 * 7168 + 16384 * 4096 + 7168 * 16384
+              + 2 * 512 * 7168 + 384 * 7168 + 3 * 3072 * 7168)
+    assert e.dense_decoded_bytes(c, 128) == 2 * values + 4 * 2 * 24 * 4 * 7168
+    # calibration/calibrate_layer.cc EstimateBatchBytes: one 512-token sequence at Pro width.
+    per_token = 4 * 4 * 7168 + 4 * 7168 + 1536 + 3 * 128 * 512 + 384 + 3 * 7 * 3072
+    assert e.batch_bytes(c, 1, 512) == 4 * (512 * per_token + 128 * 512 * 512)

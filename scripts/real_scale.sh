@@ -38,7 +38,10 @@ done
 repo=$(cd "$(dirname "$0")/.." && pwd)
 quantd=${QUANTD_BIN:-${QUANTD_BUILD_DIR:-$repo/build}/server/quantd}
 [ -x "$quantd" ] || { echo "real_scale.sh: no quantd at $quantd (build first)" >&2; exit 2; }
-[ -x /usr/bin/time ] || { echo "real_scale.sh: needs /usr/bin/time (apt install time)" >&2; exit 2; }
+if [ ! -x /usr/bin/time ]; then
+  echo "real_scale.sh: needs /usr/bin/time (apt install time)" >&2
+  exit 2
+fi
 
 rm -rf "$dir"
 mkdir -p "$dir"
@@ -103,7 +106,8 @@ echo "== quantd verify"
 verify_start=$(date +%s.%N)
 "$quantd" verify "$out" > "$dir/verify.log" 2>&1 || {
   tail -20 "$dir/verify.log" >&2; echo "real_scale.sh: quantd verify failed" >&2; keep=1; exit 1; }
-verify_s=$(python3 -c "import sys,time; print(f'{time.time() - float(sys.argv[1]):.2f}')" "$verify_start")
+verify_s=$(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.2f}')" \
+  "$verify_start")
 out_bytes=$(du -sb "$out" | cut -f1)
 work_bytes=$(du -sb "$state.work" 2>/dev/null | cut -f1 || echo 0)
 
@@ -133,6 +137,7 @@ print("  per layer task (seconds):")
 for m in re.finditer(r"^((?:calibrate|evaluate) \S+) done[^(\n]*\(([^)]*)\)", log, re.M):
     print(f"    {m.group(1):<28} {m.group(2)}")
 print(f"quantd verify: {float('$verify_s'):.1f} s, "
-      f"{int('$out_bytes') / float('$verify_s') / gb:.3f} GB/s over {int('$out_bytes') / gb:.2f} GB")
+      f"{int('$out_bytes') / float('$verify_s') / gb:.3f} GB/s over "
+      f"{int('$out_bytes') / gb:.2f} GB")
 print(f"work directory: {int('$work_bytes')} bytes")
 EOF

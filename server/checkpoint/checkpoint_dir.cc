@@ -137,7 +137,8 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
           index_path, ": shard ", quoted, " is missing",
           quoted == absl::StrCat("\"", shard, "\"") ? absl::StrCat(" (", shard_path, ")") : ""));
     }
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path, roots);
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open(shard_path, roots);
     if (!file.ok()) return file.status();
     size_t shard_index = checkpoint->shards_.size();
     for (const TensorView& view : (*file)->tensors()) {

@@ -90,8 +90,10 @@ absl::Status ObserveUnroutedRows(const ForwardContext& ctx, const V4Config& conf
   GatherRows(x, d, others.data(), n, xe.data(), ctx.threads);
   std::vector<float> g(static_cast<size_t>(n * inter)), u(g.size());
   const LinearRows facts{others.data(), e, nullptr};
-  RETURN_IF_ERROR(ApplyLinear(ctx, ew.w1, xe.data(), n, g.data(), LinearOutput::kModelDtype, facts));
-  RETURN_IF_ERROR(ApplyLinear(ctx, ew.w3, xe.data(), n, u.data(), LinearOutput::kModelDtype, facts));
+  RETURN_IF_ERROR(
+      ApplyLinear(ctx, ew.w1, xe.data(), n, g.data(), LinearOutput::kModelDtype, facts));
+  RETURN_IF_ERROR(
+      ApplyLinear(ctx, ew.w3, xe.data(), n, u.data(), LinearOutput::kModelDtype, facts));
   for (size_t i = 0; i < g.size(); ++i) g[i] = ClampedSwiglu(g[i], u[i], config.swiglu_limit);
   ToModelDtype(ctx, g.data(), n * inter);
   LinearInput input;

@@ -729,7 +729,8 @@ TEST(FixtureTest, RowsDoNotDependOnHowTheTensorIsSplit) {
 
 // pro and flash draw their values from the triangular law (four per random draw): an F32
 // parameter of mean 0 and stddev 1 is (a + b - 255) / sigma for bytes a, b, so sigma * x is
-// (to float rounding) an integer in [-255, 255], and its sample moments are those of unit variance; tiny keeps normals.
+// (to float rounding) an integer in [-255, 255], and its sample moments are those of unit
+// variance; tiny keeps normals.
 TEST(FixtureTest, ProAndFlashValuesFollowTheTriangularLaw) {
   absl::StatusOr<FixtureConfig> pro = MakeConfig(Arch::kDeepseekV4, Preset::kPro, {});
   ASSERT_TRUE(pro.ok()) << pro.status();

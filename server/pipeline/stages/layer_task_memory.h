@@ -31,8 +31,9 @@ int64_t EvaluateLayerTaskBytes(const model::V4Config& config,
                                const checkpoint::TensorInventory& source, int64_t layer,
                                int64_t tokens, int64_t batch_bytes);
 
-// The evaluate head task: both models' head weights decoded (counted as float32), the float32 logits of one sequence of
-// `seq_len` tokens for each, and the last layer's streams of both models for `tokens` tokens.
+// The evaluate head task: both models' head weights decoded (counted as float32), the float32
+// logits of one sequence of `seq_len` tokens for each, and the last layer's streams of both
+// models for `tokens` tokens.
 int64_t EvaluateHeadTaskBytes(const model::V4Config& config, int64_t tokens, int64_t seq_len);
 
 }  // namespace quantd::pipeline

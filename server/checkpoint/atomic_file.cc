@@ -109,7 +109,7 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
 }
 
 absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink,
-                                    struct stat* st) {
+                                    struct stat* st, const SourceRoots& roots) {
   const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_symlink ? 0 : O_NOFOLLOW);
   const int fd = open(path.c_str(), flags);
   if (fd < 0) {
@@ -129,18 +129,18 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is ", FileKind(st->st_mode), "; only regular files are read"));
   }
+  if (absl::Status inside = CheckOpenedInsideRoots("source", path, fd, roots); !inside.ok()) {
+    close(fd);
+    return inside;
+  }
   return fd;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
                                      const SourceRoots& roots) {
   struct stat st;
-  absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st);
+  absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st, roots);
   if (!fd.ok()) return fd.status();
-  if (absl::Status inside = CheckOpenedInsideRoots("source", path, *fd, roots); !inside.ok()) {
-    close(*fd);
-    return inside;
-  }
   const auto too_large = [&] {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": larger than the limit of ", max_bytes, " bytes for this file"));

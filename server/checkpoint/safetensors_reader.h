@@ -45,7 +45,7 @@ class SafetensorsFile {
   // JSON nesting deeper than this is rejected before parsing.
   static constexpr int kMaxJsonDepth = 16;
 
-  // With `roots`, the file opened must lie inside them (CheckOpenedInsideRoots, field "source").
+  // With `roots`, the file opened must lie inside them (OpenRegularFile).
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
       const std::string& path, const SourceRoots& roots = std::nullopt);
   // Validates an in-memory file image (header + data); `name` is used in errors. Does not copy:

@@ -23,8 +23,8 @@ using SourceRoots = std::optional<std::vector<std::string>>;
 // inside one of `roots`, judged by where the opened file is (/proc/self/fd), so a link swapped
 // after any earlier check cannot lead the read elsewhere: OK when it does or when `roots` is
 // nullopt; PermissionDenied naming the field and `path` (never the target) when it lies outside;
-// the error of readlink naming `path` when it cannot be resolved. Callers
-// open first, check, then read (ReadFile, SafetensorsFile::Open with roots).
+// the error of readlink naming `path` when it cannot be resolved. OpenRegularFile checks
+// every file it opens with roots (ReadFile, SafetensorsFile::Open pass theirs on).
 absl::Status CheckOpenedInsideRoots(absl::string_view field, const std::string& path, int fd,
                                     const SourceRoots& roots);
 

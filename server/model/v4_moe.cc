@@ -28,14 +28,14 @@ absl::StatusOr<ExpertWeights> LoadExpert(const V4Checkpoint& ckpt, kernels::Back
   return e;
 }
 
-// One expert on `rows` gathered rows of x: out[rows, d] = w2(wt * swiglu(w1 x, w3 x)).
-// `weights` nullptr for the shared expert.
-absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
-                           const ExpertWeights& e, const float* x, int64_t rows,
-                           const int64_t* tokens, int expert, const float* weights, float* out) {
+// g[rows, inter] = swiglu(w1 x, w3 x) of expert `e` on `rows` rows of x (not yet in the model
+// dtype); u holds w3 x, scratch for the caller.
+absl::Status GateUp(const ForwardContext& ctx, const V4Config& config, const ExpertWeights& e,
+                    const float* x, int64_t rows, const LinearRows& facts, std::vector<float>& g,
+                    std::vector<float>& u) {
   const int64_t inter = e.w1.out_features();
-  std::vector<float> g(static_cast<size_t>(rows * inter)), u(g.size());
-  const LinearRows facts{tokens, expert, nullptr};
+  g.resize(static_cast<size_t>(rows * inter));
+  u.resize(g.size());
   RETURN_IF_ERROR(ApplyLinear(ctx, e.w1, x, rows, g.data(), LinearOutput::kModelDtype, facts));
   RETURN_IF_ERROR(ApplyLinear(ctx, e.w3, x, rows, u.data(), LinearOutput::kModelDtype, facts));
   ParallelRows(ctx.threads, rows, 24 * inter, [&](int, int64_t begin, int64_t end) {
@@ -45,6 +45,17 @@ absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
       }
     }
   });
+  return absl::OkStatus();
+}
+
+// One expert on `rows` gathered rows of x: out[rows, d] = w2(wt * swiglu(w1 x, w3 x)).
+// `weights` nullptr for the shared expert.
+absl::Status ExpertForward(const ForwardContext& ctx, const V4Config& config,
+                           const ExpertWeights& e, const float* x, int64_t rows,
+                           const int64_t* tokens, int expert, const float* weights, float* out) {
+  const int64_t inter = e.w1.out_features();
+  std::vector<float> g, u;
+  RETURN_IF_ERROR(GateUp(ctx, config, e, x, rows, {tokens, expert, nullptr}, g, u));
   if (weights != nullptr && e.w2.input_scale > 0.0f) {
     // A W4A4 NVFP4 w2 runs as the runtimes' fused MoE kernels run it (calibration_runtime.md
     // §1.4): its input is quantized without the routing weight, which scales w2's output.
@@ -88,13 +99,8 @@ absl::Status ObserveUnroutedRows(const ForwardContext& ctx, const V4Config& conf
   const int64_t inter = ew.w1.out_features();
   std::vector<float> xe(static_cast<size_t>(n * d));
   GatherRows(x, d, others.data(), n, xe.data(), ctx.threads);
-  std::vector<float> g(static_cast<size_t>(n * inter)), u(g.size());
-  const LinearRows facts{others.data(), e, nullptr};
-  RETURN_IF_ERROR(
-      ApplyLinear(ctx, ew.w1, xe.data(), n, g.data(), LinearOutput::kModelDtype, facts));
-  RETURN_IF_ERROR(
-      ApplyLinear(ctx, ew.w3, xe.data(), n, u.data(), LinearOutput::kModelDtype, facts));
-  for (size_t i = 0; i < g.size(); ++i) g[i] = ClampedSwiglu(g[i], u[i], config.swiglu_limit);
+  std::vector<float> g, u;
+  RETURN_IF_ERROR(GateUp(ctx, config, ew, xe.data(), n, {others.data(), e, nullptr}, g, u));
   ToModelDtype(ctx, g.data(), n * inter);
   LinearInput input;
   input.module = &ew.w2.module;

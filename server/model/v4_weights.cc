@@ -19,9 +19,20 @@ absl::Status TensorShapeError(const std::string& name, const std::vector<int64_t
                                                  checkpoint::ShapeString(want)));
 }
 
-bool IsNvfp4(const checkpoint::LinearModule& m) {
-  return m.format == checkpoint::TensorFormat::kNvfp4 ||
-         m.format == checkpoint::TensorFormat::kNvfp4CompressedTensors;
+// Linear `module` when it is NVFP4 (read by LoadNvfp4Linear), else nullptr (FindSourceWeight's).
+const checkpoint::LinearModule* FindNvfp4(const V4Checkpoint& ckpt, const std::string& module) {
+  const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
+  return m != nullptr && (m->format == checkpoint::TensorFormat::kNvfp4 ||
+                          m->format == checkpoint::TensorFormat::kNvfp4CompressedTensors)
+             ? m
+             : nullptr;
+}
+
+// InvalidArgument naming the weight unless `m` is [out, in].
+absl::Status CheckShape(const checkpoint::LinearModule& m, int64_t out, int64_t in) {
+  if (m.out_features == out && m.in_features == in) return absl::OkStatus();
+  return TensorShapeError(m.tensors.front(), {m.out_features, m.in_features}, {out, in},
+                          checkpoint::FormatName(m.format));
 }
 
 // A one-element F32 scale of an NVFP4 module (ModelOpt: [], compressed-tensors: [1]), checked
@@ -125,33 +136,28 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
 
 absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, int64_t out,
                          int64_t in) {
-  const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
-  if (m == nullptr || !IsNvfp4(*m)) {
-    ASSIGN_OR_RETURN(const checkpoint::SourceWeight source,
-                     checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
-    m = source.module;
+  if (const checkpoint::LinearModule* m = FindNvfp4(ckpt, module); m != nullptr) {
+    return CheckShape(*m, out, in);
   }
-  if (m->out_features != out || m->in_features != in) {
-    return TensorShapeError(m->tensors.front(), {m->out_features, m->in_features}, {out, in},
-                            checkpoint::FormatName(m->format));
-  }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(const checkpoint::SourceWeight source,
+                   checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
+  return CheckShape(*source.module, out, in);
 }
 
 absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backend& backend,
                                         const std::string& module, int64_t out, int64_t in,
                                         kernels::Buffer spare) {
-  RETURN_IF_ERROR(CheckLinear(ckpt, module, out, in));
   LinearWeight w;
   w.module = module;
-  if (const checkpoint::LinearModule* m = checkpoint::FindLinear(ckpt.inventory, module);
-      IsNvfp4(*m)) {
+  if (const checkpoint::LinearModule* m = FindNvfp4(ckpt, module); m != nullptr) {
+    RETURN_IF_ERROR(CheckShape(*m, out, in));
     RETURN_IF_ERROR(LoadNvfp4Linear(ckpt, backend, *m, std::move(spare), &w));
     return w;
   }
   ASSIGN_OR_RETURN(checkpoint::SourceWeight source,
                    checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
   const checkpoint::LinearModule& m = *source.module;
+  RETURN_IF_ERROR(CheckShape(m, out, in));
   w.quantized_source = m.format == checkpoint::TensorFormat::kFp8BlockE8m0 ||
                        m.format == checkpoint::TensorFormat::kFp8BlockF32 ||
                        m.format == checkpoint::TensorFormat::kMxfp4;

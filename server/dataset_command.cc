@@ -55,7 +55,8 @@ int DatasetMain(const DatasetArgs& args, std::ostream& out, std::ostream& err) {
   // The tool shows what the tokenizer makes of the data: input_ids are checked against it.
   calibration::CalibrationTokenizer loaded(**tokenizer);
   absl::StatusOr<calibration::CalibrationSet> set =
-      calibration::LoadCalibrationSet(spec->calibration, loaded, (*tokenizer)->vocab_size());
+      calibration::LoadCalibrationSet(spec->calibration, spec->source_roots, loaded,
+                                      (*tokenizer)->vocab_size());
   if (!set.ok()) return Fail(err, set.status(), kFailure);
   absl::StatusOr<std::string> sha256 = calibration::WriteCalibrationTokens(*set, args.out_path);
   if (!sha256.ok()) return Fail(err, sha256.status(), kFailure);

@@ -283,6 +283,7 @@ absl::StatusOr<std::vector<CalibrationDataset>> ResolveCalibrationDatasets(const
 }
 
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
+                                                  const checkpoint::SourceRoots& roots,
                                                   CalibrationTokenizer& tokenizer, int64_t vocab,
                                                   bool allow_fewer) {
   ASSIGN_OR_RETURN(std::vector<CalibrationDataset> datasets, ResolveCalibrationDatasets(spec));
@@ -294,7 +295,8 @@ absl::StatusOr<CalibrationSet> LoadCalibrationSet(const CalibrationSpec& spec,
     DatasetFile file;
     file.path = datasets[f].path;
     struct stat st;
-    ASSIGN_OR_RETURN(file.fd, checkpoint::OpenRegularFile(file.path, /*follow_symlink=*/true, &st));
+    ASSIGN_OR_RETURN(file.fd, checkpoint::OpenRegularFile(file.path, /*follow_symlink=*/true, &st,
+                                                          roots, DatasetField(spec, f)));
     const auto same = std::find(ids.begin(), ids.end(), std::make_pair(st.st_dev, st.st_ino));
     if (same != ids.end()) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -94,8 +94,11 @@ absl::StatusOr<std::vector<job::CalibrationDataset>> ResolveCalibrationDatasets(
 // Reads, checks, selects and tokenizes the samples. `vocab`: input_ids must be below it (the
 // model's vocab_size, the rows of its embedding). `add_bos` needs the tokenizer's bos_id() when a
 // text or conversation is selected. `allow_fewer`: a file with fewer usable samples than asked
-// gives those it has (its stats say how many) instead of an error.
+// gives those it has (its stats say how many) instead of an error. Each data set file must lie
+// inside `roots` (the job's job::JobSpec::source_roots: judged by the file opened, as
+// checkpoint::OpenRegularFile does; nullopt: anywhere), and errors name its field.
 absl::StatusOr<CalibrationSet> LoadCalibrationSet(const job::CalibrationSpec& spec,
+                                                  const checkpoint::SourceRoots& roots,
                                                   CalibrationTokenizer& tokenizer, int64_t vocab,
                                                   bool allow_fewer = false);
 

@@ -36,7 +36,8 @@ absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
   CalibrationTokenizer tokenizer(tokenizer_dir, spec.source_roots);
   // input_ids are the model's ids: checked against its vocabulary (folded ones fold below).
   ASSIGN_OR_RETURN(CalibrationSet set,
-                   LoadCalibrationSet(spec.calibration, tokenizer, fold_ids ? INT32_MAX : vocab));
+                   LoadCalibrationSet(spec.calibration, spec.source_roots, tokenizer,
+                                      fold_ids ? INT32_MAX : vocab));
   SampleIds ids;
   for (CalibrationSample& s : set.samples) {
     for (int32_t& id : s.ids) {

@@ -109,7 +109,8 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
 }
 
 absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink,
-                                    struct stat* st, const SourceRoots& roots) {
+                                    struct stat* st, const SourceRoots& roots,
+                                    absl::string_view field) {
   const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_symlink ? 0 : O_NOFOLLOW);
   const int fd = open(path.c_str(), flags);
   if (fd < 0) {
@@ -129,7 +130,7 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is ", FileKind(st->st_mode), "; only regular files are read"));
   }
-  if (absl::Status inside = CheckOpenedInsideRoots("source", path, fd, roots); !inside.ok()) {
+  if (absl::Status inside = CheckOpenedInsideRoots(field, path, fd, roots); !inside.ok()) {
     close(fd);
     return inside;
   }
@@ -137,9 +138,9 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
-                                     const SourceRoots& roots) {
+                                     const SourceRoots& roots, absl::string_view field) {
   struct stat st;
-  absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st, roots);
+  absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st, roots, field);
   if (!fd.ok()) return fd.status();
   const auto too_large = [&] {
     return absl::InvalidArgumentError(

@@ -33,16 +33,18 @@ absl::Status SyncAndClose(int fd, const std::string& path);
 // Opens `path` read-only for a read that must not block or wander: O_NONBLOCK (a FIFO does not
 // wait for a writer), O_NOFOLLOW unless `follow_symlink`, then fstat: anything but a regular file
 // (FIFO, device, directory, socket) is InvalidArgument naming the path and the rule. With
-// `roots`, the file opened must lie inside them (CheckOpenedInsideRoots, field "source"). Returns
-// the descriptor (the caller closes it) and fills *st.
+// `roots`, the file opened must lie inside them (CheckOpenedInsideRoots; `field`, the spec field
+// the path came from, names it). Returns the descriptor (the caller closes it) and fills *st.
 absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink,
-                                    struct stat* st, const SourceRoots& roots = std::nullopt);
+                                    struct stat* st, const SourceRoots& roots = std::nullopt,
+                                    absl::string_view field = "source");
 
 // Reads a whole (small) regular file of at most `max_bytes` (OpenRegularFile, symlinks followed);
 // a larger one is InvalidArgument naming the path and the cap. Errors never quote the content.
-// With `roots`, the opened file must lie inside them (OpenRegularFile).
+// With `roots`, the opened file must lie inside them (OpenRegularFile, naming `field`).
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
-                                     const SourceRoots& roots = std::nullopt);
+                                     const SourceRoots& roots = std::nullopt,
+                                     absl::string_view field = "source");
 
 }  // namespace quantd::checkpoint
 

@@ -45,8 +45,8 @@ absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::s
 }
 
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes,
-                                            const SourceRoots& roots) {
-  absl::StatusOr<std::string> text = ReadFile(path, max_bytes, roots);
+                                            const SourceRoots& roots, absl::string_view field) {
+  absl::StatusOr<std::string> text = ReadFile(path, max_bytes, roots, field);
   if (!text.ok()) return text.status();
   return ParseJsonText(*text, path);
 }

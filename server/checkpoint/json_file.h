@@ -27,9 +27,10 @@ bool JsonNestingExceeds(const uint8_t* text, uint64_t size, int limit);
 absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, const std::string& origin);
 
 // ReadFile(path, max_bytes), then ParseJsonText.
-// With `roots`, the opened file must lie inside them (ReadFile).
+// With `roots`, the opened file must lie inside them (ReadFile, naming `field`).
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes,
-                                            const SourceRoots& roots = std::nullopt);
+                                            const SourceRoots& roots = std::nullopt,
+                                            absl::string_view field = "source");
 
 // Field readers for the parsers of what quantd stored itself (task payloads, checkpoint
 // manifests). Each is false, and leaves *out alone, when `j` is not an object or its `field` is

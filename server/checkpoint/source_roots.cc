@@ -22,7 +22,7 @@ absl::Status Outside(absl::string_view field, const std::string& path) {
   return absl::PermissionDeniedError(
       absl::StrCat(field, ": ", path,
                    " leads outside the allowed roots of the caller that submitted the job (a "
-                   "symbolic link in a source is followed only within them)"));
+                   "symbolic link is followed only within them)"));
 }
 
 bool InsideAny(absl::string_view resolved, const std::vector<std::string>& roots) {

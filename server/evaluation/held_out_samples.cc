@@ -28,8 +28,8 @@ constexpr char kDisable[] =
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
-    const job::CalibrationSpec& calibration, int64_t num_samples,
-    calibration::CalibrationTokenizer& tokenizer, int64_t vocab) {
+    const job::CalibrationSpec& calibration, const checkpoint::SourceRoots& roots,
+    int64_t num_samples, calibration::CalibrationTokenizer& tokenizer, int64_t vocab) {
   if (num_samples < 0) {
     return absl::InvalidArgumentError("evaluate.num_samples must not be negative");
   }
@@ -53,7 +53,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
     extended.datasets.push_back({(*calibrated)[f].path, (*calibrated)[f].samples + shares[f]});
   }
   absl::StatusOr<calibration::CalibrationSet> set =
-      calibration::LoadCalibrationSet(extended, tokenizer, vocab, /*allow_fewer=*/true);
+      calibration::LoadCalibrationSet(extended, roots, tokenizer, vocab, /*allow_fewer=*/true);
   if (!set.ok()) {
     return absl::Status(set.status().code(),
                         absl::StrCat("held-out samples: ", set.status().message()));

@@ -23,11 +23,11 @@ namespace quantd::evaluation {
 //        takes and how many are left, and suggesting evaluate.enabled false;
 //   0:   kDefaultEvaluateSamples, each file giving at most what it has left (so fewer when the
 //        data holds fewer); InvalidArgument as above when no file has any left.
-// InvalidArgument too when the spec names no data set. `tokenizer` and `vocab` as
+// InvalidArgument too when the spec names no data set. `roots`, `tokenizer` and `vocab` as
 // calibration::LoadCalibrationSet's (the tokenizer is loaded only for text samples).
 absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
-    const job::CalibrationSpec& calibration, int64_t num_samples,
-    calibration::CalibrationTokenizer& tokenizer, int64_t vocab);
+    const job::CalibrationSpec& calibration, const checkpoint::SourceRoots& roots,
+    int64_t num_samples, calibration::CalibrationTokenizer& tokenizer, int64_t vocab);
 
 }  // namespace quantd::evaluation
 

@@ -34,7 +34,8 @@ absl::StatusOr<QualityReport> RunEvaluation(const EvaluationRequest& request,
                    model::OpenV4Checkpoint(request.quantized));
   calibration::CalibrationTokenizer tokenizer(request.tokenizer_dir);
   ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
-                   LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, tokenizer,
+                   LoadHeldOutSamples(spec.calibration, spec.source_roots,
+                                      spec.evaluate.num_samples, tokenizer,
                                       source->config.vocab_size));
 
   const auto start = std::chrono::steady_clock::now();

@@ -166,7 +166,8 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   } else {
     if (!spec.calibration.amax_file.empty()) {
       ASSIGN_OR_RETURN(job->file_amax_,
-                       LoadAmaxFile(spec.calibration.amax_file, job->inventory_));
+                       LoadAmaxFile(spec.calibration.amax_file, job->inventory_,
+                                    spec.source_roots));
     }
     RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_, job->stored_.work_dir));
   }
@@ -539,8 +540,10 @@ std::optional<int64_t> RetryDelayMs(absl::StatusCode code, int attempt) {
 }
 
 absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path,
-                                                         const TensorInventory& inventory) {
-  absl::StatusOr<nlohmann::json> parsed = checkpoint::ReadJsonFile(path, kMaxAmaxFileBytes);
+                                                         const TensorInventory& inventory,
+                                                         const checkpoint::SourceRoots& roots) {
+  absl::StatusOr<nlohmann::json> parsed =
+      checkpoint::ReadJsonFile(path, kMaxAmaxFileBytes, roots, "calibration.amax_file");
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
   if (!j.is_object()) {

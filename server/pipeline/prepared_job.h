@@ -199,9 +199,11 @@ inline constexpr uint64_t kMaxAmaxFileBytes = 64ull << 20;
 
 // Reads calibration.amax_file: a JSON object {module: input_amax}. Every value must be a finite
 // float32 >= 0 and every module a linear module of `inventory`. Errors name the file and the
-// module, but never quote a key that is not a module name, nor a value.
+// module, but never quote a key that is not a module name, nor a value. The file must lie inside
+// `roots` (the job's source_roots, judged by the file opened; nullopt: anywhere).
 absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(
-    const std::string& path, const checkpoint::TensorInventory& inventory);
+    const std::string& path, const checkpoint::TensorInventory& inventory,
+    const checkpoint::SourceRoots& roots);
 
 // The DONE tasks among `tasks` whose output file is missing, or whose size or SHA-256 differs
 // from the recorded ones, with the reason for each (one line). Tasks whose output is a directory

@@ -68,7 +68,7 @@ class CalibrationDataTest : public testing_util::TempDirTest {
 
   absl::StatusOr<CalibrationSet> Load(const CalibrationSpec& spec) {
     CalibrationTokenizer tokenizer(*tokenizer_);
-    return LoadCalibrationSet(spec, tokenizer, kVocab);
+    return LoadCalibrationSet(spec, std::nullopt, tokenizer, kVocab);
   }
 
   std::string ErrorOf(const CalibrationSpec& spec) {
@@ -218,7 +218,7 @@ TEST_F(CalibrationDataTest, InputIdsNeedNoTokenizerAndTakeTheModelsIds) {
   CalibrationSpec spec = Spec({{path, 2}});
   spec.min_seq_len = 3;
   CalibrationTokenizer absent(dir_ + "/no-model");
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, absent, kVocab);
+  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, std::nullopt, absent, kVocab);
   ASSERT_TRUE(set.ok()) << set.status();
   ASSERT_EQ(set->samples.size(), 2u);
   EXPECT_EQ(set->samples[0].ids.size() + set->samples[1].ids.size(), 6u);
@@ -228,9 +228,32 @@ TEST_F(CalibrationDataTest, InputIdsNeedNoTokenizerAndTakeTheModelsIds) {
   const std::string mixed = Write("mixed.jsonl", "{\"input_ids\": [7, 8, 9]}\n{\"text\": \"one two three\"}\n");
   spec = Spec({{mixed, 2}});
   spec.min_seq_len = 1;
-  absl::StatusOr<CalibrationSet> text = LoadCalibrationSet(spec, absent, kVocab);
+  absl::StatusOr<CalibrationSet> text = LoadCalibrationSet(spec, std::nullopt, absent, kVocab);
   EXPECT_EQ(text.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(text.status().message(), dir_ + "/no-model/tokenizer.json: cannot open: No such file or directory");
+}
+
+// Issue 19 item 1: a data set is judged by where the file it opened lies, inside the submitter's
+// roots; a link to a file outside them is refused, naming the field, never the target.
+TEST_F(CalibrationDataTest, ADataSetOutsideTheRootsIsRefused) {
+  std::filesystem::create_directories(dir_ + "/mine");
+  const std::string theirs = TextFile("theirs.jsonl", 3);
+  const std::string link = dir_ + "/mine/data.jsonl";
+  std::filesystem::create_symlink(theirs, link);
+  const std::string mine = TextFile("mine/own.jsonl", 3);
+  CalibrationTokenizer tokenizer(*tokenizer_);
+  const checkpoint::SourceRoots roots =
+      std::vector<std::string>{std::filesystem::canonical(dir_ + "/mine").string()};
+  absl::StatusOr<CalibrationSet> set =
+      LoadCalibrationSet(Spec({{mine, 1}, {link, 1}}), roots, tokenizer, kVocab);
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(set.status().message(),
+            "calibration.datasets[1].path: " + link +
+                " leads outside the allowed roots of the caller that submitted the job (a "
+                "symbolic link is followed only within them)");
+  set = LoadCalibrationSet(Spec({{mine, 1}}), roots, tokenizer, kVocab);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->samples.size(), 1u);
 }
 
 TEST_F(CalibrationDataTest, AFileListedTwiceIsRefused) {
@@ -281,7 +304,7 @@ TEST_F(CalibrationDataTest, TheTokenizersTimeBudgetFailsTheSampleNamingFileAndLi
   CalibrationTokenizer tokenizer(**wedge);
   CalibrationSpec spec = Spec({{path, 1}});
   spec.add_bos = false;
-  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, tokenizer, kVocab);
+  absl::StatusOr<CalibrationSet> set = LoadCalibrationSet(spec, std::nullopt, tokenizer, kVocab);
   EXPECT_EQ(set.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(absl::StartsWith(set.status().message(),
                                path + ":1: w/tokenizer.json: field 'pre_tokenizer.pretokenizers[0]."

@@ -172,7 +172,7 @@ TEST_F(CheckpointDirTest, LinksAreFollowedOnlyInsideTheRoots) {
   EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(ErrorOf(ckpt.status()),
             "source: " + src + "/config.json leads outside the allowed roots of the caller that "
-            "submitted the job (a symbolic link in a source is followed only within them)");
+            "submitted the job (a symbolic link is followed only within them)");
 
   // config.json and the index the tenant's own, a shard a link outside: that shard is named.
   fs::remove(src + "/config.json");
@@ -182,8 +182,8 @@ TEST_F(CheckpointDirTest, LinksAreFollowedOnlyInsideTheRoots) {
   ckpt = CheckpointDir::Open(src, tenant);
   EXPECT_EQ(ErrorOf(ckpt.status()),
             "source: " + src + "/model-00001-of-00002.safetensors leads outside the allowed "
-            "roots of the caller that submitted the job (a symbolic link in a source is followed "
-            "only within them)");
+            "roots of the caller that submitted the job (a symbolic link is followed only within "
+            "them)");
 
   // Roots that hold the targets, or none at all (a caller that may name any path): opened.
   ckpt = CheckpointDir::Open(src, std::vector<std::string>{root});
@@ -212,8 +212,8 @@ TEST_F(CheckpointDirTest, RootsJudgeTheOpenedFileNotItsPath) {
   absl::Status s = CheckOpenedInsideRoots("source", root + "/tenant/mine.json", *theirs, tenant);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(ErrorOf(s), "source: " + root + "/tenant/mine.json leads outside the allowed roots "
-                        "of the caller that submitted the job (a symbolic link in a source is "
-                        "followed only within them)");
+                        "of the caller that submitted the job (a symbolic link is followed only "
+                        "within them)");
   EXPECT_TRUE(CheckOpenedInsideRoots("source", "x", *theirs, std::nullopt).ok());
   close(*theirs);
   absl::StatusOr<int> mine = OpenRegularFile(root + "/tenant/mine.json", true, &st);

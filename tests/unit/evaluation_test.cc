@@ -137,10 +137,10 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   }
   spec.num_samples = 6;  // 3 per file
   absl::StatusOr<calibration::CalibrationSet> calibration =
-      calibration::LoadCalibrationSet(spec, tokenizer, kVocab);
+      calibration::LoadCalibrationSet(spec, std::nullopt, tokenizer, kVocab);
   ASSERT_TRUE(calibration.ok()) << calibration.status();
   absl::StatusOr<std::vector<std::vector<int32_t>>> held_out =
-      LoadHeldOutSamples(spec, 5, tokenizer, kVocab);  // 3 from a, 2 from b
+      LoadHeldOutSamples(spec, std::nullopt, 5, tokenizer, kVocab);  // 3 from a, 2 from b
   ASSERT_TRUE(held_out.ok()) << held_out.status();
   ASSERT_EQ(held_out->size(), 5u);
   std::set<int32_t> calibrated, evaluated;
@@ -155,7 +155,7 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   longer.datasets[0].samples = 6;
   longer.datasets[1].samples = 5;
   absl::StatusOr<calibration::CalibrationSet> both =
-      calibration::LoadCalibrationSet(longer, tokenizer, kVocab);
+      calibration::LoadCalibrationSet(longer, std::nullopt, tokenizer, kVocab);
   ASSERT_TRUE(both.ok()) << both.status();
   const std::vector<int32_t> want = {both->samples[3].ids[0], both->samples[4].ids[0],
                                      both->samples[5].ids[0], both->samples[9].ids[0],
@@ -163,20 +163,22 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ((*held_out)[i][0], want[i]) << i;
   // Too few lines left after the calibration samples: the error names the file.
   absl::StatusOr<std::vector<std::vector<int32_t>>> too_many =
-      LoadHeldOutSamples(spec, 40, tokenizer, kVocab);
+      LoadHeldOutSamples(spec, std::nullopt, 40, tokenizer, kVocab);
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("a.jsonl"), std::string::npos) << too_many.status();
   // The default count: 32 (16 per file), or what the files hold when they hold fewer.
-  absl::StatusOr<std::vector<std::vector<int32_t>>> all = LoadHeldOutSamples(spec, 0, tokenizer, kVocab);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> all =
+      LoadHeldOutSamples(spec, std::nullopt, 0, tokenizer, kVocab);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->size(), 32u);
   job::CalibrationSpec most = spec;
   most.num_samples = 37;  // 19 from a, 18 from b: 1 and 2 lines left
-  absl::StatusOr<std::vector<std::vector<int32_t>>> few = LoadHeldOutSamples(most, 0, tokenizer, kVocab);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> few =
+      LoadHeldOutSamples(most, std::nullopt, 0, tokenizer, kVocab);
   ASSERT_TRUE(few.ok()) << few.status();
   EXPECT_EQ(few->size(), 3u);
   most.num_samples = 40;  // every line calibrates
-  const absl::Status none = LoadHeldOutSamples(most, 0, tokenizer, kVocab).status();
+  const absl::Status none = LoadHeldOutSamples(most, std::nullopt, 0, tokenizer, kVocab).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(none.message(),
             "evaluate: the calibration data holds no held-out sample (" + dir_ +
@@ -187,7 +189,7 @@ TEST_F(HeldOutSamplesTest, FollowTheCalibrationSamplesOfEachFile) {
                 "evaluate.num_samples, add lines, calibrate on fewer samples, or set "
                 "evaluate.enabled to false");
   // No data set at all.
-  EXPECT_EQ(LoadHeldOutSamples(job::CalibrationSpec{}, 4, tokenizer, kVocab).status().code(),
+  EXPECT_EQ(LoadHeldOutSamples(job::CalibrationSpec{}, std::nullopt, 4, tokenizer, kVocab).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -321,12 +321,12 @@ TEST_F(RunnerTest, AmaxFileIsValidated) {
   };
   for (const Case& c : cases) {
     std::ofstream(file) << c.json;
-    auto rows = LoadAmaxFile(file, p.inventory);
+    auto rows = LoadAmaxFile(file, p.inventory, std::nullopt);
     ASSERT_FALSE(rows.ok()) << c.json;
     EXPECT_EQ(rows.status().message(), c.error);
   }
   std::ofstream(file) << "{\"" << module << "\": 0.5, \"embed\": 0}";
-  auto rows = LoadAmaxFile(file, p.inventory);
+  auto rows = LoadAmaxFile(file, p.inventory, std::nullopt);
   ASSERT_TRUE(rows.ok()) << rows.status();
   ASSERT_EQ(rows->size(), 2u);
   // In key order.
@@ -335,6 +335,32 @@ TEST_F(RunnerTest, AmaxFileIsValidated) {
   EXPECT_EQ((*rows)[1].module, module);
   EXPECT_EQ((*rows)[1].value, 0.5);
   EXPECT_EQ((*rows)[1].kind, "input");
+}
+
+// The file is judged by where the opened file lies: a link inside the caller's roots to a file
+// outside them is refused, naming the field and the path, never the target.
+TEST_F(RunnerTest, AmaxFileOutsideTheRootsIsRefused) {
+  const SourcePlan p = PlanFor(Spec("out", ""));
+  const std::string module = p.plan.recipe.modules.front();
+  const std::filesystem::path mine = root_ / "mine", theirs = root_ / "theirs";
+  std::filesystem::create_directories(mine);
+  std::filesystem::create_directories(theirs);
+  std::ofstream((theirs / "amax.json").string()) << "{\"" << module << "\": 0.5}";
+  std::filesystem::create_symlink(theirs / "amax.json", mine / "amax.json");
+  const std::string link = (mine / "amax.json").string();
+  const checkpoint::SourceRoots roots =
+      std::vector<std::string>{std::filesystem::canonical(mine).string()};
+  auto rows = LoadAmaxFile(link, p.inventory, roots);
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(rows.status().message(),
+            "calibration.amax_file: " + link +
+                " leads outside the allowed roots of the caller that submitted the job (a "
+                "symbolic link is followed only within them)");
+  // Roots that hold the target: read.
+  rows = LoadAmaxFile(link, p.inventory,
+                      std::vector<std::string>{std::filesystem::canonical(root_).string()});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->size(), 1u);
 }
 
 TEST_F(RunnerTest, AStateFileOfAnotherSpecIsRefused) {

@@ -44,8 +44,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 // `vocab`: the source model's vocab_size.
 absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec, int64_t vocab) {
   calibration::CalibrationTokenizer tokenizer(spec.source, spec.source_roots);
-  return evaluation::LoadHeldOutSamples(spec.calibration, spec.evaluate.num_samples, tokenizer,
-                                        vocab);
+  return evaluation::LoadHeldOutSamples(spec.calibration, spec.source_roots,
+                                        spec.evaluate.num_samples, tokenizer, vocab);
 }
 
 int64_t Tokens(const std::vector<std::vector<int32_t>>& samples) {

@@ -188,27 +188,41 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   struct stat st;
   absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st, roots);
   if (!fd.ok()) return fd.status();
+  return FromDescriptor(path, *fd, st);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const DirHandle& dir,
+                                                                       absl::string_view rel) {
+  struct stat st;
+  absl::StatusOr<int> fd = dir.OpenRegularFile(rel, &st);
+  if (!fd.ok()) return fd.status();
+  return FromDescriptor(dir.PathOf(rel), *fd, st);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromDescriptor(
+    std::string path, int fd, const struct stat& st) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->path_ = path;
+  file->path_ = std::move(path);
   file->size_ = static_cast<uint64_t>(st.st_size);
   // Parse() rejects files too short to hold the length prefix; an empty file cannot be mapped.
   if (file->size_ >= kLengthBytes) {
-    void* mapping = mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, *fd, 0);
+    void* mapping = mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (mapping == MAP_FAILED) {
       int err = errno;
-      close(*fd);
-      return absl::ErrnoToStatus(err, absl::StrCat(path, ": mmap failed"));
+      close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat(file->path_, ": mmap failed"));
     }
     file->base_ = static_cast<const uint8_t*>(mapping);
     file->mapped_ = true;
     absl::StatusOr<int> slot = RegisterMappedRegion(mapping, file->size_);
     if (!slot.ok()) {
-      close(*fd);
-      return absl::Status(slot.status().code(), absl::StrCat(path, ": ", slot.status().message()));
+      close(fd);
+      return absl::Status(slot.status().code(),
+                          absl::StrCat(file->path_, ": ", slot.status().message()));
     }
     file->guard_slot_ = *slot;
   }
-  close(*fd);
+  close(fd);
   absl::Status status = file->Parse();
   if (!status.ok()) return status;
   if (absl::Status intact = file->CheckIntact(); !intact.ok()) return intact;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/checkpoint/dir_handle.h"
 #include "server/checkpoint/dtype.h"
 #include "server/checkpoint/source_roots.h"
 
@@ -48,6 +49,10 @@ class SafetensorsFile {
   // With `roots`, the file opened must lie inside them (OpenRegularFile).
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
       const std::string& path, const SourceRoots& roots = std::nullopt);
+  // The file `rel` beneath `dir` (DirHandle::OpenRegularFile: no symbolic link followed, nothing
+  // outside the directory the handle holds), e.g. a shard of the job's own output read back.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const DirHandle& dir,
+                                                               absl::string_view rel);
   // Validates an in-memory file image (header + data); `name` is used in errors. Does not copy:
   // `bytes` must outlive the result. Used by the fuzz target and tests.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,
@@ -81,6 +86,10 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  // Maps the regular file open as `fd` (of `st`), closes it, and validates it; `path` names it.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromDescriptor(std::string path,
+                                                                         int fd,
+                                                                         const struct stat& st);
   // Validates the image at base_/size_ and fills tensors_, by_name_ and metadata_.
   absl::Status Parse();
   // ReleasePages for [data, data + size), a range of the mapping.

@@ -122,6 +122,33 @@ TEST_F(SafetensorsReaderFile, OpenMapsFileFromDisk) {
   EXPECT_EQ(std::memcmp((*file)->tensors()[0].data, "abcdefgh", 8), 0);
 }
 
+// A file read back from a directory handle (a job's own output) is opened beneath it: a
+// symbolic link there is refused, never followed to another file.
+TEST_F(SafetensorsReaderFile, OpenBeneathAHandleFollowsNoLink) {
+  std::filesystem::create_directories(dir_ + "/out");
+  std::filesystem::create_directories(dir_ + "/other");
+  const std::string bytes =
+      OneTensor(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]})", "abcdefgh");
+  std::ofstream(dir_ + "/out/one.safetensors", std::ios::binary) << bytes;
+  std::ofstream(dir_ + "/other/theirs.safetensors", std::ios::binary) << bytes;
+  std::filesystem::create_symlink(dir_ + "/other/theirs.safetensors",
+                                  dir_ + "/out/link.safetensors");
+  absl::StatusOr<DirHandle> out = DirHandle::Open("output", dir_ + "/out");
+  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+      SafetensorsFile::Open(*out, "one.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->path(), dir_ + "/out/one.safetensors");
+  ASSERT_EQ((*file)->tensors().size(), 1u);
+  EXPECT_EQ(std::memcmp((*file)->tensors()[0].data, "abcdefgh", 8), 0);
+  file = SafetensorsFile::Open(*out, "link.safetensors");
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().message(),
+            "output: " + dir_ + "/out/link.safetensors: cannot open: it is or passes through a "
+            "symbolic link, which quantd does not follow here (was the output directory or a "
+            "directory in it replaced by a link?)");
+}
+
 TEST_F(SafetensorsReaderFile, OpenNamesMissingFile) {
   std::string path = dir_ + "/absent.safetensors";
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);

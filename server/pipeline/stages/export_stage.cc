@@ -221,14 +221,16 @@ absl::Status CopySourceFiles(const StageContext& ctx, const checkpoint::DirHandl
   return absl::OkStatus();
 }
 
-// model.safetensors.index.json from the output shards' headers, with a heartbeat per shard.
-absl::StatusOr<checkpoint::ShardIndex> OutputIndex(const StageContext& ctx, const std::string& dir,
+// model.safetensors.index.json from the output shards' headers, read beneath the directory's
+// handle (never through its path again), with a heartbeat per shard.
+absl::StatusOr<checkpoint::ShardIndex> OutputIndex(const StageContext& ctx,
+                                                   const checkpoint::DirHandle& dir,
                                                    const std::vector<std::string>& shards) {
   checkpoint::ShardIndex index;
   for (const std::string& shard : shards) {
     Heartbeat(ctx);
     absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsFile>> f =
-        checkpoint::SafetensorsFile::Open(absl::StrCat(dir, "/", shard));
+        checkpoint::SafetensorsFile::Open(dir, shard);
     if (!f.ok()) return f.status();
     for (const checkpoint::TensorView& v : (*f)->tensors()) {
       auto [it, inserted] = index.weight_map.emplace(v.name, shard);
@@ -381,7 +383,7 @@ absl::Status ExportBf16Copy(const StageContext& ctx, const Plan& plan,
     if (stage.kind != DequantStage::kKind) continue;
     for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
   }
-  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, dir.path(), shards);
+  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, dir, shards);
   if (!index.ok()) return index.status();
   std::vector<Written> bf16;
   absl::Status s = WriteIndex(dir, *index, &bf16);
@@ -431,7 +433,7 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     if (stage.kind != QuantizeStage::kKind) continue;
     for (const store::TaskPlan& t : stage.tasks) shards.push_back(t.name);
   }
-  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, out_dir, shards);
+  absl::StatusOr<checkpoint::ShardIndex> index = OutputIndex(ctx, out, shards);
   if (!index.ok()) return index.status();
   absl::Status s = WriteIndex(out, *index, &written);
   if (!s.ok()) return s;

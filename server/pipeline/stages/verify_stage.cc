@@ -154,9 +154,15 @@ absl::StatusOr<TaskOutput> VerifyStage::Run(const store::TaskRow& task, compute:
 }
 
 absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTask& task) {
-  const std::string path = absl::StrCat(ctx.spec->output, "/", task.shard);
+  if (ctx.output_dir == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(task.shard, ": the job's output directory is not open"));
+  }
+  // Read back beneath the handle the quantize task wrote through: a path swapped since cannot
+  // lead the read to another file.
+  const std::string path = ctx.output_dir->PathOf(task.shard);
   absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsFile>> shard =
-      checkpoint::SafetensorsFile::Open(path);
+      checkpoint::SafetensorsFile::Open(*ctx.output_dir, task.shard);
   if (!shard.ok()) return shard.status();
 
   std::map<std::string, const LinearModule*> linears;

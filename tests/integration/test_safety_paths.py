@@ -8,6 +8,7 @@ are unchanged. Connections go through daemon.Daemon's helpers only.
 
 import hashlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import pytest
 from daemon import Daemon
 from job_client import RPC_TIMEOUT_S, WATCH_TIMEOUT_S, JobClient
 from run_helpers import MARKER, tree_hashes
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "calibration_sample.jsonl"
 
 class Client(JobClient):
     def refused(self, code, **spec):
@@ -248,6 +251,47 @@ def test_another_jobs_amax_out_is_refused_until_that_job_is_deleted(client, stub
                                       calibration=pb.CalibrationSpec(amax_out=str(amax))).id)
     assert job.state == pb.SUCCEEDED, job
     client.delete(job.id)
+
+
+def test_two_daemons_naming_one_amax_out_never_replace_each_others_table(qd, client, stubs,
+                                                                          model, tmp_path):
+    """Issue 19 item 6: each daemon's admission knows only its own store, so two daemons both
+    accepted an absent calibration.amax_out and the later writer silently replaced the first's
+    table. Daemon B's job is loaded while the file is absent, then B is killed at its first
+    calibrate task; daemon A's job writes its table; B restarts and resumes: its table is renamed
+    into place without replacing, so B's job FAILS with OUTPUT_EXISTS and A's table keeps its
+    bytes."""
+    pb = stubs[0]
+    (tmp_path / "cal").mkdir()
+    amax = tmp_path / "cal" / "amax.json"
+
+    def spec(output, samples):
+        return dict(source=str(model), output=str(tmp_path / output), weight_format="nvfp4",
+                    calibration=pb.CalibrationSpec(dataset=str(DATA), num_samples=samples,
+                                                   seq_len=48, amax_out=str(amax)))
+
+    other = Daemon(qd.binary, tmp_path / "state-b", env={"QUANTD_TEST_KILL_AT": "calibrate:1"})
+    try:
+        other.start()
+        late = Client(stubs, other.channel()).submit(**spec("b", 8))
+        assert other.wait(120) == -signal.SIGKILL, other.log()
+        assert not amax.exists()
+
+        first = client.finish(client.submit(**spec("a", 6)).id)
+        assert first.state == pb.SUCCEEDED, first
+        table = amax.read_bytes()
+
+        other.env = {}
+        other.start()
+        final = Client(stubs, other.channel()).finish(late.id)
+        assert final.state == pb.FAILED, final
+        assert final.reason == "OUTPUT_EXISTS", final
+        assert (f"calibration.amax_out: {amax} was written by another job while this one ran"
+                in final.last_error), final.last_error
+        assert amax.read_bytes() == table
+        other.stop()
+    finally:
+        other.close()
 
 
 def test_an_amax_out_quantd_did_not_write_is_replaced_only_with_overwrite(client, stubs, model,

@@ -65,9 +65,9 @@ struct StageContext {
   const checkpoint::TensorInventory* inventory = nullptr;  // of `source`
   const Plan* plan = nullptr;                         // the job's plan
   // The directories the job writes, opened once when it was claimed (checkpoint/dir_handle.h):
-  // every file of the output, the BF16 copy and calibration.amax_out is created, renamed and
-  // removed beneath these handles, never through the spec's paths. Null when the spec has no
-  // such path.
+  // every file of the output and the BF16 copy is created, renamed and removed beneath these
+  // handles, never through the spec's paths (a stage that writes elsewhere opens its directory
+  // in its StageJob: calibrate's calibration.amax_out). Null when the spec has no such path.
   // The source directory as resolved at submit, opened once (export copies its files from it).
   const checkpoint::DirHandle* source_dir = nullptr;            // spec.source
   const checkpoint::DirHandle* output_dir = nullptr;            // spec.output

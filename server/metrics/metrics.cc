@@ -270,13 +270,10 @@ class PrometheusMetrics final : public Metrics {
     job_failures_.Add({{"reason", reason}}).Increment();
   }
 
-  void CalibratedLayerSlice(uint64_t tokens, double seconds) override {
-    calibrated_tokens_total_.Increment(static_cast<double>(tokens));
-    calibration_layer_seconds_.Observe(seconds);
-  }
-
-  void EvaluatedTokens(uint64_t tokens) override {
-    evaluated_tokens_total_.Increment(static_cast<double>(tokens));
+  void AddTaskFigure(const std::string& metric, double value) override {
+    if (metric == "quantd_calibrated_tokens_total") calibrated_tokens_total_.Increment(value);
+    if (metric == "quantd_calibration_layer_seconds") calibration_layer_seconds_.Observe(value);
+    if (metric == "quantd_evaluated_tokens_total") evaluated_tokens_total_.Increment(value);
   }
 
   void RpcHandled(const std::string& method, const std::string& code) override {

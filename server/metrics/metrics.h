@@ -77,10 +77,11 @@ class Metrics {
   virtual void SetDeviceMemoryUsed(const std::string& device, int64_t bytes) = 0;
   virtual void TaskRetried(const std::string& reason) = 0;
   virtual void JobFailed(const std::string& reason) = 0;
-  // A calibrate task moved `tokens` token rows through its decoder layer in `seconds`.
-  virtual void CalibratedLayerSlice(uint64_t tokens, double seconds) = 0;
-  // An evaluate task moved `tokens` token rows through a decoder layer (or the head) of both models.
-  virtual void EvaluatedTokens(uint64_t tokens) = 0;
+  // A figure a finished task reports for a task metric (pipeline::TaskFigure, named by the stage
+  // that measured it): an increment of quantd_calibrated_tokens_total or
+  // quantd_evaluated_tokens_total, an observation of quantd_calibration_layer_seconds. A name
+  // that is none of these is ignored.
+  virtual void AddTaskFigure(const std::string& metric, double value) = 0;
   virtual void RpcHandled(const std::string& method, const std::string& code) = 0;
   // The free and total bytes of the file system under a directory kind: "state" (the daemon's
   // state dir) or "output" (the fullest file system among the unfinished jobs' outputs).

@@ -3,7 +3,6 @@
 #include <float.h>
 #include <math.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -14,18 +13,14 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
 #include "server/base/thread_budget.h"
-#include "server/calibration/calibrate_task.h"
 #include "server/calibration/export_amax.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/json_file.h"
 #include "server/checkpoint/sha256.h"
-#include "server/evaluation/evaluate_task.h"
 #include "server/job/job_paths.h"
 #include "server/model/v4_config.h"
 #include "server/model/v4_config_check.h"
 #include "server/pipeline/stages/calibrate_stage.h"
-#include "server/pipeline/stages/evaluate_stage.h"
-#include "server/store/private_files.h"
 
 namespace quantd::pipeline {
 
@@ -82,39 +77,6 @@ absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const ch
   return names;
 }
 
-// Whether `t` is a calibrate task of kind `kind`.
-bool IsCalibrateTask(const store::TaskRow& t, calibration::CalibrateTask::Kind kind) {
-  if (t.stage_kind != CalibrateStage::kKind) return false;
-  absl::StatusOr<calibration::CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
-  return task.ok() && task->kind == kind;
-}
-
-// Whether `t` is a calibrate (layer, slice) task, whose output is a layer checkpoint.
-bool IsCalibrateLayerTask(const store::TaskRow& t) {
-  return IsCalibrateTask(t, calibration::CalibrateTask::Kind::kLayer);
-}
-
-// The layer of `t` when it is an evaluate layer task (whose output is a layer checkpoint).
-std::optional<int64_t> EvaluateLayerOf(const store::TaskRow& t) {
-  const std::optional<evaluation::EvaluateTask> task = evaluation::EvaluateTaskOf(t);
-  if (!task.has_value() || task->kind != evaluation::EvaluateTask::Kind::kLayer) {
-    return std::nullopt;
-  }
-  return task->layer;
-}
-
-// The inputs a calibrating job's plan reads besides the headers: the source's tokenizer.json and
-// the data sets (what an exception while planning names).
-std::string CalibrationInputs(const JobSpec& spec) {
-  std::string inputs = absl::StrCat(spec.source, "/tokenizer.json or the calibration data ");
-  if (!spec.calibration.dataset.empty()) absl::StrAppend(&inputs, spec.calibration.dataset);
-  for (size_t i = 0; i < spec.calibration.datasets.size(); ++i) {
-    absl::StrAppend(&inputs, i > 0 || !spec.calibration.dataset.empty() ? ", " : "",
-                    spec.calibration.datasets[i].path);
-  }
-  return inputs;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
@@ -125,12 +87,10 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   job->stages_ = &stages;
   job->spec_ = spec;
   job->stored_ = std::move(stored);
-  // A calibrating job planned by a release without the evaluate stage (its stored plan has no
-  // evaluate task, its spec does not mention evaluate) resumes on the plan it has.
-  if (job->stored_.planned && !job->spec_.evaluate.enabled.has_value() &&
-      std::none_of(job->stored_.tasks.begin(), job->stored_.tasks.end(),
-                   [](const store::TaskRow& t) { return t.stage_kind == EvaluateStage::kKind; })) {
-    job->spec_.evaluate.enabled = false;
+  if (job->stored_.planned) {
+    for (const std::unique_ptr<Stage>& stage : stages.stages()) {
+      stage->AdaptSpec(job->stored_.tasks, job->spec_);
+    }
   }
   RETURN_IF_ERROR(CheckJobPathsUnchanged(job->spec_));
   const std::string config_path = job->spec_.source + "/config.json";
@@ -153,16 +113,19 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     }
   }
   {
-    const std::string inputs =
-        NeedsCalibration(job->spec_) ? CalibrationInputs(job->spec_) : config_path;
-    const base::ScopedInput reading(inputs);
+    std::string inputs;
+    for (const std::unique_ptr<Stage>& stage : stages.stages()) {
+      const std::string more = stage->PlanInputs(job->spec_);
+      if (!more.empty()) absl::StrAppend(&inputs, inputs.empty() ? "" : "; ", more);
+    }
+    const base::ScopedInput reading(inputs.empty() ? config_path : inputs);
     ASSIGN_OR_RETURN(job->plan_,
                      BuildPlan(job->spec_, *job->source_, job->inventory_, stages, limits));
   }
   base::ThreadBudgetCheck();
   if (job->stored_.planned) {
     RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
-    ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks));
+    ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks, stages));
   } else {
     if (!spec.calibration.amax_file.empty()) {
       ASSIGN_OR_RETURN(job->file_amax_,
@@ -172,68 +135,16 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     RETURN_IF_ERROR(CheckDiskSpace(spec, job->plan_, job->stored_.work_dir));
   }
   RETURN_IF_ERROR(job->ClaimOutputDirs());
-  if (NeedsCalibration(spec) && !spec.calibration.amax_out.empty()) {
-    // The file is written beneath its directory's handle, opened now, after the path checks.
-    ASSIGN_OR_RETURN(
-        job->amax_out_dir_,
-        checkpoint::DirHandle::Open(
-            "calibration.amax_out",
-            std::filesystem::path(spec.calibration.amax_out).parent_path().string()));
-    ASSIGN_OR_RETURN(job->amax_out_existed_, job->AmaxOutExisted());
+  const std::set<int64_t> changed = job->ChangedTaskIds();
+  StageJobInput input;
+  input.spec = &job->spec_;
+  input.stored = &job->stored_;
+  input.changed_outputs = &changed;
+  for (const std::unique_ptr<Stage>& stage : stages.stages()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<StageJob> opened, stage->OpenJob(input));
+    if (opened != nullptr) job->stage_jobs_.emplace(std::string(stage->kind()), std::move(opened));
   }
-  if (NeedsCalibration(spec)) RETURN_IF_ERROR(job->LoadCalibration());
-  if (NeedsEvaluation(job->spec_)) RETURN_IF_ERROR(job->LoadEvaluation());
   return job;
-}
-
-absl::StatusOr<bool> PreparedJob::AmaxOutExisted() const {
-  const std::string name = std::filesystem::path(spec_.calibration.amax_out).filename().string();
-  const bool present = amax_out_dir_.Stat(name).ok();
-  if (stored_.work_dir.empty()) return present;
-  // What admission accepted at submit is kept in the work dir, so that a resumed job never takes
-  // a file that another writer (a job of another quantd) put there meanwhile for one it may
-  // replace.
-  const std::string marker = stored_.work_dir + "/amax_out_existed";
-  if (stored_.planned) return std::filesystem::exists(marker);
-  if (!present) return false;
-  std::error_code ec;
-  std::filesystem::create_directories(stored_.work_dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create the work directory ", stored_.work_dir, ": ", ec.message()));
-  }
-  absl::Status created = store::CreatePrivateFile(marker);
-  if (!created.ok() && !absl::IsAlreadyExists(created)) return created;
-  return true;
-}
-
-absl::Status PreparedJob::LoadCalibration() {
-  ASSIGN_OR_RETURN(calibration_, calibration::JobCalibration::Create(spec_, stored_.work_dir,
-                                                                     spec_.host_memory_bytes));
-  if (!stored_.planned) return absl::OkStatus();
-  // A tokens file gone or changed is rebuilt, and every layer task that depends on it with it
-  // (Attach): nothing resumes.
-  const std::set<int64_t> changed = ChangedTaskIds();
-  std::vector<store::TaskRow> tasks = stored_.tasks;
-  for (const store::TaskRow& t : stored_.tasks) {
-    if (changed.count(t.id) == 0 ||
-        !IsCalibrateTask(t, calibration::CalibrateTask::Kind::kTokens)) {
-      continue;
-    }
-    for (store::TaskRow& layer : tasks) {
-      if (IsCalibrateLayerTask(layer)) layer.state = store::TaskState::kPending;
-    }
-  }
-  calibration_resume_ = calibration_->Resume(tasks);
-  return absl::OkStatus();
-}
-
-absl::Status PreparedJob::LoadEvaluation() {
-  ASSIGN_OR_RETURN(evaluation_,
-                   evaluation::JobEvaluation::Create(spec_.output, stored_.work_dir,
-                                                     spec_.calibration.checkpoint_seconds));
-  if (stored_.planned) evaluation_resume_ = evaluation_->Resume(stored_.tasks);
-  return absl::OkStatus();
 }
 
 std::set<int64_t> PreparedJob::ChangedTaskIds() const {
@@ -308,94 +219,29 @@ absl::Status PreparedJob::Attach(store::JobStore& store, int64_t now_ms,
     if (log) log(absl::StrCat("requeued ", requeued, " done task(s) to rebuild their output"));
   }
   ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
-  if (NeedsCalibration(spec_)) {
-    // Its quantize tasks export from calibration_'s table; input_amax_ stays empty.
-    RETURN_IF_ERROR(StartCalibration(store, job_id, now_ms, log));
-  } else {
-    ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store.ListAmax(job_id));
-    for (const store::AmaxRow& row : amax) {
-      if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
+  // (A calibrating job's quantize tasks export their input amax from its calibrate stage's
+  // table instead.)
+  ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, store.ListAmax(job_id));
+  for (const store::AmaxRow& row : amax) {
+    if (row.kind == "input") input_amax_[row.module] = static_cast<float>(row.value);
+  }
+  StageJobAttach attach;
+  attach.store = &store;
+  attach.job_id = job_id;
+  attach.now_ms = now_ms;
+  attach.log = &log;
+  attach.tasks = &stored_tasks_;
+  for (const std::unique_ptr<Stage>& stage : stages_->stages()) {
+    if (StageJob* job = StageJobOf(stage->kind()); job != nullptr) {
+      RETURN_IF_ERROR(job->Attach(attach));
     }
   }
-  if (NeedsEvaluation(spec_)) RETURN_IF_ERROR(StartEvaluation(store, job_id, now_ms, log));
   return absl::OkStatus();
 }
 
-absl::Status PreparedJob::StartCalibration(store::JobStore& store, int64_t job_id,
-                                           int64_t now_ms,
-                                           const std::function<void(const std::string&)>& log) {
-  const calibration::ResumePoint& resume = calibration_resume_;
-  const std::string from =
-      resume.layer < 0
-          ? std::string("calibration resumes from layer 0: no usable layer checkpoint")
-          : absl::StrCat("calibration resumes from layer ", resume.layer + 1,
-                         ": the checkpointed outputs of layer ", resume.layer, " are verified");
-  RETURN_IF_ERROR(ApplyResumePoint(
-      store, job_id, resume,
-      ResumeMessages{from, "done task(s): " + from,
-                     stored_.planned && !resume.finished ? from : std::string()},
-      now_ms, log));
-  // The rows of the tasks that stay DONE are the table so far. Those of the requeued tasks stay
-  // in the store until their rerun replaces them; a rerun measures the same values again (the
-  // same tokens, batches and inputs), so restoring them now changes no amax, and the rerun's
-  // rows replace them in calibration_ as in the store.
-  ASSIGN_OR_RETURN(const std::vector<store::TaskAmaxRow> amax, store.ListTaskAmax(job_id));
-  calibration_->Restore(amax, stored_tasks_);
-  return absl::OkStatus();
-}
-
-absl::Status PreparedJob::StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
-                                          const std::function<void(const std::string&)>& log) {
-  const calibration::ResumePoint& resume = evaluation_resume_;
-  // A task up to the resume layer requeued meanwhile (an output it depends on is rebuilt): the
-  // stage runs again from there, its requeue took the later tasks with it.
-  for (const store::TaskRow& t : stored_tasks_) {
-    const std::optional<int64_t> layer = EvaluateLayerOf(t);
-    if (layer.has_value() && *layer <= resume.layer && t.state != store::TaskState::kDone) {
-      calibration::ResumePoint rebuilt;
-      rebuilt.rejected = resume.rejected;
-      return ApplyResumePoint(
-          store, job_id, rebuilt,
-          ResumeMessages{"", "", "evaluation resumes from layer 0: the outputs it evaluates are "
-                                 "rebuilt"},
-          now_ms, log);
-    }
-  }
-  const std::string from =
-      resume.layer < 0
-          ? std::string("from layer 0: no usable layer checkpoint (the activations between "
-                        "layers were held by the process that stopped)")
-          : absl::StrCat("after layer ", resume.layer, ": the checkpointed outputs of both models "
-                         "at layer ", resume.layer, " are verified");
-  RETURN_IF_ERROR(ApplyResumePoint(
-      store, job_id, resume,
-      ResumeMessages{"evaluation resumes " + from, "task(s) to evaluate " + from,
-                     resume.layer >= 0 ? "evaluation resumes " + from : std::string()},
-      now_ms, log));
-  // The figures of the layer tasks that stay DONE (a task requeued meanwhile, e.g. with an
-  // output rebuilt, reruns and replaces its own).
-  ASSIGN_OR_RETURN(const std::vector<store::EvaluationLayerRow> rows,
-                   store.ListEvaluationLayers(job_id));
-  evaluation_->Restore(rows, stored_tasks_);
-  return absl::OkStatus();
-}
-
-absl::Status PreparedJob::ApplyResumePoint(store::JobStore& store, int64_t job_id,
-                                           const calibration::ResumePoint& resume,
-                                           const ResumeMessages& messages, int64_t now_ms,
-                                           const std::function<void(const std::string&)>& log) {
-  for (const std::string& line : resume.rejected) {
-    if (log) log(line);
-  }
-  if (resume.requeue.empty()) {
-    if (!messages.unchanged.empty() && log) log(messages.unchanged);
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(int requeued,
-                   store.RequeueDoneTasks(job_id, resume.requeue, messages.reason, now_ms));
-  if (log) log(absl::StrCat("requeued ", requeued, " ", messages.requeued));
-  ASSIGN_OR_RETURN(stored_tasks_, store.ListTasks(job_id));
-  return absl::OkStatus();
+StageJob* PreparedJob::StageJobOf(std::string_view kind) const {
+  const auto it = stage_jobs_.find(kind);
+  return it == stage_jobs_.end() ? nullptr : it->second.get();
 }
 
 absl::Status PreparedJob::PlanJob(store::JobStore& store, int64_t now_ms,
@@ -456,13 +302,12 @@ absl::StatusOr<TaskOutput> PreparedJob::RunTask(const store::TaskRow& task,
   ctx.source_dir = &source_dir_;
   ctx.output_dir = output_dir_;
   ctx.materialize_bf16_dir = materialize_bf16_dir_;
-  ctx.amax_out_dir = amax_out_dir_.is_open() ? &amax_out_dir_ : nullptr;
-  ctx.amax_out_existed = amax_out_existed_;
+  ctx.work_dir = &stored_.work_dir;
   ctx.stored_tasks = &stored_tasks_;
   ctx.backend = &device.backend();
   ctx.input_amax = &input_amax_;
-  ctx.calibration = calibration_.get();
-  ctx.evaluation = evaluation_.get();
+  ctx.job = StageJobOf(task.stage_kind);
+  ctx.job_of = [this](std::string_view kind) { return StageJobOf(kind); };
   ctx.cancelled = cancelled;
   ctx.add_progress = std::move(add_progress);
   ctx.recorded_output = [this](std::string_view kind, const std::string& name) {
@@ -478,7 +323,7 @@ absl::Status PreparedJob::CheckDirsUnchanged() const {
   for (const std::unique_ptr<OutputMarker>& marker : markers_) {
     RETURN_IF_ERROR(marker->dir().CheckUnchanged());
   }
-  if (amax_out_dir_.is_open()) RETURN_IF_ERROR(amax_out_dir_.CheckUnchanged());
+  for (const auto& [kind, job] : stage_jobs_) RETURN_IF_ERROR(job->CheckDirsUnchanged());
   return absl::OkStatus();
 }
 
@@ -508,16 +353,11 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
   RETURN_IF_ERROR(store.CompleteTask(
       lease, output.path, static_cast<int64_t>(output.bytes), output.sha256, now_ms,
       [&](store::TaskRecord& txn) { return stage->Record(txn, task, output); }));
-  if (calibration_ != nullptr && task.stage_kind == CalibrateStage::kKind) {
-    calibration_->OnTaskDone(task, output.amax, output.path, output.sha256);
-  }
+  if (StageJob* job = StageJobOf(task.stage_kind); job != nullptr) job->TaskDone(task, output);
   if (!output.path.empty()) {
     absl::MutexLock lock(&completed_mu_);
     completed_[{task.stage_kind, task.name}] =
         RecordedOutput{output.path, static_cast<int64_t>(output.bytes), output.sha256};
-  }
-  if (evaluation_ != nullptr && task.stage_kind == EvaluateStage::kKind) {
-    evaluation_->OnTaskDone(task, output.path, output.evaluation_layer, output.evaluation);
   }
   return absl::OkStatus();
 }
@@ -580,11 +420,12 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(const std::string& path
 }
 
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
-    const std::vector<store::TaskRow>& tasks) {
+    const std::vector<store::TaskRow>& tasks, const StageRegistry& stages) {
   std::vector<std::pair<int64_t, std::string>> changed;
   for (const store::TaskRow& t : tasks) {
-    if (t.state != store::TaskState::kDone || t.output_path.empty() || IsCalibrateLayerTask(t) ||
-        EvaluateLayerOf(t).has_value()) {
+    if (t.state != store::TaskState::kDone || t.output_path.empty()) continue;
+    if (const Stage* stage = stages.Find(t.stage_kind);
+        stage != nullptr && stage->ChecksOwnOutput(t)) {
       continue;
     }
     const std::string what = absl::StrCat(t.stage_kind, " ", t.name, ": output ", t.output_path);

@@ -8,34 +8,19 @@
 //     first start reads calibration.amax_file and checks free disk space; on later starts
 //     refuses to continue when the plan differs from the stored one (the source changed) and
 //     hashes the output of every DONE task against its recorded size and SHA-256; claims the
-//     output directories (OutputMarker); creates a calibrating job's JobCalibration (its work
-//     and spill directories) and finds where its calibration resumes (below).
+//     output directories (OutputMarker); opens each stage's job object (Stage::OpenJob: a stage
+//     that keeps state between its tasks creates it and finds where it resumes).
 //   Attach (the store phase, on the store's thread): stores the plan (first start), requeues the
 //     DONE tasks whose output Load found gone or changed (with the done tasks that depend on
-//     them, so they are rebuilt) and reads the amax table.
+//     them, so they are rebuilt), reads the amax table and attaches each stage's job object
+//     (StageJob::Attach: it applies its resume point and restores itself from the store).
 // A Load whose job stopped meanwhile is simply destroyed: it wrote nothing but its markers and
 // the job's work directory (a later Load cleans what it finds there).
 //
-// A calibrating job (stages/calibrate_stage.h) also owns its calibration::JobCalibration. Its
-// activations between layers live in this process, except at a layer boundary, where a layer's
-// outputs are also checkpointed on disk (calibration/layer_checkpoint.h). A later start whose
-// calibration is unfinished resumes after the last layer L whose every slice is DONE with a
-// checkpoint that exists and matches its recorded size and SHA-256 (Load verifies and loads it;
-// the calibrate layer tasks' outputs are checked there, not with the other outputs): Attach
-// requeues the done layer tasks after L, and with them the done tasks depending on them (quantize
-// shards of those layers, amax_out), and logs the layer it resumes from. Without such a layer it
-// resumes from layer 0 on the stored tokens. Tasks up to L keep their committed amax rows; a
-// rerun task replaces its own, measuring what its first run measured (the same tokens, batches and
-// inputs), so the result equals an uninterrupted run.
-// Likewise a job that evaluates (stages/evaluate_stage.h) owns its evaluation::JobEvaluation,
-// with layer checkpoints of its own (both models' outputs, "<work_dir>/evaluate-layers"): a later
-// start whose evaluate stage is unfinished resumes after the last evaluate layer whose checkpoint
-// verifies (Load verifies and loads it, JobEvaluation::Resume; the evaluate layer tasks' outputs
-// are checked there, not with the other outputs), Attach requeues the done evaluate tasks after
-// it (the head and gate included) and logs the layer; without one, from layer 0.
-//
-// Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask) and
-// completed with that stage's Record in the same transaction (CompleteTask).
+// Tasks are dispatched to the stage of their kind in the job's StageRegistry (RunTask, with the
+// stage's job object) and completed with that stage's Record in the same transaction
+// (CompleteTask), after which the stage's job object is told (StageJob::TaskDone). The stages'
+// job objects live as long as the PreparedJob.
 #ifndef QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
 #define QUANTD_SERVER_PIPELINE_PREPARED_JOB_H_
 
@@ -47,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,12 +40,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/calibration/job_calibration.h"
-#include "server/calibration/layer_checkpoint.h"
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/compute/device.h"
-#include "server/evaluation/job_evaluation.h"
 #include "server/job/job_spec.h"
 #include "server/pipeline/output_marker.h"
 #include "server/pipeline/plan.h"
@@ -121,44 +104,19 @@ class PreparedJob {
   PreparedJob() = default;
   absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
-  // Creates evaluation_ and finds where it resumes (Load; see above).
-  absl::Status LoadEvaluation();
-  // Applies the evaluate resume point (requeues, log) and restores evaluation_'s figures from the
-  // store (Attach).
-  absl::Status StartEvaluation(store::JobStore& store, int64_t job_id, int64_t now_ms,
-                               const std::function<void(const std::string&)>& log);
+  // The job object stage `kind` opened; nullptr when it opened none.
+  StageJob* StageJobOf(std::string_view kind) const;
   // The ids of changed_outputs_.
   std::set<int64_t> ChangedTaskIds() const;
   // Claims spec_.output and spec_.materialize_bf16 (Load).
   absl::Status ClaimOutputDirs();
   // FailedPrecondition naming the field when the source or a directory the job writes (output,
-  // materialize_bf16, the directory of calibration.amax_out) is no longer at its path
+  // materialize_bf16, one a stage's job object opened) is no longer at its path
   // (checkpoint::DirHandle::CheckUnchanged).
   absl::Status CheckDirsUnchanged() const;
   // StageContext::recorded_output: completed_ first, then the DONE rows of stored_tasks_.
   std::optional<RecordedOutput> RecordedOutputOf(std::string_view kind,
                                                  const std::string& name) const;
-  // Creates calibration_ and finds where it resumes (Load; see above).
-  // Whether calibration.amax_out existed when the job was first loaded (kept in the work dir).
-  absl::StatusOr<bool> AmaxOutExisted() const;
-  absl::Status LoadCalibration();
-  // Applies the resume point (requeues, log) and restores calibration_ from the tasks' stored
-  // amax rows (Attach; a requeue leaves a task's rows in place until its rerun replaces them).
-  absl::Status StartCalibration(store::JobStore& store, int64_t job_id, int64_t now_ms,
-                                const std::function<void(const std::string&)>& log);
-
-  // What ApplyResumePoint stores and logs for one layer-wise stage.
-  struct ResumeMessages {
-    std::string reason;     // stored with the requeued tasks
-    std::string requeued;   // logged after "requeued <count> "
-    std::string unchanged;  // logged when nothing is requeued; "": nothing
-  };
-  // Applies a layer-wise stage's resume point (Attach): logs its rejected checkpoints, requeues
-  // resume.requeue and logs it (or logs messages.unchanged), and lists stored_tasks_ again.
-  absl::Status ApplyResumePoint(store::JobStore& store, int64_t job_id,
-                                const calibration::ResumePoint& resume,
-                                const ResumeMessages& messages, int64_t now_ms,
-                                const std::function<void(const std::string&)>& log);
 
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
   job::JobSpec spec_;                                  // the job's spec
@@ -173,25 +131,17 @@ class PreparedJob {
   std::map<std::string, float> input_amax_;   // the amax table, kind "input"
   checkpoint::DirHandle source_dir_;  // spec_.source as resolved at submit, opened by Load
   std::vector<std::unique_ptr<OutputMarker>> markers_;  // claims on output / materialize_bf16
-  // The handles of the claimed directories (owned by markers_; null when not in the spec) and of
-  // calibration.amax_out's directory: every file of the job there is written beneath them.
+  // The handles of the claimed directories (owned by markers_; null when not in the spec): every
+  // file of the job there is written beneath them.
   const checkpoint::DirHandle* output_dir_ = nullptr;
   const checkpoint::DirHandle* materialize_bf16_dir_ = nullptr;
-  checkpoint::DirHandle amax_out_dir_;
-  // calibration.amax_out was there when the job was first loaded (admission accepted replacing it).
-  bool amax_out_existed_ = false;
-  // A calibrating job's runtime state (stages/calibrate_stage.h); nullptr otherwise. Thread-safe.
-  std::unique_ptr<calibration::JobCalibration> calibration_;
+  // The job objects the stages opened (Stage::OpenJob), by stage kind; fixed after Load, each
+  // thread-safe itself.
+  std::map<std::string, std::unique_ptr<StageJob>, std::less<>> stage_jobs_;
   // The files of the tasks CompleteTask marked DONE in this process, by (stage kind, task name).
   mutable absl::Mutex completed_mu_;
   mutable std::map<std::pair<std::string, std::string>, RecordedOutput> completed_
       ABSL_GUARDED_BY(completed_mu_);
-  // Where its calibration resumes, found by Load on a later start; applied by Attach.
-  calibration::ResumePoint calibration_resume_;
-  // A job's evaluate-stage state (stages/evaluate_stage.h); nullptr otherwise. Thread-safe.
-  std::unique_ptr<evaluation::JobEvaluation> evaluation_;
-  // Where its evaluate stage resumes, found by Load on a later start; applied by Attach.
-  calibration::ResumePoint evaluation_resume_;
 };
 
 // Largest calibration.amax_file read (one entry per linear module: ~10 MB for DeepSeek-V4).
@@ -208,10 +158,10 @@ absl::StatusOr<std::vector<store::AmaxRow>> LoadAmaxFile(
 // The DONE tasks among `tasks` whose output file is missing, or whose size or SHA-256 differs
 // from the recorded ones, with the reason for each (one line). Tasks whose output is a directory
 // (export) or nothing are not checked here: they are redone when a task they depend on is; nor
-// are calibrate or evaluate layer tasks, whose output is a layer checkpoint that is removed on
-// purpose once a later layer is checkpointed (the stage's resume checks them).
+// are those whose stage in `stages` checks them itself (Stage::ChecksOwnOutput: a layer
+// checkpoint, removed on purpose once a later layer is checkpointed).
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> FindChangedOutputs(
-    const std::vector<store::TaskRow>& tasks);
+    const std::vector<store::TaskRow>& tasks, const StageRegistry& stages = BuiltinStages());
 
 // OK when `plan` has exactly the stages and tasks (names, payloads, bytes) stored for the job;
 // otherwise names the first difference (the source changed since the job was planned).

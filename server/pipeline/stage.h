@@ -1,7 +1,11 @@
 // Stage: one kind of work of a conversion job (inspect, quantize, verify, ...), as a type. A stage
 // plans its tasks from the job and its source, runs one task on a device, and records what a task
 // produced in the transaction that marks the task done. The stages a job can have are listed once,
-// in stage_registry.cc; adding a stage is one file under stages/ plus one line there.
+// in stage_registry.cc; adding a stage is one file under stages/ plus one line there. A stage that
+// keeps state for a job between its tasks (calibrate's activations, evaluate's figures) keeps it
+// in a StageJob of its own type (OpenJob): the engine opens, attaches, informs and destroys it
+// without knowing what it holds, hands it to the stage's tasks, and asks the stage, never the
+// payload, how its running tasks stand.
 //
 // Stages never hold the JobStore: the scheduler leases a task once its dependencies are done, runs
 // it (several at once on worker threads, so Run must be thread-safe) and completes it with the
@@ -21,6 +25,8 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,16 +43,12 @@
 #include "server/compute/device.h"
 #include "server/job/job_spec.h"
 #include "server/pipeline/plan.h"
+#include "server/pipeline/stored_job.h"
 #include "server/store/job_store.h"
 
-namespace quantd::calibration {
-class JobCalibration;  // calibration/job_calibration.h
-}  // namespace quantd::calibration
-namespace quantd::evaluation {
-class JobEvaluation;  // evaluation/job_evaluation.h
-}  // namespace quantd::evaluation
-
 namespace quantd::pipeline {
+
+class StageJob;
 
 // The file a DONE task of the job recorded when it was marked done (store::TaskRow output_*).
 struct RecordedOutput {
@@ -63,25 +65,26 @@ struct StageContext {
   const checkpoint::TensorInventory* inventory = nullptr;  // of `source`
   const Plan* plan = nullptr;                         // the job's plan
   // The directories the job writes, opened once when it was claimed (checkpoint/dir_handle.h):
-  // every file of the output, the BF16 copy and calibration.amax_out is created, renamed and
-  // removed beneath these handles, never through the spec's paths. Null when the spec has no
-  // such path.
+  // every file of the output and the BF16 copy is created, renamed and removed beneath these
+  // handles, never through the spec's paths (a stage that writes elsewhere opens its directory
+  // in its StageJob: calibrate's calibration.amax_out). Null when the spec has no such path.
   // The source directory as resolved at submit, opened once (export copies its files from it).
   const checkpoint::DirHandle* source_dir = nullptr;            // spec.source
   const checkpoint::DirHandle* output_dir = nullptr;            // spec.output
   const checkpoint::DirHandle* materialize_bf16_dir = nullptr;  // spec.materialize_bf16
-  const checkpoint::DirHandle* amax_out_dir = nullptr;  // the directory of calibration.amax_out
-  // calibration.amax_out existed when the job was loaded (so admission let the job replace it);
-  // a file that appears there later is another writer's, never replaced without overwrite.
-  bool amax_out_existed = false;
+  const std::string* work_dir = nullptr;  // the job's own directory (stored_job.h JobWorkDir)
   const std::vector<store::TaskRow>* stored_tasks = nullptr;  // the plan as stored
   kernels::Backend* backend = nullptr;  // the kernels of the device the task runs on
-  // Calibrated max |input| per quantized module (the amax table), for input_scale.
+  // Max |input| per quantized module from the store (calibration.amax_file, the constant recipe
+  // or an earlier run's rows), for input_scale when no stage of the job measures it.
   const std::map<std::string, float>* input_amax = nullptr;
-  // A calibrating job's runtime state (activations, tokens, amax so far); nullptr otherwise.
-  calibration::JobCalibration* calibration = nullptr;
-  // A job's evaluate-stage state (activations, figures so far); nullptr when it does not evaluate.
-  evaluation::JobEvaluation* evaluation = nullptr;
+  // The job object of the task's own stage (Stage::OpenJob); nullptr for a stateless stage. Only
+  // that stage knows its type.
+  StageJob* job = nullptr;
+  // The job object of stage `kind` of this job; nullptr when that stage opened none (a stage that
+  // reads another's state, e.g. quantize the calibrate stage's amax, asks through that stage's
+  // header, which knows the type).
+  std::function<StageJob*(std::string_view kind)> job_of;
   // Called with the number of source bytes just processed (for progress); thread-safe. Each call,
   // with 0 bytes too, is the task's heartbeat: a task silent for a whole lease (60 s) loses it.
   std::function<void(uint64_t)> add_progress;
@@ -108,24 +111,76 @@ inline std::string JobReasonOf(const absl::Status& error) {
   return reason.has_value() ? std::string(*reason) : std::string("task_failed");
 }
 
+// What a task produced besides its file, in the type of its stage (e.g. a calibrate task's amax
+// rows): the stage's Record stores it and its StageJob::TaskDone takes it in. Only that stage
+// knows the type.
+class StageResult {
+ public:
+  virtual ~StageResult() = default;
+};
+
+// A figure a task adds to one of the daemon's task metrics, named as metrics/metrics.h serves it
+// (a counter's increment, a histogram's observation).
+struct TaskFigure {
+  std::string metric;  // "quantd_calibrated_tokens_total"
+  double value = 0;
+};
+
 struct TaskOutput {
   std::string path;      // the file the task wrote ("" when it wrote none)
   uint64_t bytes = 0;    // its size
   std::string sha256;    // its SHA-256, hex
   // Per-tensor error against the source, recorded by the stage's Record.
   std::vector<store::TensorStatsRow> stats;
-  // Amax contribution (calibrate tasks; calibration/amax_rows.h), recorded by the stage's Record.
-  std::vector<store::AmaxRow> amax;
-  int64_t calibrated_tokens = 0;    // token rows a calibrate task moved through its layer
-  double calibration_seconds = 0;   // and the wall time it took (metrics)
-  // Evaluate tasks (stages/evaluate_stage.h), recorded by that stage's Record: a layer's figures,
-  // the job's figures (the head task); and the token rows the task moved (metrics).
-  std::optional<store::EvaluationLayerRow> evaluation_layer;
-  std::optional<store::EvaluationRow> evaluation;
-  int64_t evaluated_tokens = 0;
+  // The stage's own result (recorded by its Record); nullptr for none.
+  std::unique_ptr<const StageResult> result;
+  // Added to the task metrics once the task's completion is committed.
+  std::vector<TaskFigure> figures;
   // For people: appended to the task's "done" event (a layer task's seconds of load, decode,
   // forward and record); "" for none.
   std::string summary;
+};
+
+// What a stage's job object starts from (Stage::OpenJob), in the source phase of a (re)start:
+// any thread, files only, never the store.
+struct StageJobInput {
+  const job::JobSpec* spec = nullptr;  // as PreparedJob resumes it (Stage::AdaptSpec)
+  const StoredJob* stored = nullptr;   // the store's view of the job when the start began
+  // The DONE tasks whose output the start found gone or changed: the store phase requeues them.
+  const std::set<int64_t>* changed_outputs = nullptr;
+};
+
+// What a stage's job object attaches to in the store phase of a (re)start (StageJob::Attach), on
+// the store's thread.
+struct StageJobAttach {
+  store::JobStore* store = nullptr;
+  int64_t job_id = 0;
+  int64_t now_ms = 0;
+  const std::function<void(const std::string&)>* log = nullptr;  // the start's log; may be empty
+  // The job's tasks as stored now; listed again by whoever requeues some of them.
+  std::vector<store::TaskRow>* tasks = nullptr;
+};
+
+// The state one stage keeps for one job in this process between its tasks (activations in
+// memory, layer checkpoints, figures so far), made by Stage::OpenJob when the job (re)starts and
+// destroyed, releasing it all, when the job stops in this process. Thread-safe: the worker
+// threads run the stage's tasks against it while the scheduler reports completions.
+class StageJob {
+ public:
+  virtual ~StageJob() = default;
+
+  // The store phase of a (re)start, once, after the plan is stored and the changed outputs are
+  // requeued: applies where OpenJob found the stage resumes (requeueing its done tasks after
+  // that point, and logging it) and restores what the stage keeps from its stored rows.
+  virtual absl::Status Attach(StageJobAttach& /*attach*/) { return absl::OkStatus(); }
+
+  // A task of the stage completed with `output`, its completion committed (never before, so the
+  // state never runs ahead of the store).
+  virtual void TaskDone(const store::TaskRow& /*task*/, const TaskOutput& /*output*/) {}
+
+  // FailedPrecondition naming the spec field when a directory the stage writes for the job,
+  // opened by OpenJob, was renamed or replaced since (checked around every task of the job).
+  virtual absl::Status CheckDirsUnchanged() const { return absl::OkStatus(); }
 };
 
 class Stage {
@@ -144,12 +199,46 @@ class Stage {
   virtual absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                          const StageContext& ctx) const = 0;
 
-  // Records what the task produced besides its file (statistics, amax contributions) inside the
+  // Records what the task produced besides its file (statistics, TaskOutput::result) inside the
   // transaction that marks it DONE: both commit or neither does, and a repeated completion does
   // not record twice. Default: nothing to record.
   virtual absl::Status Record(store::TaskRecord& /*txn*/, const store::TaskRow& /*task*/,
                               const TaskOutput& /*output*/) const {
     return absl::OkStatus();
+  }
+
+  // The stage's state for one job (a StageJob of its own type), opened in the source phase of
+  // every (re)start of the job, before any of its tasks runs: it creates what the stage keeps in
+  // the job's work directory and, on a later start, finds from input.stored and its files where
+  // the stage resumes. nullptr (the default): the stage keeps no state between tasks, or the job
+  // does not need the stage. Errors fail the job, naming the file or field.
+  virtual absl::StatusOr<std::unique_ptr<StageJob>> OpenJob(const StageJobInput& /*input*/) const {
+    return nullptr;
+  }
+
+  // On a later start of a planned job: `spec` adapted to the plan stored by an earlier release
+  // (e.g. a stage that release did not have switches itself off when `stored` has none of its
+  // tasks), before anything is planned from it. Default: nothing.
+  virtual void AdaptSpec(const std::vector<store::TaskRow>& /*stored*/,
+                         job::JobSpec& /*spec*/) const {}
+
+  // What the stage's Plan reads besides the source's headers and config.json (a tokenizer, data
+  // sets), for an exception while planning to name; "" for nothing more.
+  virtual std::string PlanInputs(const job::JobSpec& /*spec*/) const { return ""; }
+
+  // Whether the recorded output of the stage's DONE `task` is checked by the stage's own resume
+  // (OpenJob) rather than hashed with the job's other outputs at a restart: a layer checkpoint,
+  // removed on purpose once a later one is written. Default: false.
+  virtual bool ChecksOwnOutput(const store::TaskRow& /*task*/) const { return false; }
+
+  // What the stage's task bytes count in its progress (StageProgress.unit): "bytes", or e.g.
+  // "tokens" for a stage whose tasks move token rows through a model.
+  virtual std::string_view progress_unit() const { return "bytes"; }
+
+  // Where the stage is, for people (StageProgress.step, `quantd run`), given its tasks running now
+  // in this process (maybe none): e.g. "layer 3 of 8"; "" (the default) to say nothing.
+  virtual std::string ProgressStep(const std::vector<const store::TaskRow*>& /*running*/) const {
+    return "";
   }
 
   // Bytes the stage's layer checkpoints (calibration/layer_checkpoint.h) take at most at once in

@@ -75,12 +75,7 @@ absl::Status AddStoredEvaluation(store::JobStore& store, int64_t job_id,
   double calibration_seconds = 0;
   if (figures.has_value()) {
     ASSIGN_OR_RETURN(const std::vector<store::StageProgress> stages, store.Progress(job_id));
-    for (const store::StageProgress& s : stages) {
-      if (s.kind == pipeline::CalibrateStage::kKind && s.started_ms.has_value() &&
-          s.finished_ms.has_value()) {
-        calibration_seconds = static_cast<double>(*s.finished_ms - *s.started_ms) / 1000.0;
-      }
-    }
+    calibration_seconds = pipeline::CalibrationSeconds(stages);
   }
   AddEvaluation(layers, figures, calibration_seconds, report);
   return absl::OkStatus();

@@ -23,6 +23,7 @@
 #include "server/compute/requirement.h"
 #include "server/job/job_spec.h"
 #include "server/pipeline/stage.h"
+#include "server/pipeline/stage_registry.h"
 #include "server/pipeline/stored_job.h"
 #include "server/store/job_store.h"
 
@@ -70,6 +71,9 @@ class JobPlanner {
   // Thread-safe; never touches the store.
   virtual absl::StatusOr<std::unique_ptr<LoadedJob>> Load(const job::JobSpec& spec,
                                                           pipeline::StoredJob stored) = 0;
+  // The stages of the jobs it loads: what a stage's progress counts and where it stands
+  // (snapshots) come from them.
+  virtual const pipeline::StageRegistry& stages() const { return pipeline::BuiltinStages(); }
 };
 
 // The real pipeline (pipeline/prepared_job.h); a plan of more than `max_tasks` tasks fails.

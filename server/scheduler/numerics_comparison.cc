@@ -8,7 +8,6 @@
 #include <string>
 
 #include "server/base/status_macros.h"
-#include "server/calibration/calibrate_task.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/scheduler/calibration_report.h"
 
@@ -44,16 +43,6 @@ bool SameDatasets(const std::vector<job::CalibrationDataset>& a,
                     [](const job::CalibrationDataset& x, const job::CalibrationDataset& y) {
                       return x.path == y.path && x.samples == y.samples;
                     });
-}
-
-// The decoder layers of a job's calibrate plan; nullopt when it plans no layer.
-std::optional<int64_t> CalibratedLayers(const std::vector<store::TaskRow>& tasks) {
-  for (const store::TaskRow& task : tasks) {
-    if (task.stage_kind != pipeline::CalibrateStage::kKind) continue;
-    absl::StatusOr<calibration::CalibrateTask> t = calibration::ParseCalibrateTask(task.payload_json);
-    if (t.ok() && t->kind == calibration::CalibrateTask::Kind::kLayer) return t->layers;
-  }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -112,7 +101,7 @@ absl::Status AddNumericsComparisonFromStore(store::JobStore& store, int64_t job_
                                             const std::vector<store::TaskRow>& tasks,
                                             v1::JobReport* report) {
   if (spec.calibration.mode != job::CalibrationMode::kData) return absl::OkStatus();
-  const std::optional<int64_t> layers = CalibratedLayers(tasks);
+  const std::optional<int64_t> layers = pipeline::CalibratedLayers(tasks);
   if (!layers.has_value()) return absl::OkStatus();
   std::vector<int64_t> candidates;  // ascending id
   for (int64_t after = 0;;) {
@@ -128,12 +117,9 @@ absl::Status AddNumericsComparisonFromStore(store::JobStore& store, int64_t job_
   }
   for (auto id = candidates.rbegin(); id != candidates.rend(); ++id) {
     ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store.Progress(*id));
-    const bool calibrated = std::any_of(stages.begin(), stages.end(), [](const auto& s) {
-      return s.kind == pipeline::CalibrateStage::kKind && s.state == store::StageState::kSucceeded;
-    });
-    if (!calibrated) continue;
+    if (!pipeline::CalibrationSucceeded(stages)) continue;
     ASSIGN_OR_RETURN(std::vector<store::TaskRow> peer_tasks, store.ListTasks(*id));
-    if (CalibratedLayers(peer_tasks) != layers) continue;
+    if (pipeline::CalibratedLayers(peer_tasks) != layers) continue;
     ASSIGN_OR_RETURN(std::vector<store::AmaxRow> peer_amax, store.ListAmax(*id));
     AddNumericsComparison(amax, spec.calibration.numerics, *id, peer_amax, report);
     return absl::OkStatus();

@@ -35,6 +35,7 @@ class Stalling final : public JobPlanner {
     }
     return planner_->Load(spec, std::move(stored));
   }
+  const pipeline::StageRegistry& stages() const override { return planner_->stages(); }
 
  private:
   const std::shared_ptr<JobPlanner> planner_;

@@ -87,12 +87,8 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
     if (metrics != nullptr) {
       metrics->TaskAttempt(task.stage_kind, "done");
       metrics->AddBytesWritten(output->bytes);
-      if (output->calibrated_tokens > 0) {
-        metrics->CalibratedLayerSlice(static_cast<uint64_t>(output->calibrated_tokens),
-                                      output->calibration_seconds);
-      }
-      if (output->evaluated_tokens > 0) {
-        metrics->EvaluatedTokens(static_cast<uint64_t>(output->evaluated_tokens));
+      for (const pipeline::TaskFigure& figure : output->figures) {
+        metrics->AddTaskFigure(figure.metric, figure.value);
       }
       ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));
       for (const store::StageProgress& p : stages) {

@@ -9,9 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
-#include "server/calibration/calibrate_task.h"
-#include "server/pipeline/stages/calibrate_stage.h"
-#include "server/pipeline/stages/evaluate_stage.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -20,28 +17,6 @@ namespace {
 
 constexpr size_t kBusyWindow = 60;  // busy-ratio window, in metric refreshes
 constexpr double kMetricsIntervalSeconds = 1.0;
-
-// What a stage's progress counts (StageProgress.unit): the calibrate and evaluate stages count
-// token rows.
-const char* ProgressUnit(const std::string& kind) {
-  return kind == pipeline::CalibrateStage::kKind || kind == pipeline::EvaluateStage::kKind
-             ? "tokens"
-             : "bytes";
-}
-
-// StageProgress.step of a calibrate stage: "layer L of N" (1-based) for the earliest layer of
-// its running tasks `running`; "" when none of them calibrates a layer.
-std::string CalibrateStep(const std::vector<const store::TaskRow*>& running) {
-  std::optional<calibration::CalibrateTask> earliest;
-  for (const store::TaskRow* row : running) {
-    absl::StatusOr<calibration::CalibrateTask> task =
-        calibration::ParseCalibrateTask(row->payload_json);
-    if (!task.ok() || task->kind != calibration::CalibrateTask::Kind::kLayer) continue;
-    if (!earliest.has_value() || task->layer < earliest->layer) earliest = *task;
-  }
-  if (!earliest.has_value()) return "";
-  return absl::StrCat("layer ", earliest->layer + 1, " of ", earliest->layers);
-}
 
 }  // namespace
 
@@ -67,8 +42,11 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   int64_t attempts = 0;
   for (const store::StageProgress& p : stages) {
     v1::StageProgress* out = job.add_stages();
+    // What the stage's progress counts, and where it is: the stage says (a kind this quantd does
+    // not know counts bytes and says nothing).
+    const pipeline::Stage* stage = planner_->stages().Find(p.kind);
     out->set_kind(p.kind);
-    out->set_unit(ProgressUnit(p.kind));
+    out->set_unit(std::string(stage != nullptr ? stage->progress_unit() : "bytes"));
     out->set_state(StageStateToProto(p.state));
     out->set_tasks_done(p.tasks_done);
     out->set_tasks_total(p.tasks_total);
@@ -87,11 +65,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
         }
       }
       done = std::min(done, p.bytes_total);
-      if (p.kind == pipeline::CalibrateStage::kKind) out->set_step(CalibrateStep(running));
-      // The evaluate stage runs one task at a time: its label ("layer 3 of 8").
-      if (p.kind == pipeline::EvaluateStage::kKind && !running.empty()) {
-        out->set_step(running.front()->label);
-      }
+      if (stage != nullptr) out->set_step(stage->ProgressStep(running));
       const auto clock = active->second->stage_clock.find(p.stage_id);
       if (p.state != store::StageState::kSucceeded && clock != active->second->stage_clock.end()) {
         const double elapsed = (now - clock->second.first) / 1000.0;

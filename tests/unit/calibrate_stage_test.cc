@@ -508,5 +508,80 @@ TEST(CalibrateDependenciesTest, ShardWaitsForItsLayersOnly) {
   EXPECT_TRUE(pipeline::CalibrateDependencies(layout, spec, task).empty());
 }
 
+// A stored calibrate task row of `task` (id, state and output as given).
+store::TaskRow CalibrateRow(int64_t id, const CalibrateTask& task, store::TaskState state,
+                            std::string output = "") {
+  store::TaskRow row;
+  row.id = id;
+  row.stage_kind = "calibrate";
+  row.name = task.Name();
+  row.payload_json = ToJson(task);
+  row.state = state;
+  row.output_path = std::move(output);
+  return row;
+}
+
+TEST(CalibrateStageInterfaceTest, ProgressOutputsAndReportFactsComeFromItsOwnPayloads) {
+  const pipeline::CalibrateStage stage;
+  CalibrateTask t;
+  t.layers = 4;
+  t.slices = 2;
+  t.kind = CalibrateTask::Kind::kTokens;
+  const store::TaskRow tokens = CalibrateRow(1, t, store::TaskState::kDone, "/w/tokens.bin");
+  t.kind = CalibrateTask::Kind::kLayer;
+  t.layer = 2;
+  t.slice = 1;
+  const store::TaskRow layer2 = CalibrateRow(2, t, store::TaskState::kLeased);
+  t.layer = 1;
+  t.slice = 0;
+  const store::TaskRow layer1 = CalibrateRow(3, t, store::TaskState::kDone, "/w/ckpt.json");
+  store::TaskRow other = layer1;
+  other.stage_kind = "evaluate";
+
+  EXPECT_EQ(stage.progress_unit(), "tokens");
+  // The earliest running layer, 1-based; nothing without a running layer task.
+  EXPECT_EQ(stage.ProgressStep({&layer2, &tokens, &layer1}), "layer 2 of 4");
+  EXPECT_EQ(stage.ProgressStep({&tokens}), "");
+  EXPECT_EQ(stage.ProgressStep({}), "");
+  // A layer task's output is a layer checkpoint, checked by the stage's own resume.
+  EXPECT_TRUE(stage.ChecksOwnOutput(layer1));
+  EXPECT_FALSE(stage.ChecksOwnOutput(tokens));
+  EXPECT_FALSE(stage.ChecksOwnOutput(other));
+
+  EXPECT_EQ(pipeline::CalibratedLayers({tokens, layer1}), 4);
+  EXPECT_EQ(pipeline::CalibratedLayers({tokens, other}), std::nullopt);
+  store::StageProgress calibrate;
+  calibrate.kind = "calibrate";
+  calibrate.state = store::StageState::kRunning;
+  calibrate.started_ms = 1000;
+  EXPECT_FALSE(pipeline::CalibrationSucceeded({calibrate}));
+  EXPECT_EQ(pipeline::CalibrationSeconds({calibrate}), 0);
+  calibrate.state = store::StageState::kSucceeded;
+  calibrate.finished_ms = 7500;
+  EXPECT_TRUE(pipeline::CalibrationSucceeded({calibrate}));
+  EXPECT_EQ(pipeline::CalibrationSeconds({calibrate}), 6.5);
+}
+
+TEST(CalibrateStageInterfaceTest, OpensAJobOnlyWhenTheJobCalibratesOnData) {
+  const pipeline::CalibrateStage stage;
+  job::JobSpec spec;
+  pipeline::StoredJob stored;
+  const std::set<int64_t> changed;
+  pipeline::StageJobInput input;
+  input.spec = &spec;
+  input.stored = &stored;
+  input.changed_outputs = &changed;
+  auto job = stage.OpenJob(input);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(*job, nullptr);
+  EXPECT_EQ(stage.PlanInputs(spec), "");
+  spec.source = "/models/src";
+  spec.weight_format = job::WeightFormat::kNvfp4;
+  spec.calibration.mode = job::CalibrationMode::kData;
+  spec.calibration.datasets = {{"/data/a.jsonl", 0}, {"/data/b.jsonl", 0}};
+  EXPECT_EQ(stage.PlanInputs(spec),
+            "/models/src/tokenizer.json or the calibration data /data/a.jsonl, /data/b.jsonl");
+}
+
 }  // namespace
 }  // namespace quantd::calibration

@@ -514,5 +514,45 @@ TEST(EvaluationReportTest, LayersAndFiguresFromTheRecordedRows) {
   EXPECT_EQ(e.calibration_seconds(), 6);
 }
 
+TEST(EvaluateStageInterfaceTest, ProgressOutputsAndAnEarlierReleasesPlan) {
+  const EvaluateStage stage;
+  EvaluateTask t;
+  t.layers = 3;
+  t.samples = 4;
+  t.tokens = 190;
+  store::TaskRow layer;
+  layer.stage_kind = "evaluate";
+  layer.name = "layer1";
+  layer.label = "layer 2 of 3";
+  t.layer = 1;
+  layer.payload_json = ToJson(t);
+  store::TaskRow head = layer;
+  head.name = "head";
+  head.label = "head: next-token figures";
+  t.kind = EvaluateTask::Kind::kHead;
+  head.payload_json = ToJson(t);
+
+  EXPECT_EQ(stage.progress_unit(), "tokens");
+  // One task runs at a time: its label.
+  EXPECT_EQ(stage.ProgressStep({&layer}), "layer 2 of 3");
+  EXPECT_EQ(stage.ProgressStep({}), "");
+  EXPECT_TRUE(stage.ChecksOwnOutput(layer));
+  EXPECT_FALSE(stage.ChecksOwnOutput(head));
+
+  // A plan stored by a release without the stage keeps it off; one with its tasks, or a spec
+  // that says, is left as it is.
+  store::TaskRow quantize;
+  quantize.stage_kind = "quantize";
+  JobSpec spec;
+  stage.AdaptSpec({quantize}, spec);
+  EXPECT_EQ(spec.evaluate.enabled, false);
+  spec.evaluate.enabled.reset();
+  stage.AdaptSpec({quantize, head}, spec);
+  EXPECT_FALSE(spec.evaluate.enabled.has_value());
+  spec.evaluate.enabled = true;
+  stage.AdaptSpec({quantize}, spec);
+  EXPECT_EQ(spec.evaluate.enabled, true);
+}
+
 }  // namespace
 }  // namespace quantd::pipeline

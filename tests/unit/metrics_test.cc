@@ -212,8 +212,11 @@ TEST(MetricsTest, CountersAddUpExactly) {
   m->AddBytesRead(uint64_t{1} << 40);
   m->AddBytesWritten(4096);
   m->AddBytesWritten(512);
-  m->CalibratedLayerSlice(1536, 0.25);
-  m->CalibratedLayerSlice(512, 2);
+  m->AddTaskFigure("quantd_calibrated_tokens_total", 1536);
+  m->AddTaskFigure("quantd_calibration_layer_seconds", 0.25);
+  m->AddTaskFigure("quantd_calibrated_tokens_total", 512);
+  m->AddTaskFigure("quantd_calibration_layer_seconds", 2);
+  m->AddTaskFigure("quantd_no_such_metric", 7);
   for (int i = 0; i < 3; ++i) m->TaskAttempt("quantize", "done");
   m->TaskAttempt("quantize", "retried");
   m->TaskAttempt("export", "interrupted");
@@ -379,8 +382,9 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
   m->SetDeviceMemoryUsed("cuda:0", 1 << 20);
   m->TaskRetried("UNAVAILABLE");
   m->JobFailed("corrupt input");
-  m->CalibratedLayerSlice(8, 0.5);
-  m->EvaluatedTokens(8);
+  m->AddTaskFigure("quantd_calibrated_tokens_total", 8);
+  m->AddTaskFigure("quantd_calibration_layer_seconds", 0.5);
+  m->AddTaskFigure("quantd_evaluated_tokens_total", 8);
   m->RpcHandled("WatchJob", "CANCELLED");
   m->SetDiskSpace("state", 1 << 30, 1LL << 40);
   const std::string text = m->Exposition();

@@ -31,11 +31,6 @@ void OpenStageDirs(pipeline::StageContext* ctx) {
   ctx->source_dir = Open("source", spec.source, /*create=*/false);
   ctx->output_dir = Open("output", spec.output, /*create=*/true);
   ctx->materialize_bf16_dir = Open("materialize_bf16", spec.materialize_bf16, /*create=*/true);
-  if (!spec.calibration.amax_out.empty()) {
-    ctx->amax_out_dir = Open("calibration.amax_out",
-                             fs::path(spec.calibration.amax_out).parent_path().string(),
-                             /*create=*/false);
-  }
 }
 
 }  // namespace quantd::testing_util

@@ -8,8 +8,8 @@
 namespace quantd::testing_util {
 
 // Creates ctx->spec's output and materialize_bf16 directories when absent, opens them (and the
-// source, and the directory of calibration.amax_out when set) as checkpoint::DirHandles that stay open until the
-// test binary ends, and sets them in *ctx.
+// source) as checkpoint::DirHandles that stay open until the test binary ends, and sets them in
+// *ctx.
 void OpenStageDirs(pipeline::StageContext* ctx);
 
 }  // namespace quantd::testing_util

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <tuple>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -25,10 +26,13 @@
 #include "server/calibration/export_amax.h"
 #include "server/calibration/job_calibration.h"
 #include "server/calibration/layer_checkpoint.h"
+#include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/inspect_stage.h"
+#include "server/pipeline/stages/layer_resume.h"
 #include "server/pipeline/stages/layer_task_memory.h"
+#include "server/store/private_files.h"
 
 namespace quantd::pipeline {
 
@@ -73,11 +77,108 @@ model::Numerics ForwardNumerics(const CalibrationSpec& spec) {
                                                      : model::Numerics::kOfficial;
 }
 
-absl::StatusOr<calibration::JobCalibration*> JobState(const StageContext& ctx) {
-  if (ctx.calibration == nullptr) {
+// The stage's state for one calibrating job (StageJob): the job's calibration::JobCalibration,
+// where it resumes, and the directory calibration.amax_out is written beneath.
+class CalibrateJob final : public StageJob {
+ public:
+  absl::Status Attach(StageJobAttach& attach) override;
+  void TaskDone(const store::TaskRow& task, const TaskOutput& output) override;
+  absl::Status CheckDirsUnchanged() const override {
+    return amax_out_dir.is_open() ? amax_out_dir.CheckUnchanged() : absl::OkStatus();
+  }
+
+  std::unique_ptr<calibration::JobCalibration> calibration;  // thread-safe
+  bool planned = false;  // the job's plan was stored before this start (StoredJob::planned)
+  // Where calibration resumes, found by OpenJob on a later start; applied by Attach.
+  calibration::ResumePoint resume;
+  // The directory of calibration.amax_out, opened by OpenJob after the path checks (closed when
+  // the spec sets no amax_out): the file is written beneath it.
+  checkpoint::DirHandle amax_out_dir;
+  // calibration.amax_out existed when the job was first loaded (so admission let the job replace
+  // it); a file that appears there later is another writer's, never replaced without overwrite.
+  bool amax_out_existed = false;
+};
+
+// What a calibrate task produced besides its file: its amax rows (calibration/amax_rows.h).
+struct CalibrateResult final : StageResult {
+  std::vector<store::AmaxRow> amax;
+};
+
+const std::vector<store::AmaxRow>& AmaxOf(const TaskOutput& output) {
+  static const std::vector<store::AmaxRow> kNone;
+  const auto* result = static_cast<const CalibrateResult*>(output.result.get());
+  return result != nullptr ? result->amax : kNone;
+}
+
+// The calibrate stage's job of `job` (the object CalibrateStage::OpenJob made; nullptr when it
+// made none).
+CalibrateJob* CalibrateJobOf(StageJob* job) { return static_cast<CalibrateJob*>(job); }
+
+absl::StatusOr<CalibrateJob*> StageState(const StageContext& ctx) {
+  CalibrateJob* job = ctx.job_of ? CalibrateJobOf(ctx.job_of(CalibrateStage::kKind)) : nullptr;
+  if (job == nullptr) {
     return absl::InternalError("a calibrate task ran without the job's calibration state");
   }
-  return ctx.calibration;
+  return job;
+}
+
+absl::StatusOr<calibration::JobCalibration*> JobState(const StageContext& ctx) {
+  ASSIGN_OR_RETURN(CalibrateJob * job, StageState(ctx));
+  return job->calibration.get();
+}
+
+// Whether `t` is a calibrate task of kind `kind`.
+bool IsTaskOfKind(const store::TaskRow& t, CalibrateTask::Kind kind) {
+  if (t.stage_kind != CalibrateStage::kKind) return false;
+  absl::StatusOr<CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
+  return task.ok() && task->kind == kind;
+}
+
+// Whether calibration.amax_out was there when the job was first loaded (kept in the work dir).
+absl::StatusOr<bool> AmaxOutExisted(const JobSpec& spec, const StoredJob& stored,
+                                    const checkpoint::DirHandle& dir) {
+  const std::string name = std::filesystem::path(spec.calibration.amax_out).filename().string();
+  const bool present = dir.Stat(name).ok();
+  if (stored.work_dir.empty()) return present;
+  // What admission accepted at submit is kept in the work dir, so that a resumed job never takes
+  // a file that another writer (a job of another quantd) put there meanwhile for one it may
+  // replace.
+  const std::string marker = stored.work_dir + "/amax_out_existed";
+  if (stored.planned) return std::filesystem::exists(marker);
+  if (!present) return false;
+  std::error_code ec;
+  std::filesystem::create_directories(stored.work_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create the work directory ", stored.work_dir, ": ", ec.message()));
+  }
+  absl::Status created = store::CreatePrivateFile(marker);
+  if (!created.ok() && !absl::IsAlreadyExists(created)) return created;
+  return true;
+}
+
+absl::Status CalibrateJob::Attach(StageJobAttach& attach) {
+  const std::string from =
+      resume.layer < 0
+          ? std::string("calibration resumes from layer 0: no usable layer checkpoint")
+          : absl::StrCat("calibration resumes from layer ", resume.layer + 1,
+                         ": the checkpointed outputs of layer ", resume.layer, " are verified");
+  RETURN_IF_ERROR(ApplyResumePoint(
+      attach, resume,
+      ResumeMessages{from, "done task(s): " + from,
+                     planned && !resume.finished ? from : std::string()}));
+  // The rows of the tasks that stay DONE are the table so far. Those of the requeued tasks stay
+  // in the store until their rerun replaces them; a rerun measures the same values again (the
+  // same tokens, batches and inputs), so restoring them now changes no amax, and the rerun's
+  // rows replace them in the calibration as in the store.
+  ASSIGN_OR_RETURN(const std::vector<store::TaskAmaxRow> amax,
+                   attach.store->ListTaskAmax(attach.job_id));
+  calibration->Restore(amax, *attach.tasks);
+  return absl::OkStatus();
+}
+
+void CalibrateJob::TaskDone(const store::TaskRow& task, const TaskOutput& output) {
+  calibration->OnTaskDone(task, AmaxOf(output), output.path, output.sha256);
 }
 
 // The output record of a file the task wrote.
@@ -198,10 +299,15 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
     }
     store.Put(task.layer, task.slice, std::move(result->output));
   }
-  out.amax = calibration::ToAmaxRows(result->amax);
-  out.calibrated_tokens = result->tokens;
-  out.calibration_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto amax = std::make_unique<CalibrateResult>();
+  amax->amax = calibration::ToAmaxRows(result->amax);
+  out.result = std::move(amax);
+  if (result->tokens > 0) {
+    out.figures = {
+        {"quantd_calibrated_tokens_total", static_cast<double>(result->tokens)},
+        {"quantd_calibration_layer_seconds",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  }
   const calibration::SliceTiming& s = result->timing;
   out.summary = absl::StrFormat("load %.1f s, decode %.1f s, forward %.1f s, record %.1f s", s.load,
                                 s.decode, s.forward, s.record);
@@ -227,7 +333,8 @@ absl::StatusOr<bool> SameContents(const checkpoint::DirHandle& dir, const std::s
 }
 
 absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
-  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  ASSIGN_OR_RETURN(CalibrateJob * stage, StageState(ctx));
+  calibration::JobCalibration* job = stage->calibration.get();
   ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
   const calibration::AmaxTable table = job->Table();
   calibration::ExportReport report;
@@ -236,19 +343,19 @@ absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
   // Written beneath the handle of its directory, opened when the job was claimed, and described
   // from the bytes written, not read back through the path.
   const std::string& path = ctx.spec->calibration.amax_out;
-  if (ctx.amax_out_dir == nullptr) {
+  if (!stage->amax_out_dir.is_open()) {
     return absl::InternalError("calibration.amax_out: the job's directory for it is not open");
   }
+  const checkpoint::DirHandle& dir = stage->amax_out_dir;
   const std::string text = calibration::AmaxFileText(exported, table);
   const std::string name = std::filesystem::path(path).filename().string();
   // A file that was not there when the job was loaded is never replaced (RENAME_NOREPLACE): two
   // jobs, of one daemon or of two, that name one amax_out cannot both think they wrote it.
-  const bool replace = ctx.spec->overwrite || ctx.amax_out_existed;
-  if (absl::Status written =
-          checkpoint::WriteFileAtomicallyAt(*ctx.amax_out_dir, name, text, replace);
+  const bool replace = ctx.spec->overwrite || stage->amax_out_existed;
+  if (absl::Status written = checkpoint::WriteFileAtomicallyAt(dir, name, text, replace);
       absl::IsAlreadyExists(written)) {
     // The same bytes are this job's own (an attempt that wrote them before it was recorded).
-    ASSIGN_OR_RETURN(const bool same, SameContents(*ctx.amax_out_dir, name, text));
+    ASSIGN_OR_RETURN(const bool same, SameContents(dir, name, text));
     if (!same) {
       return WithJobReason(
           absl::FailedPreconditionError(absl::StrCat(
@@ -262,7 +369,7 @@ absl::StatusOr<TaskOutput> RunAmaxOut(const StageContext& ctx) {
   checkpoint::Sha256 hash;
   hash.Update(text.data(), text.size());
   TaskOutput out;
-  out.path = ctx.amax_out_dir->PathOf(name);
+  out.path = dir.PathOf(name);
   out.bytes = text.size();
   out.sha256 = hash.HexDigest();
   return out;
@@ -314,6 +421,15 @@ std::vector<store::TaskRef> CalibrateDependencies(const CalibrationLayout& layou
   return refs;
 }
 
+bool Calibrates(const StageContext& ctx) {
+  return ctx.job_of && ctx.job_of(CalibrateStage::kKind) != nullptr;
+}
+
+absl::StatusOr<const model::V4Checkpoint*> CalibrationSource(const StageContext& ctx) {
+  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  return job->Checkpoint();
+}
+
 absl::StatusOr<std::map<std::string, float>> CalibratedInputAmax(const StageContext& ctx,
                                                                  const ShardTask& task) {
   if (task.modules.empty()) return std::map<std::string, float>();
@@ -335,6 +451,32 @@ absl::StatusOr<std::map<std::string, float>> CalibratedInputAmax(const StageCont
     }
   }
   return exported;
+}
+
+std::optional<int64_t> CalibratedLayers(const std::vector<store::TaskRow>& tasks) {
+  for (const store::TaskRow& task : tasks) {
+    if (task.stage_kind != CalibrateStage::kKind) continue;
+    absl::StatusOr<CalibrateTask> t = calibration::ParseCalibrateTask(task.payload_json);
+    if (t.ok() && t->kind == CalibrateTask::Kind::kLayer) return t->layers;
+  }
+  return std::nullopt;
+}
+
+bool CalibrationSucceeded(const std::vector<store::StageProgress>& stages) {
+  return std::any_of(stages.begin(), stages.end(), [](const store::StageProgress& s) {
+    return s.kind == CalibrateStage::kKind && s.state == store::StageState::kSucceeded;
+  });
+}
+
+double CalibrationSeconds(const std::vector<store::StageProgress>& stages) {
+  double seconds = 0;
+  for (const store::StageProgress& s : stages) {
+    if (s.kind == CalibrateStage::kKind && s.started_ms.has_value() &&
+        s.finished_ms.has_value()) {
+      seconds = static_cast<double>(*s.finished_ms - *s.started_ms) / 1000.0;
+    }
+  }
+  return seconds;
 }
 
 absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInput& input) const {
@@ -406,6 +548,69 @@ absl::StatusOr<uint64_t> CalibrateStage::CheckpointBytes(
   return 0;
 }
 
+absl::StatusOr<std::unique_ptr<StageJob>> CalibrateStage::OpenJob(
+    const StageJobInput& input) const {
+  const JobSpec& spec = *input.spec;
+  const StoredJob& stored = *input.stored;
+  if (!NeedsCalibration(spec)) return nullptr;
+  auto job = std::make_unique<CalibrateJob>();
+  job->planned = stored.planned;
+  if (!spec.calibration.amax_out.empty()) {
+    // The file is written beneath its directory's handle, opened now, after the path checks.
+    ASSIGN_OR_RETURN(
+        job->amax_out_dir,
+        checkpoint::DirHandle::Open(
+            "calibration.amax_out",
+            std::filesystem::path(spec.calibration.amax_out).parent_path().string()));
+    ASSIGN_OR_RETURN(job->amax_out_existed, AmaxOutExisted(spec, stored, job->amax_out_dir));
+  }
+  ASSIGN_OR_RETURN(job->calibration, calibration::JobCalibration::Create(
+                                         spec, stored.work_dir, spec.host_memory_bytes));
+  if (!stored.planned) return std::unique_ptr<StageJob>(std::move(job));
+  // A tokens file gone or changed is rebuilt, and every layer task that depends on it with it
+  // (the store phase requeues it): nothing resumes.
+  std::vector<store::TaskRow> tasks = stored.tasks;
+  for (const store::TaskRow& t : stored.tasks) {
+    if (input.changed_outputs->count(t.id) == 0 ||
+        !IsTaskOfKind(t, CalibrateTask::Kind::kTokens)) {
+      continue;
+    }
+    for (store::TaskRow& layer : tasks) {
+      if (IsTaskOfKind(layer, CalibrateTask::Kind::kLayer)) {
+        layer.state = store::TaskState::kPending;
+      }
+    }
+  }
+  job->resume = job->calibration->Resume(tasks);
+  return std::unique_ptr<StageJob>(std::move(job));
+}
+
+std::string CalibrateStage::PlanInputs(const JobSpec& spec) const {
+  if (!NeedsCalibration(spec)) return "";
+  std::string inputs = absl::StrCat(spec.source, "/tokenizer.json or the calibration data ");
+  if (!spec.calibration.dataset.empty()) absl::StrAppend(&inputs, spec.calibration.dataset);
+  for (size_t i = 0; i < spec.calibration.datasets.size(); ++i) {
+    absl::StrAppend(&inputs, i > 0 || !spec.calibration.dataset.empty() ? ", " : "",
+                    spec.calibration.datasets[i].path);
+  }
+  return inputs;
+}
+
+bool CalibrateStage::ChecksOwnOutput(const store::TaskRow& task) const {
+  return IsTaskOfKind(task, CalibrateTask::Kind::kLayer);
+}
+
+std::string CalibrateStage::ProgressStep(const std::vector<const store::TaskRow*>& running) const {
+  std::optional<CalibrateTask> earliest;
+  for (const store::TaskRow* row : running) {
+    absl::StatusOr<CalibrateTask> task = calibration::ParseCalibrateTask(row->payload_json);
+    if (!task.ok() || task->kind != CalibrateTask::Kind::kLayer) continue;
+    if (!earliest.has_value() || task->layer < earliest->layer) earliest = *task;
+  }
+  if (!earliest.has_value()) return "";
+  return absl::StrCat("layer ", earliest->layer + 1, " of ", earliest->layers);
+}
+
 absl::StatusOr<TaskOutput> CalibrateStage::Run(const store::TaskRow& row, compute::Device& device,
                                                const StageContext& ctx) const {
   ASSIGN_OR_RETURN(const CalibrateTask task, calibration::ParseCalibrateTask(row.payload_json));
@@ -419,7 +624,7 @@ absl::StatusOr<TaskOutput> CalibrateStage::Run(const store::TaskRow& row, comput
 
 absl::Status CalibrateStage::Record(store::TaskRecord& txn, const store::TaskRow& /*task*/,
                                     const TaskOutput& output) const {
-  return txn.PutTaskAmax(output.amax);
+  return txn.PutTaskAmax(AmaxOf(output));
 }
 
 }  // namespace quantd::pipeline

@@ -15,6 +15,19 @@
 //   - "amax_out" writes calibration.amax_out after the last layer (only when it is set).
 // Task bytes are calibration tokens: progress, tokens/s and the ETA count tokens.
 //
+// The stage keeps each calibrating job's calibration::JobCalibration (its activations between
+// layers, tokens and amax so far) in its StageJob (OpenJob). Its activations between layers live
+// in this process, except at a layer boundary, where a layer's outputs are also checkpointed on
+// disk (calibration/layer_checkpoint.h). A later start whose calibration is unfinished resumes
+// after the last layer L whose every slice is DONE with a checkpoint that exists and matches its
+// recorded size and SHA-256 (OpenJob verifies and loads it; the layer tasks' outputs are checked
+// there, not with the job's other outputs: ChecksOwnOutput): Attach requeues the done layer tasks
+// after L, and with them the done tasks depending on them (quantize shards of those layers,
+// amax_out), and logs the layer it resumes from. Without such a layer it resumes from layer 0 on
+// the stored tokens. Tasks up to L keep their committed amax rows; a rerun task replaces its own,
+// measuring what its first run measured (the same tokens, batches and inputs), so the result
+// equals an uninterrupted run.
+//
 // Quantize tasks depend only on the slices of the layers their shard's modules belong to
 // (CalibrateDependencies), and export their input amax from the finished layers' rows
 // (CalibratedInputAmax), which gives the same values as an export after the last layer.
@@ -24,6 +37,8 @@
 #include <stdint.h>
 
 #include <map>
+#include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +46,10 @@
 #include "absl/status/statusor.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
+
+namespace quantd::model {
+struct V4Checkpoint;  // model/v4_weights.h
+}  // namespace quantd::model
 
 namespace quantd::pipeline {
 
@@ -59,12 +78,27 @@ absl::StatusOr<uint64_t> LayerCheckpointBytes(const PlanInput& input, int64_t to
 std::vector<store::TaskRef> CalibrateDependencies(const CalibrationLayout& layout,
                                                   const job::JobSpec& spec, const ShardTask& task);
 
+// Whether the job calibrates in its calibrate stage (that stage opened its job: ctx.job_of).
+bool Calibrates(const StageContext& ctx);
+
+// The source as a DeepSeek-V4 model, opened once for the job by its calibrate stage (the evaluate
+// stage runs the same source). Internal when the job does not calibrate.
+absl::StatusOr<const model::V4Checkpoint*> CalibrationSource(const StageContext& ctx);
+
 // The input amax a quantize task of `task` uses in a calibrating job: the export
 // (calibration/export_amax.h) of the finished calibrate tasks' rows. FailedPrecondition when one
 // of the task's layers reached no routed expert and so takes the model's max, which is known only
 // after the last layer (uncalibrated model_max plans for it).
 absl::StatusOr<std::map<std::string, float>> CalibratedInputAmax(const StageContext& ctx,
                                                                  const ShardTask& task);
+
+// What the calibrate stage's stored rows say, for reports (they never read its payloads):
+// The decoder layers the stage of a job with stored `tasks` calibrates; nullopt when it plans none.
+std::optional<int64_t> CalibratedLayers(const std::vector<store::TaskRow>& tasks);
+// Whether the stage succeeded, among a job's `stages` (store::JobStore::Progress).
+bool CalibrationSucceeded(const std::vector<store::StageProgress>& stages);
+// The stage's wall time in seconds, start to end, among `stages`; 0 when it has not ended.
+double CalibrationSeconds(const std::vector<store::StageProgress>& stages);
 
 class CalibrateStage final : public Stage {
  public:
@@ -75,12 +109,22 @@ class CalibrateStage final : public Stage {
   // Two boundaries of every calibration token (the tokens task's count).
   absl::StatusOr<uint64_t> CheckpointBytes(
       const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const override;
-  // Needs ctx.calibration (the job's calibration::JobCalibration).
+  // Needs the job the stage opened (OpenJob).
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;
-  // The task's amax rows (TaskOutput::amax) replace those of an earlier run of it.
+  // The task's amax rows (its result) replace those of an earlier run of it.
   absl::Status Record(store::TaskRecord& txn, const store::TaskRow& task,
                       const TaskOutput& output) const override;
+  // A calibrating job's calibration: its work and spill directories, calibration.amax_out's
+  // directory, and on a later start where it resumes (above).
+  absl::StatusOr<std::unique_ptr<StageJob>> OpenJob(const StageJobInput& input) const override;
+  // The source's tokenizer.json and the data sets.
+  std::string PlanInputs(const job::JobSpec& spec) const override;
+  // The layer tasks, whose output is a layer checkpoint.
+  bool ChecksOwnOutput(const store::TaskRow& task) const override;
+  std::string_view progress_unit() const override { return "tokens"; }
+  // "layer L of N" (1-based) for the earliest layer of the running layer tasks; "" without one.
+  std::string ProgressStep(const std::vector<const store::TaskRow*>& running) const override;
 };
 
 }  // namespace quantd::pipeline

@@ -13,7 +13,6 @@
 #include "absl/strings/str_format.h"
 #include "server/base/status_macros.h"
 #include "server/calibration/calibrate_layer.h"
-#include "server/calibration/job_calibration.h"
 #include "server/calibration/layer_checkpoint.h"
 #include "server/evaluation/evaluate_head.h"
 #include "server/evaluation/evaluate_layer.h"
@@ -25,6 +24,7 @@
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/calibrate_stage.h"
 #include "server/pipeline/stages/export_stage.h"
+#include "server/pipeline/stages/layer_resume.h"
 #include "server/pipeline/stages/layer_task_memory.h"
 #include "server/pipeline/stages/verify_stage.h"
 
@@ -54,11 +54,86 @@ int64_t Tokens(const std::vector<std::vector<int32_t>>& samples) {
   return tokens;
 }
 
+// The stage's state for one evaluating job (StageJob): its evaluation::JobEvaluation and where it
+// resumes.
+class EvaluateJob final : public StageJob {
+ public:
+  absl::Status Attach(StageJobAttach& attach) override;
+  void TaskDone(const store::TaskRow& task, const TaskOutput& output) override;
+
+  std::unique_ptr<evaluation::JobEvaluation> evaluation;  // thread-safe
+  // Where the stage resumes, found by OpenJob on a later start; applied by Attach.
+  calibration::ResumePoint resume;
+};
+
+// What an evaluate task produced besides its file: a layer's figures (layer tasks) or the job's
+// (the head), recorded with its completion.
+struct EvaluateResult final : StageResult {
+  std::optional<store::EvaluationLayerRow> layer;
+  std::optional<store::EvaluationRow> figures;
+};
+
+const EvaluateResult& ResultOf(const TaskOutput& output) {
+  static const EvaluateResult kNone;
+  const auto* result = static_cast<const EvaluateResult*>(output.result.get());
+  return result != nullptr ? *result : kNone;
+}
+
+// The layer of `t` when it is an evaluate layer task (whose output is a layer checkpoint).
+std::optional<int64_t> EvaluateLayerOf(const store::TaskRow& t) {
+  const std::optional<EvaluateTask> task = evaluation::EvaluateTaskOf(t);
+  if (!task.has_value() || task->kind != EvaluateTask::Kind::kLayer) return std::nullopt;
+  return task->layer;
+}
+
+absl::Status EvaluateJob::Attach(StageJobAttach& attach) {
+  // A task up to the resume layer requeued meanwhile (an output it depends on is rebuilt): the
+  // stage runs again from there, its requeue took the later tasks with it.
+  for (const store::TaskRow& t : *attach.tasks) {
+    const std::optional<int64_t> layer = EvaluateLayerOf(t);
+    if (layer.has_value() && *layer <= resume.layer && t.state != store::TaskState::kDone) {
+      calibration::ResumePoint rebuilt;
+      rebuilt.rejected = resume.rejected;
+      return ApplyResumePoint(
+          attach, rebuilt,
+          ResumeMessages{"", "", "evaluation resumes from layer 0: the outputs it evaluates are "
+                                 "rebuilt"});
+    }
+  }
+  const std::string from =
+      resume.layer < 0
+          ? std::string("from layer 0: no usable layer checkpoint (the activations between "
+                        "layers were held by the process that stopped)")
+          : absl::StrCat("after layer ", resume.layer, ": the checkpointed outputs of both models "
+                         "at layer ", resume.layer, " are verified");
+  RETURN_IF_ERROR(ApplyResumePoint(
+      attach, resume,
+      ResumeMessages{"evaluation resumes " + from, "task(s) to evaluate " + from,
+                     resume.layer >= 0 ? "evaluation resumes " + from : std::string()}));
+  // The figures of the layer tasks that stay DONE (a task requeued meanwhile, e.g. with an
+  // output rebuilt, reruns and replaces its own).
+  ASSIGN_OR_RETURN(const std::vector<store::EvaluationLayerRow> rows,
+                   attach.store->ListEvaluationLayers(attach.job_id));
+  evaluation->Restore(rows, *attach.tasks);
+  return absl::OkStatus();
+}
+
+void EvaluateJob::TaskDone(const store::TaskRow& task, const TaskOutput& output) {
+  const EvaluateResult& result = ResultOf(output);
+  evaluation->OnTaskDone(task, output.path, result.layer, result.figures);
+}
+
 absl::StatusOr<evaluation::JobEvaluation*> JobState(const StageContext& ctx) {
-  if (ctx.calibration == nullptr || ctx.evaluation == nullptr) {
+  if (ctx.job == nullptr || !Calibrates(ctx)) {
     return absl::InternalError("an evaluate task ran without the job's evaluation state");
   }
-  return ctx.evaluation;
+  return static_cast<EvaluateJob*>(ctx.job)->evaluation.get();
+}
+
+// The task metrics' figures of a task that moved `tokens` token rows (none for 0).
+std::vector<TaskFigure> EvaluatedTokens(int64_t tokens) {
+  if (tokens <= 0) return {};
+  return {{"quantd_evaluated_tokens_total", static_cast<double>(tokens)}};
 }
 
 evaluation::EvaluationHooks Hooks(const StageContext& ctx) {
@@ -93,7 +168,7 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
                                     const StageContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
-  ASSIGN_OR_RETURN(const model::V4Checkpoint* source, ctx.calibration->Checkpoint());
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* source, CalibrationSource(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, job->Quantized());
   evaluation::EvaluationBatches input;
   if (task.layer == 0) {
@@ -125,11 +200,12 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
     out.bytes = file->bytes;
     out.sha256 = file->sha256;
   }
-  out.evaluation_layer =
-      store::EvaluationLayerRow{task.layer,           q.free_running.signal,
-                                q.free_running.noise, q.teacher_forced.signal,
-                                q.teacher_forced.noise, SecondsSince(start)};
-  out.evaluated_tokens = input.tokens();
+  auto result = std::make_unique<EvaluateResult>();
+  result->layer = store::EvaluationLayerRow{task.layer,           q.free_running.signal,
+                                            q.free_running.noise, q.teacher_forced.signal,
+                                            q.teacher_forced.noise, SecondsSince(start)};
+  out.result = std::move(result);
+  out.figures = EvaluatedTokens(input.tokens());
   out.summary = absl::StrFormat("load %.1f s, decode %.1f s, forward %.1f s", q.load_seconds,
                                 q.decode_seconds, q.forward_seconds);
   return out;
@@ -139,7 +215,7 @@ absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& de
                                    const StageContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
-  ASSIGN_OR_RETURN(const model::V4Checkpoint* source, ctx.calibration->Checkpoint());
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* source, CalibrationSource(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, job->Quantized());
   const std::map<int64_t, store::EvaluationLayerRow> layers = job->Layers();
   std::optional<evaluation::EvaluationBatches> input = job->Output(task.layers - 1);
@@ -184,8 +260,10 @@ absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& de
   row.gate_message = std::string(gate.message());
   row.seconds = seconds + SecondsSince(start);
   TaskOutput out;
-  out.evaluation = std::move(row);
-  out.evaluated_tokens = report.tokens;
+  auto result = std::make_unique<EvaluateResult>();
+  result->figures = std::move(row);
+  out.result = std::move(result);
+  out.figures = EvaluatedTokens(report.tokens);
   return out;
 }
 
@@ -275,6 +353,35 @@ absl::StatusOr<uint64_t> EvaluateStage::CheckpointBytes(
   return LayerCheckpointBytes(input, task.tokens, /*models=*/2);
 }
 
+absl::StatusOr<std::unique_ptr<StageJob>> EvaluateStage::OpenJob(
+    const StageJobInput& input) const {
+  if (!NeedsEvaluation(*input.spec)) return nullptr;
+  auto job = std::make_unique<EvaluateJob>();
+  ASSIGN_OR_RETURN(job->evaluation, evaluation::JobEvaluation::Create(
+                                        input.spec->output, input.stored->work_dir,
+                                        input.spec->calibration.checkpoint_seconds));
+  if (input.stored->planned) job->resume = job->evaluation->Resume(input.stored->tasks);
+  return std::unique_ptr<StageJob>(std::move(job));
+}
+
+void EvaluateStage::AdaptSpec(const std::vector<store::TaskRow>& stored, JobSpec& spec) const {
+  // A calibrating job planned by a release without the evaluate stage (its stored plan has no
+  // evaluate task, its spec does not mention evaluate) resumes on the plan it has.
+  if (!spec.evaluate.enabled.has_value() &&
+      std::none_of(stored.begin(), stored.end(),
+                   [](const store::TaskRow& t) { return t.stage_kind == kKind; })) {
+    spec.evaluate.enabled = false;
+  }
+}
+
+bool EvaluateStage::ChecksOwnOutput(const store::TaskRow& task) const {
+  return EvaluateLayerOf(task).has_value();
+}
+
+std::string EvaluateStage::ProgressStep(const std::vector<const store::TaskRow*>& running) const {
+  return running.empty() ? std::string() : running.front()->label;
+}
+
 absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& row, compute::Device& device,
                                               const StageContext& ctx) const {
   ASSIGN_OR_RETURN(const EvaluateTask task, evaluation::ParseEvaluateTask(row.payload_json));
@@ -288,10 +395,9 @@ absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& row, compute
 
 absl::Status EvaluateStage::Record(store::TaskRecord& txn, const store::TaskRow& /*task*/,
                                    const TaskOutput& output) const {
-  if (output.evaluation_layer.has_value()) {
-    RETURN_IF_ERROR(txn.PutEvaluationLayer(*output.evaluation_layer));
-  }
-  if (output.evaluation.has_value()) RETURN_IF_ERROR(txn.PutEvaluation(*output.evaluation));
+  const EvaluateResult& result = ResultOf(output);
+  if (result.layer.has_value()) RETURN_IF_ERROR(txn.PutEvaluationLayer(*result.layer));
+  if (result.figures.has_value()) RETURN_IF_ERROR(txn.PutEvaluation(*result.figures));
   return absl::OkStatus();
 }
 

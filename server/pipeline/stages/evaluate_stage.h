@@ -14,11 +14,15 @@
 //     the worst layer, when spec.evaluate.gate is broken. The output stays on disk.
 // Task bytes are held-out tokens (every layer and the head move all of them), as for calibrate.
 //
-// A restart with the stage unfinished resumes after the last layer whose checkpoint verifies
-// (JobEvaluation::Resume; also when every layer is done and the head is not): the done tasks after
-// it run again (the head too, whose figures lived in the process that stopped), the tasks up to it
-// keep their recorded figures. Without such a layer the stage runs again from layer 0; either way
-// the figures equal an uninterrupted run's.
+// The stage keeps each evaluating job's evaluation::JobEvaluation (both models' activations,
+// figures so far) in its StageJob (OpenJob), with layer checkpoints of its own
+// ("<work_dir>/evaluate-layers"). A restart with the stage unfinished resumes after the last layer
+// whose checkpoint verifies (OpenJob verifies and loads it, JobEvaluation::Resume; also when every
+// layer is done and the head is not; the layer tasks' outputs are checked there, not with the
+// job's other outputs: ChecksOwnOutput): Attach requeues the done tasks after it (the head too,
+// whose figures lived in the process that stopped) and logs the layer; the tasks up to it keep
+// their recorded figures. Without such a layer the stage runs again from layer 0; either way the
+// figures equal an uninterrupted run's.
 //
 // The held-out samples are selected at planning (evaluation/held_out_samples.h): too few of them
 // fails the plan, not a task. Layer 0 selects them again and refuses to run when they changed.
@@ -27,6 +31,8 @@
 
 #include <stdint.h>
 
+#include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -53,13 +59,22 @@ class EvaluateStage final : public Stage {
   // Two boundaries of every held-out token, for both models.
   absl::StatusOr<uint64_t> CheckpointBytes(
       const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const override;
-  // Needs ctx.calibration (the source model) and ctx.evaluation.
+  // Needs the job the stage opened (OpenJob) and the calibrate stage's (the source model).
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;
-  // A layer's figures (TaskOutput::evaluation_layer) or the job's (TaskOutput::evaluation)
-  // replace those of an earlier run.
+  // A layer's figures or the job's (the head's result) replace those of an earlier run.
   absl::Status Record(store::TaskRecord& txn, const store::TaskRow& task,
                       const TaskOutput& output) const override;
+  // An evaluating job's evaluation, and on a later start where it resumes (above).
+  absl::StatusOr<std::unique_ptr<StageJob>> OpenJob(const StageJobInput& input) const override;
+  // A job planned by a release without this stage (no evaluate task stored, evaluate.enabled
+  // unset) keeps its plan: evaluate.enabled becomes false.
+  void AdaptSpec(const std::vector<store::TaskRow>& stored, job::JobSpec& spec) const override;
+  // The layer tasks, whose output is a layer checkpoint.
+  bool ChecksOwnOutput(const store::TaskRow& task) const override;
+  std::string_view progress_unit() const override { return "tokens"; }
+  // The stage runs one task at a time: its label ("layer 3 of 8").
+  std::string ProgressStep(const std::vector<const store::TaskRow*>& running) const override;
 };
 
 }  // namespace quantd::pipeline

@@ -21,8 +21,8 @@ absl::StatusOr<TaskOutput> InspectStage::Run(const store::TaskRow&, compute::Dev
   ASSIGN_OR_RETURN(TensorInventory inventory, BuildInventory(*source));
   ASSIGN_OR_RETURN(pipeline::Plan plan, BuildPlan(*ctx.spec, *source, inventory));
   RETURN_IF_ERROR(CheckPlanUnchanged(plan, *ctx.stored_tasks));
-  RETURN_IF_ERROR(CheckDiskSpace(
-      *ctx.spec, plan, ctx.calibration != nullptr ? ctx.calibration->work_dir() : std::string()));
+  RETURN_IF_ERROR(
+      CheckDiskSpace(*ctx.spec, plan, ctx.work_dir != nullptr ? *ctx.work_dir : std::string()));
   return TaskOutput{};
 }
 

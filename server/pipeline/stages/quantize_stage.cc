@@ -174,13 +174,14 @@ absl::Status QuantizeRun::Prepare() {
   if (spec.weight_format == WeightFormat::kNvfp4) {
     // A calibrating job exports the input amax of the layers calibrated so far (its own are).
     std::map<std::string, float> calibrated;
-    if (ctx_.calibration != nullptr) {
+    const bool calibrates = Calibrates(ctx_);
+    if (calibrates) {
       absl::StatusOr<std::map<std::string, float>> amax = CalibratedInputAmax(ctx_, task_);
       if (!amax.ok()) return amax.status();
       calibrated = std::move(*amax);
     }
     absl::StatusOr<InputScales> scales =
-        ResolveInputScales(task_, ctx_.calibration != nullptr ? &calibrated : ctx_.input_amax);
+        ResolveInputScales(task_, calibrates ? &calibrated : ctx_.input_amax);
     if (!scales.ok()) {
       return absl::Status(scales.status().code(),
                           absl::StrCat(task_.shard, ": ", scales.status().message()));

@@ -142,29 +142,34 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes
   struct stat st;
   absl::StatusOr<int> fd = OpenRegularFile(path, /*follow_symlink=*/true, &st, roots, field);
   if (!fd.ok()) return fd.status();
+  return ReadOpenedFile(path, *fd, st, max_bytes);
+}
+
+absl::StatusOr<std::string> ReadOpenedFile(const std::string& path, int fd,
+                                           const struct stat& st, uint64_t max_bytes) {
   const auto too_large = [&] {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": larger than the limit of ", max_bytes, " bytes for this file"));
   };
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    close(*fd);
+    close(fd);
     return too_large();
   }
   // The size may change after fstat: read at most one byte past the cap to notice.
   std::string contents;
   char buffer[1 << 16];
   while (contents.size() <= max_bytes) {
-    ssize_t n = read(*fd, buffer, sizeof(buffer));
+    ssize_t n = read(fd, buffer, sizeof(buffer));
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      close(*fd);
+      close(fd);
       return ErrnoError(err, "read failed", path);
     }
     if (n == 0) break;
     contents.append(buffer, static_cast<size_t>(n));
   }
-  close(*fd);
+  close(fd);
   if (contents.size() > max_bytes) return too_large();
   return contents;
 }

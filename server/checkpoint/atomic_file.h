@@ -45,6 +45,10 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, bool follow_symlink
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes,
                                      const SourceRoots& roots = std::nullopt,
                                      absl::string_view field = "source");
+// ReadFile's read of the regular file already open as `fd` (of `st`; closed here), e.g. one
+// opened beneath a DirHandle; `path` names it in errors.
+absl::StatusOr<std::string> ReadOpenedFile(const std::string& path, int fd,
+                                           const struct stat& st, uint64_t max_bytes);
 
 }  // namespace quantd::checkpoint
 

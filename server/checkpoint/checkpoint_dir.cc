@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <functional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -34,10 +35,8 @@ bool FileExists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-}  // namespace
-
-absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path, const SourceRoots& roots) {
-  absl::StatusOr<json> root = ReadJsonFile(path, kMaxIndexFileBytes, roots);
+// The index parsed from `root`, the JSON of the file `path`.
+absl::StatusOr<ShardIndex> ShardIndexOf(const std::string& path, absl::StatusOr<json> root) {
   if (!root.ok()) return root.status();
   if (!root->is_object()) return Invalid(path, "not a JSON object");
 
@@ -73,6 +72,19 @@ absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path, const Source
   return index;
 }
 
+}  // namespace
+
+// How CheckpointDir::Open reaches the files of the directory, by name.
+struct CheckpointDir::Files {
+  std::function<bool(const std::string& name)> exists;
+  std::function<absl::StatusOr<json>(const std::string& name, uint64_t max_bytes)> read_json;
+  std::function<absl::StatusOr<std::unique_ptr<SafetensorsFile>>(const std::string& name)> open;
+};
+
+absl::StatusOr<ShardIndex> ParseShardIndex(const std::string& path, const SourceRoots& roots) {
+  return ShardIndexOf(path, ReadJsonFile(path, kMaxIndexFileBytes, roots));
+}
+
 absl::Status WriteShardIndex(const std::string& path, const ShardIndex& index) {
   absl::StatusOr<std::string> text = ShardIndexText(path, index);
   if (!text.ok()) return text.status();
@@ -99,12 +111,38 @@ absl::StatusOr<std::string> ShardIndexText(const std::string& path, const ShardI
 
 absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::string& dir,
                                                                    const SourceRoots& roots) {
+  const auto path = [&dir](const std::string& name) { return absl::StrCat(dir, "/", name); };
+  Files files;
+  files.exists = [&](const std::string& name) { return FileExists(path(name)); };
+  files.read_json = [&](const std::string& name, uint64_t max_bytes) {
+    return ReadJsonFile(path(name), max_bytes, roots);
+  };
+  files.open = [&](const std::string& name) { return SafetensorsFile::Open(path(name), roots); };
+  return OpenFiles(dir, files);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const DirHandle& dir) {
+  Files files;
+  files.exists = [&](const std::string& name) { return dir.Stat(name).ok(); };
+  files.read_json = [&](const std::string& name,
+                        uint64_t max_bytes) -> absl::StatusOr<json> {
+    struct stat st;
+    ASSIGN_OR_RETURN(const int fd, dir.OpenRegularFile(name, &st));
+    ASSIGN_OR_RETURN(const std::string text, ReadOpenedFile(dir.PathOf(name), fd, st, max_bytes));
+    return ParseJsonText(text, dir.PathOf(name));
+  };
+  files.open = [&](const std::string& name) { return SafetensorsFile::Open(dir, name); };
+  return OpenFiles(dir.path(), files);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::OpenFiles(const std::string& dir,
+                                                                        const Files& files) {
   std::unique_ptr<CheckpointDir> checkpoint(new CheckpointDir());
   checkpoint->dir_ = dir;
 
   std::string config_path = absl::StrCat(dir, "/", kConfigFileName);
-  if (FileExists(config_path)) {
-    absl::StatusOr<json> config = ReadJsonFile(config_path, kMaxConfigFileBytes, roots);
+  if (files.exists(kConfigFileName)) {
+    absl::StatusOr<json> config = files.read_json(kConfigFileName, kMaxConfigFileBytes);
     if (!config.ok()) return config.status();
     if (!config->is_object()) return Invalid(config_path, "not a JSON object");
     checkpoint->config_ = std::make_unique<json>(std::move(*config));
@@ -113,15 +151,16 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
   }
 
   std::string index_path = absl::StrCat(dir, "/", kIndexFileName);
-  const bool indexed = FileExists(index_path);
+  const bool indexed = files.exists(kIndexFileName);
   std::map<std::string, std::string> weight_map;  // empty for a single-file checkpoint
   std::set<std::string> shard_names;
   if (indexed) {
-    absl::StatusOr<ShardIndex> index = ParseShardIndex(index_path, roots);
+    absl::StatusOr<ShardIndex> index =
+        ShardIndexOf(index_path, files.read_json(kIndexFileName, kMaxIndexFileBytes));
     if (!index.ok()) return index.status();
     weight_map = std::move(index->weight_map);
     for (const auto& [tensor, shard] : weight_map) shard_names.insert(shard);
-  } else if (FileExists(absl::StrCat(dir, "/", kSingleFileName))) {
+  } else if (files.exists(kSingleFileName)) {
     shard_names.insert(kSingleFileName);
   } else {
     return absl::NotFoundError(absl::StrCat(dir, ": not a checkpoint directory: neither ",
@@ -130,15 +169,14 @@ absl::StatusOr<std::unique_ptr<CheckpointDir>> CheckpointDir::Open(const std::st
 
   for (const std::string& shard : shard_names) {
     std::string shard_path = absl::StrCat(dir, "/", shard);
-    if (indexed && !FileExists(shard_path)) {
+    if (indexed && !files.exists(shard)) {
       // The path too, unless the name had to be cut or escaped.
       const std::string quoted = base::Excerpt(shard);
       return absl::NotFoundError(absl::StrCat(
           index_path, ": shard ", quoted, " is missing",
           quoted == absl::StrCat("\"", shard, "\"") ? absl::StrCat(" (", shard_path, ")") : ""));
     }
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
-        SafetensorsFile::Open(shard_path, roots);
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = files.open(shard);
     if (!file.ok()) return file.status();
     size_t shard_index = checkpoint->shards_.size();
     for (const TensorView& view : (*file)->tensors()) {

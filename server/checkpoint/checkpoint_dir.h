@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
+#include "server/checkpoint/dir_handle.h"
 #include "server/checkpoint/safetensors_reader.h"
 #include "server/checkpoint/source_roots.h"
 
@@ -47,6 +48,9 @@ class CheckpointDir {
   // PermissionDenied naming "source" and the file otherwise).
   static absl::StatusOr<std::unique_ptr<CheckpointDir>> Open(const std::string& dir,
                                                              const SourceRoots& roots = std::nullopt);
+  // The same checks, every file opened beneath `dir` (DirHandle::OpenRegularFile: no symbolic
+  // link followed, nothing outside the directory the handle holds): a job's own output read back.
+  static absl::StatusOr<std::unique_ptr<CheckpointDir>> Open(const DirHandle& dir);
 
   const std::string& dir() const { return dir_; }
   // config.json (empty object when the file is absent).
@@ -63,7 +67,10 @@ class CheckpointDir {
   ~CheckpointDir();
 
  private:
+  struct Files;  // how Open reaches the directory's files (checkpoint_dir.cc)
   CheckpointDir() = default;
+  static absl::StatusOr<std::unique_ptr<CheckpointDir>> OpenFiles(const std::string& dir,
+                                                                  const Files& files);
 
   std::string dir_;                                         // directory path
   std::unique_ptr<nlohmann::json> config_;                  // parsed config.json

@@ -37,8 +37,7 @@ std::optional<EvaluateTask> EvaluateTaskOf(const store::TaskRow& row) {
 }
 
 absl::StatusOr<std::unique_ptr<JobEvaluation>> JobEvaluation::Create(
-    const std::string& output_dir, const std::string& work_dir, int64_t checkpoint_seconds,
-    calibration::MonotonicMs now_ms) {
+    const std::string& work_dir, int64_t checkpoint_seconds, calibration::MonotonicMs now_ms) {
   if (work_dir.empty()) {
     return absl::InvalidArgumentError("an evaluating job needs its work directory");
   }
@@ -50,13 +49,14 @@ absl::StatusOr<std::unique_ptr<JobEvaluation>> JobEvaluation::Create(
                        (std::filesystem::path(work_dir) / "evaluate-layers").string(),
                        checkpoint_seconds, std::move(now_ms)));
   return std::unique_ptr<JobEvaluation>(
-      new JobEvaluation(output_dir, std::move(store), std::move(checkpoints)));
+      new JobEvaluation(std::move(store), std::move(checkpoints)));
 }
 
-absl::StatusOr<const model::V4Checkpoint*> JobEvaluation::Quantized() {
+absl::StatusOr<const model::V4Checkpoint*> JobEvaluation::Quantized(
+    const checkpoint::DirHandle& output) {
   absl::MutexLock lock(&mu_);
   if (quantized_ == nullptr) {
-    ASSIGN_OR_RETURN(quantized_, model::OpenV4Checkpoint(output_dir_));
+    ASSIGN_OR_RETURN(quantized_, model::OpenV4Checkpoint(output));
   }
   return quantized_.get();
 }

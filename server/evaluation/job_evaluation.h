@@ -51,15 +51,16 @@ std::optional<EvaluateTask> EvaluateTaskOf(const store::TaskRow& row);
 
 class JobEvaluation {
  public:
-  // `output_dir`: the job's output checkpoint. `work_dir`: the job's own directory, where the
-  // checkpoints go (created). `checkpoint_seconds`: calibration.checkpoint_seconds. `now_ms`: the
-  // checkpoints' clock.
+  // `work_dir`: the job's own directory, where the checkpoints go (created).
+  // `checkpoint_seconds`: calibration.checkpoint_seconds. `now_ms`: the checkpoints' clock.
   static absl::StatusOr<std::unique_ptr<JobEvaluation>> Create(
-      const std::string& output_dir, const std::string& work_dir, int64_t checkpoint_seconds,
+      const std::string& work_dir, int64_t checkpoint_seconds,
       calibration::MonotonicMs now_ms = calibration::SteadyNowMs);
 
-  // The output as a V4 model, opened on the first call.
-  absl::StatusOr<const model::V4Checkpoint*> Quantized() ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's output checkpoint as a V4 model, opened on the first call beneath `output`, the
+  // handle the job wrote it through (never through the spec's path again).
+  absl::StatusOr<const model::V4Checkpoint*> Quantized(const checkpoint::DirHandle& output)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stores both models' outputs of `layer` (replacing an earlier run's). When the checkpoint
   // policy says so (LayerCheckpoints::ShouldPersist), first writes them to the layer's checkpoint
@@ -99,15 +100,13 @@ class JobEvaluation {
   static constexpr int64_t kQuantizedSlot = 1;  // and of the quantized model
 
  private:
-  JobEvaluation(std::string output_dir, std::unique_ptr<calibration::ActivationStore> store,
+  JobEvaluation(std::unique_ptr<calibration::ActivationStore> store,
                 std::unique_ptr<calibration::LayerCheckpoints> checkpoints)
-      : output_dir_(std::move(output_dir)),
-        activations_(std::move(store)),
+      : activations_(std::move(store)),
         checkpoints_(std::move(checkpoints)) {}
   // Stores both models' host outputs of `layer`, reserving their bytes.
   void Store(int64_t layer, Batches source, Batches quantized);
 
-  const std::string output_dir_;                                  // the job's output
   const std::unique_ptr<calibration::ActivationStore> activations_;  // thread-safe itself
   const std::unique_ptr<calibration::LayerCheckpoints> checkpoints_;  // thread-safe itself
 

@@ -119,10 +119,13 @@ void ReleasePages(const V4Checkpoint& ckpt, const checkpoint::TensorView& tensor
   }
 }
 
-absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path,
-                                                            const checkpoint::SourceRoots& roots) {
+namespace {
+
+// `dir`, opened from `path`, as a V4 model.
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> AsV4Checkpoint(
+    const std::string& path, absl::StatusOr<std::unique_ptr<checkpoint::CheckpointDir>> dir) {
   auto ckpt = std::make_unique<V4Checkpoint>();
-  ASSIGN_OR_RETURN(ckpt->dir, checkpoint::CheckpointDir::Open(path, roots));
+  ASSIGN_OR_RETURN(ckpt->dir, std::move(dir));
   ASSIGN_OR_RETURN(ckpt->inventory, checkpoint::BuildInventory(*ckpt->dir));
   if (ckpt->inventory.arch != checkpoint::ModelArch::kDeepseekV4) {
     return absl::InvalidArgumentError(absl::StrCat(path,
@@ -132,6 +135,17 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
   ASSIGN_OR_RETURN(ckpt->config,
                    ParseV4Config(ckpt->dir->config(), absl::StrCat(path, "/config.json")));
   return ckpt;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string& path,
+                                                            const checkpoint::SourceRoots& roots) {
+  return AsV4Checkpoint(path, checkpoint::CheckpointDir::Open(path, roots));
+}
+
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const checkpoint::DirHandle& dir) {
+  return AsV4Checkpoint(dir.path(), checkpoint::CheckpointDir::Open(dir));
 }
 
 absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, int64_t out,

@@ -31,6 +31,9 @@ struct V4Checkpoint {
 // Opens `path` and parses its config.json. InvalidArgument when it is not a DeepSeek-V4 layout.
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(
     const std::string& path, const checkpoint::SourceRoots& roots = std::nullopt);
+// The same, every file opened beneath `dir` (checkpoint::CheckpointDir::Open(DirHandle)): a job's
+// own output read back.
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const checkpoint::DirHandle& dir);
 
 // A linear layer's weight [out, in], dense and readable from host memory: BF16 for FP8-block,
 // MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources and for NVFP4 (ModelOpt or

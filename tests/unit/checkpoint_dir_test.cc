@@ -154,6 +154,36 @@ TEST_F(CheckpointDirTest, OpensShardedCheckpoint) {
   EXPECT_EQ((*ckpt)->ShardOf("dd"), nullptr);
 }
 
+// A job's own output read back beneath its handle: the same checkpoint as by path, and a file
+// of it swapped for a link (to another model's shard) is refused, never followed.
+TEST_F(CheckpointDirTest, OpensBeneathAHandleAndFollowsNoLink) {
+  const std::string out = dir_ + "/out", other = dir_ + "/other";
+  fs::create_directories(out);
+  fs::create_directories(other);
+  MakeTwoShardDir(out);
+  MakeTwoShardDir(other);
+  WriteText(out + "/config.json", R"({"model_type":"deepseek_v4"})");
+  absl::StatusOr<DirHandle> handle = DirHandle::Open("output", out);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::StatusOr<std::unique_ptr<CheckpointDir>> ckpt = CheckpointDir::Open(*handle);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ((*ckpt)->dir(), out);
+  EXPECT_EQ((*ckpt)->config().at("model_type"), "deepseek_v4");
+  ASSERT_EQ((*ckpt)->shards().size(), 2u);
+  EXPECT_EQ((*ckpt)->shards()[1]->path(), out + "/model-00002-of-00002.safetensors");
+  EXPECT_NE((*ckpt)->Find("cc"), nullptr);
+
+  const std::string shard = "/model-00001-of-00002.safetensors";
+  fs::remove(out + shard);
+  fs::create_symlink(other + shard, out + shard);
+  ckpt = CheckpointDir::Open(*handle);
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ErrorOf(ckpt.status()),
+            "output: " + out + shard + ": cannot open: it is or passes through a symbolic link, "
+            "which quantd does not follow here (was the output directory or a directory in it "
+            "replaced by a link?)");
+}
+
 // A symbolic link inside the source is followed only while it leads inside the roots
 // (source_roots.h); nullopt follows it anywhere.
 TEST_F(CheckpointDirTest, LinksAreFollowedOnlyInsideTheRoots) {

@@ -331,8 +331,7 @@ class EvaluateResumeTest : public testing::Test {
   void SetUp() override { work_ = testing_util::TestDir(); }
 
   std::unique_ptr<evaluation::JobEvaluation> NewJob(int64_t checkpoint_seconds = 0) {
-    auto job = evaluation::JobEvaluation::Create((work_ / "out").string(), work_.string(),
-                                                 checkpoint_seconds);
+    auto job = evaluation::JobEvaluation::Create(work_.string(), checkpoint_seconds);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? std::move(*job) : nullptr;
   }

@@ -130,6 +130,15 @@ absl::StatusOr<evaluation::JobEvaluation*> JobState(const StageContext& ctx) {
   return static_cast<EvaluateJob*>(ctx.job)->evaluation.get();
 }
 
+// The job's output as a V4 model, read beneath the handle the job wrote it through.
+absl::StatusOr<const model::V4Checkpoint*> QuantizedOutput(evaluation::JobEvaluation& job,
+                                                          const StageContext& ctx) {
+  if (ctx.output_dir == nullptr) {
+    return absl::InternalError("output: the job's directory is not open");
+  }
+  return job.Quantized(*ctx.output_dir);
+}
+
 // The task metrics' figures of a task that moved `tokens` token rows (none for 0).
 std::vector<TaskFigure> EvaluatedTokens(int64_t tokens) {
   if (tokens <= 0) return {};
@@ -169,7 +178,7 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* source, CalibrationSource(ctx));
-  ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, job->Quantized());
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, QuantizedOutput(*job, ctx));
   evaluation::EvaluationBatches input;
   if (task.layer == 0) {
     ASSIGN_OR_RETURN(input, EmbeddedSamples(task, *source, *quantized, ctx));
@@ -216,7 +225,7 @@ absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& de
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* source, CalibrationSource(ctx));
-  ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, job->Quantized());
+  ASSIGN_OR_RETURN(const model::V4Checkpoint* quantized, QuantizedOutput(*job, ctx));
   const std::map<int64_t, store::EvaluationLayerRow> layers = job->Layers();
   std::optional<evaluation::EvaluationBatches> input = job->Output(task.layers - 1);
   if (!input.has_value() || static_cast<int64_t>(layers.size()) != task.layers) {
@@ -357,9 +366,9 @@ absl::StatusOr<std::unique_ptr<StageJob>> EvaluateStage::OpenJob(
     const StageJobInput& input) const {
   if (!NeedsEvaluation(*input.spec)) return nullptr;
   auto job = std::make_unique<EvaluateJob>();
-  ASSIGN_OR_RETURN(job->evaluation, evaluation::JobEvaluation::Create(
-                                        input.spec->output, input.stored->work_dir,
-                                        input.spec->calibration.checkpoint_seconds));
+  ASSIGN_OR_RETURN(job->evaluation,
+                   evaluation::JobEvaluation::Create(input.stored->work_dir,
+                                                     input.spec->calibration.checkpoint_seconds));
   if (input.stored->planned) job->resume = job->evaluation->Resume(input.stored->tasks);
   return std::unique_ptr<StageJob>(std::move(job));
 }

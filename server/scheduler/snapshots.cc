@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/job/job_spec.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -27,8 +28,8 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   v1::Job job;
   job.set_id(row.id);
   job.set_request_id(row.request_id);
-  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row.spec_json, "stored spec");
-  if (spec.ok()) *job.mutable_spec() = JobSpecToProto(*spec);
+  absl::StatusOr<job::JobSpec> spec = job::ParseStoredJobSpec(row.spec_json, "stored spec");
+  if (spec.ok()) *job.mutable_spec() = job::JobSpecToProto(*spec);
   job.set_state(JobStateToProto(row.state));
   job.set_reason(row.reason);
   job.set_last_error(row.error);

@@ -360,6 +360,7 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
   auto job = std::make_unique<ActiveJob>();
   job->id = job_id;
   job->serial = next_serial_++;
+  job->spec = job::JobSpecToProto(spec);
   job->workers = workers;
   for (int w : workers) slots_[w].job_id = job_id;
   const uint64_t serial = job->serial;

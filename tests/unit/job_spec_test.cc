@@ -83,6 +83,12 @@ TEST(JobSpecTest, SourceRootsAbsentEmptyOrListed) {
   bad = ParseStoredJobSpec(R"({"source": "/in", "output": "/out", "source_roots": [""]})", "s");
   EXPECT_EQ(bad.status().message(),
             "s: field 'source_roots' must be an array of non-empty strings");
+  // The name in a value is not the key; the key spelled with escapes is not read as it.
+  auto named = ParseStoredJobSpec(R"({"source": "/source_roots", "output": "/out"})", "s");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_FALSE(named->source_roots.has_value());
+  bad = ParseStoredJobSpec(R"({"source": "/in", "output": "/out", "source\u005froots": []})", "s");
+  EXPECT_EQ(bad.status().message(), "s: field 'source_roots' is not a known field");
   // A caller never sets it: a spec file (or a request: the message has no such field) that
   // names it is refused.
   EXPECT_EQ(ErrorOf(R"({"source": "/in", "output": "/out", "source_roots": ["/"]})"),

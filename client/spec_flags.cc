@@ -6,13 +6,10 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/atomic_file.h"
 #include "server/job/job_paths.h"
@@ -20,84 +17,6 @@
 
 namespace quantd::client {
 namespace {
-
-using google::protobuf::FieldDescriptor;
-using nlohmann::json;
-
-absl::Status FieldError(const std::string& origin, const std::string& field,
-                        const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", field, "' ", what));
-}
-
-// Sets the fields of `message` from `object`, whose keys are the proto's field names. `prefix`
-// ("calibration.") names the enclosing field in errors. JSON null means "not set".
-absl::Status ReadObject(const json& object, const std::string& prefix, const std::string& origin,
-                        google::protobuf::Message* message) {
-  const google::protobuf::Reflection* reflection = message->GetReflection();
-  for (auto it = object.begin(); it != object.end(); ++it) {
-    const std::string name = prefix + it.key();
-    const json& value = it.value();
-    const FieldDescriptor* field = message->GetDescriptor()->FindFieldByName(it.key());
-    if (field == nullptr) return FieldError(origin, name, "is not a known field");
-    if (value.is_null()) continue;
-    if (field->is_repeated() && field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      // calibration.datasets: a list of objects
-      if (!value.is_array()) return FieldError(origin, name, "must be an array of objects");
-      reflection->ClearField(message, field);
-      for (size_t i = 0; i < value.size(); ++i) {
-        const std::string item = absl::StrCat(name, "[", i, "]");
-        if (!value[i].is_object()) return FieldError(origin, item, "must be an object");
-        absl::Status s =
-            ReadObject(value[i], item + ".", origin, reflection->AddMessage(message, field));
-        if (!s.ok()) return s;
-      }
-      continue;
-    }
-    if (field->is_repeated()) {  // include, exclude, devices: lists of strings
-      // "devices": "auto" is the default, every device of the daemon (an empty list).
-      if (name == "devices" && value.is_string() && value.get<std::string>() == "auto") continue;
-      if (!value.is_array()) return FieldError(origin, name, "must be an array of strings");
-      reflection->ClearField(message, field);
-      for (const json& item : value) {
-        if (!item.is_string()) return FieldError(origin, name, "must be an array of strings");
-        reflection->AddString(message, field, item.get<std::string>());
-      }
-      continue;
-    }
-    switch (field->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_STRING:
-        if (!value.is_string()) return FieldError(origin, name, "must be a string");
-        reflection->SetString(message, field, value.get<std::string>());
-        break;
-      case FieldDescriptor::CPPTYPE_INT64:
-        if (!value.is_number_integer()) return FieldError(origin, name, "must be an integer");
-        if (value.is_number_unsigned() &&
-            value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-          return FieldError(origin, name, "is out of range");
-        }
-        reflection->SetInt64(message, field, value.get<int64_t>());
-        break;
-      case FieldDescriptor::CPPTYPE_DOUBLE:  // evaluate.gate bounds
-        if (!value.is_number()) return FieldError(origin, name, "must be a number");
-        reflection->SetDouble(message, field, value.get<double>());
-        break;
-      case FieldDescriptor::CPPTYPE_BOOL:
-        if (!value.is_boolean()) return FieldError(origin, name, "must be true or false");
-        reflection->SetBool(message, field, value.get<bool>());
-        break;
-      case FieldDescriptor::CPPTYPE_MESSAGE: {
-        if (!value.is_object()) return FieldError(origin, name, "must be an object");
-        absl::Status s =
-            ReadObject(value, name + ".", origin, reflection->MutableMessage(message, field));
-        if (!s.ok()) return s;
-        break;
-      }
-      default:  // JobSpec has no other field types
-        return FieldError(origin, name, "has a type quantctl cannot read");
-    }
-  }
-  return absl::OkStatus();
-}
 
 // `path` made absolute against the current directory ("" stays "").
 absl::StatusOr<std::string> Absolute(const std::string& path, const char* field) {
@@ -257,21 +176,6 @@ void AddSpecFlags(CLI::App* cmd, SpecFlags* f) {
       "fail the job when perplexity quantized / source exceeds this");
 }
 
-absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON: ", e.what()));
-  }
-  if (!doc.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": not a JSON object"));
-  v1::JobSpec spec;
-  absl::Status s = ReadObject(doc, "", origin, &spec);
-  if (!s.ok()) return s;
-  return spec;
-}
-
 absl::StatusOr<v1::CalibrationDataset> ParseDatasetFlag(const std::string& value) {
   v1::CalibrationDataset dataset;
   dataset.set_path(value);
@@ -299,7 +203,7 @@ absl::StatusOr<v1::JobSpec> BuildSpec(const SpecFlags& f) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot read --spec file: ", text.status().message()));
     }
-    absl::StatusOr<v1::JobSpec> parsed = ParseSpecJson(*text, f.spec_file);
+    absl::StatusOr<v1::JobSpec> parsed = job::ParseJobSpecJson(*text, f.spec_file);
     if (!parsed.ok()) return parsed.status();
     spec = *std::move(parsed);
   }

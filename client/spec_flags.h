@@ -1,6 +1,7 @@
-// The job spec of `quantctl submit`: an optional --spec file (the JSON of `quantd run`) with the
-// spec flags merged over it. Only keys and JSON types are checked here; the daemon validates the
-// values (and names the field when one is wrong).
+// The job spec of `quantctl submit`: an optional --spec file (the JSON of `quantd run`, read into
+// quantd.proto's JobSpec by job::ParseJobSpecJson) with the spec flags set over it in the same
+// message. Only keys and JSON types are checked here; the daemon validates the values (and names
+// the field when one is wrong).
 #ifndef QUANTD_CLIENT_SPEC_FLAGS_H_
 #define QUANTD_CLIENT_SPEC_FLAGS_H_
 
@@ -57,11 +58,6 @@ struct SpecFlags {
 
 // Registers the flags above on `cmd`; `flags` must outlive the parse.
 void AddSpecFlags(CLI::App* cmd, SpecFlags* flags);
-
-// Parses a JSON spec (keys as in server/job/job_spec.h: the proto's field names; "devices"
-// may be "auto"). Unknown keys and wrong JSON types are InvalidArgument naming `origin` and the
-// key, e.g. "spec.json: field 'calibration.seq_len' must be an integer".
-absl::StatusOr<v1::JobSpec> ParseSpecJson(const std::string& text, const std::string& origin);
 
 // One --calibration-dataset value: PATH, or PATH:SAMPLES when the text after the last ':' is a
 // decimal number (a path that itself ends so goes in a --spec file). InvalidArgument for a count

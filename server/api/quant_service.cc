@@ -71,7 +71,7 @@ absl::Status CheckRequestId(const std::string& id) {
 
 // Every string of the spec (paths, globs, names) must be valid UTF-8 (nlohmann refuses to write
 // anything else into the JSON spec) and at most a path long; the error names the field and never
-// quotes it. ParseJobSpec applies the finer limits (globs) afterwards.
+// quotes it. ValidateJobSpec applies the finer limits (globs) afterwards.
 absl::Status CheckSpecText(const google::protobuf::Message& message, const std::string& prefix) {
   const google::protobuf::Descriptor* descriptor = message.GetDescriptor();
   const google::protobuf::Reflection* reflection = message.GetReflection();
@@ -353,7 +353,8 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
     if (absl::Status s = CheckSpecLimits(request->spec()); !s.ok()) {
       return WithReason(s, kInvalidSpec);
     }
-    absl::StatusOr<job::JobSpec> spec = scheduler::JobSpecFromProto(request->spec());
+    absl::StatusOr<job::JobSpec> spec =
+        job::ValidateJobSpec(request->spec(), "SubmitJobRequest.spec");
     if (!spec.ok()) return WithReason(spec.status(), kInvalidSpec);
     spec->source_roots = std::move(source_roots);
     if (absl::Status s = job::ResolveJobPaths(&*spec, /*allow_relative=*/false); !s.ok()) {

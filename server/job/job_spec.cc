@@ -1,17 +1,19 @@
 #include "server/job/job_spec.h"
 
+#include <algorithm>
 #include <limits>
-#include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/excerpt.h"
+#include "server/base/status_macros.h"
+#include "server/base/utf8.h"
 #include "server/compute/device_name.h"
 #include "server/job/job_paths.h"
 
 namespace quantd::job {
 namespace {
-
-using nlohmann::json;
 
 constexpr const char* kRecipeNames[] = {"experts", "full", "custom"};
 constexpr const char* kWeightFormatNames[] = {"nvfp4", "w4a16_nvfp4"};
@@ -24,81 +26,44 @@ constexpr const char* kExpertAmaxNames[] = {"per_expert", "layer_max"};
 constexpr const char* kUncalibratedNames[] = {"layer_max", "model_max"};
 constexpr const char* kCalibrationNumericsNames[] = {"official", "math"};
 
-// Reads the fields of one JSON object, naming the field in every error, and rejects keys that
-// nobody read.
-class FieldReader {
+// Checks the fields of one message, naming the field in every error.
+class Checker {
  public:
-  FieldReader(const json& object, std::string prefix, std::string origin)
-      : object_(object), prefix_(std::move(prefix)), origin_(std::move(origin)) {}
+  explicit Checker(const std::string& origin) : origin_(origin) {}
 
   absl::Status Error(const std::string& field, const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(origin_, ": field '", prefix_, field, "' ", what));
+    return absl::InvalidArgumentError(absl::StrCat(origin_, ": field '", field, "' ", what));
   }
 
-  const json* Get(const std::string& field) {
-    seen_.push_back(field);
-    auto it = object_.find(field);
-    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  absl::Status Required(const std::string& field, const std::string& value) const {
+    return value.empty() ? Error(field, "is required") : absl::OkStatus();
   }
 
-  absl::Status String(const std::string& field, bool required, std::string* out) {
-    const json* v = Get(field);
-    if (v == nullptr) return required ? Error(field, "is required") : absl::OkStatus();
-    if (!v->is_string()) return Error(field, "must be a string");
-    *out = v->get<std::string>();
-    if (required && out->empty()) return Error(field, "must not be empty");
-    return absl::OkStatus();
-  }
-
+  // One of the first `count` of `names`; "" leaves the default in *out.
   template <typename Enum, size_t N>
-  absl::Status Enumerated(const std::string& field, const char* const (&names)[N], size_t count,
-                          Enum* out, bool* present = nullptr) {
-    const json* v = Get(field);
-    if (present != nullptr) *present = v != nullptr;
-    if (v == nullptr) return absl::OkStatus();
-    if (v->is_string()) {
-      const std::string s = v->get<std::string>();
-      for (size_t i = 0; i < count; ++i) {
-        if (s == names[i]) {
-          *out = static_cast<Enum>(i);
-          return absl::OkStatus();
-        }
+  absl::Status Enumerated(const std::string& field, const std::string& value,
+                          const char* const (&names)[N], size_t count, Enum* out) const {
+    if (value.empty()) return absl::OkStatus();
+    for (size_t i = 0; i < count; ++i) {
+      if (value == names[i]) {
+        *out = static_cast<Enum>(i);
+        return absl::OkStatus();
       }
     }
     std::vector<std::string> allowed(names, names + count);
     return Error(field, absl::StrCat("must be one of \"", absl::StrJoin(allowed, "\", \""), "\""));
   }
 
-  absl::Status StringList(const std::string& field, std::vector<std::string>* out) {
-    const json* v = Get(field);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_array()) return Error(field, "must be an array of strings");
-    for (const json& item : *v) {
-      if (!item.is_string() || item.get<std::string>().empty()) {
-        return Error(field, "must be an array of non-empty strings");
-      }
-      out->push_back(item.get<std::string>());
-    }
+  absl::Status NonNegative(const std::string& field, int64_t value, int64_t* out) const {
+    if (value < 0) return Error(field, "must be a non-negative integer");
+    *out = value;
     return absl::OkStatus();
   }
 
-  absl::Status NonNegativeInt(const std::string& field, int64_t* out) {
-    const json* v = Get(field);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_number_integer() || v->get<int64_t>() < 0) {
-      return Error(field, "must be a non-negative integer");
-    }
-    *out = v->get<int64_t>();
-    return absl::OkStatus();
-  }
-
-  // A number in [lo, hi] (an absent field leaves *out unset).
-  absl::Status BoundedNumber(const std::string& field, double lo, double hi, bool lo_open,
-                             std::optional<double>* out) {
-    const json* v = Get(field);
-    if (v == nullptr) return absl::OkStatus();
-    const double x = v->is_number() ? v->get<double>() : 0.0;
-    if (!v->is_number() || !(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+  // A number in [lo, hi] ((lo, hi] when `lo_open`); NaN is refused.
+  absl::Status Bounded(const std::string& field, double x, double lo, double hi, bool lo_open,
+                       std::optional<double>* out) const {
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
       return Error(field, absl::StrCat("must be a number ", lo_open ? "> " : ">= ", lo,
                                        hi < 1e300 ? absl::StrCat(" and <= ", hi) : ""));
     }
@@ -106,80 +71,130 @@ class FieldReader {
     return absl::OkStatus();
   }
 
-  absl::Status Bool(const std::string& field, bool* out) {
-    const json* v = Get(field);
-    if (v == nullptr) return absl::OkStatus();
-    if (!v->is_boolean()) return Error(field, "must be true or false");
-    *out = v->get<bool>();
+  // include / exclude: at most kMaxGlobs non-empty globs of valid UTF-8, each at most
+  // kMaxGlobBytes long.
+  absl::Status Globs(const std::string& field,
+                     const google::protobuf::RepeatedPtrField<std::string>& globs,
+                     std::vector<std::string>* out) const {
+    if (static_cast<size_t>(globs.size()) > kMaxGlobs) {
+      return Error(field, absl::StrCat("has ", globs.size(), " globs, more than ", kMaxGlobs));
+    }
+    for (int i = 0; i < globs.size(); ++i) {
+      const std::string& glob = globs[i];
+      if (glob.empty()) return Error(field, "must be an array of non-empty strings");
+      if (glob.size() > kMaxGlobBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(origin_, ": field '", field, "' glob ", i,
+                                                       " is ", glob.size(), " bytes, more than ",
+                                                       kMaxGlobBytes));
+      }
+      if (base::FirstInvalidUtf8(glob).has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(origin_, ": field '", field, "' glob ", i, " is not valid UTF-8"));
+      }
+    }
+    out->assign(globs.begin(), globs.end());
     return absl::OkStatus();
   }
 
-  // Any key that no reader asked for is an error.
-  absl::Status RejectUnknown() const {
-    for (auto it = object_.begin(); it != object_.end(); ++it) {
-      if (std::find(seen_.begin(), seen_.end(), it.key()) == seen_.end()) {
-        return Error(it.key(), "is not a known field");
+  // "devices": ["auto"] (or none) is every device; else distinct "cpu" / "cuda:N" names.
+  absl::Status Devices(const google::protobuf::RepeatedPtrField<std::string>& devices,
+                       std::vector<std::string>* out) const {
+    if (devices.size() == 1 && devices[0] == "auto") return absl::OkStatus();
+    for (const std::string& d : devices) {
+      int index = 0;
+      if (!compute::ParseDeviceName(d, &index)) {
+        return Error("devices",
+                     absl::StrCat("has ", base::Excerpt(d), "; expected \"cpu\" or \"cuda:N\""));
       }
+      if (std::find(out->begin(), out->end(), d) != out->end()) {
+        return Error("devices", absl::StrCat("lists ", base::Excerpt(d), " twice"));
+      }
+      out->push_back(d);
     }
     return absl::OkStatus();
   }
 
  private:
-  const json& object_;             // the object being read
-  std::string prefix_;             // "calibration." for nested fields
-  std::string origin_;             // file name or "request", for errors
-  std::vector<std::string> seen_;  // fields asked for so far
+  const std::string& origin_;
 };
 
-#define QUANTD_RETURN_IF_ERROR(expr)       \
-  do {                                     \
-    if (absl::Status _s = (expr); !_s.ok()) \
-      return _s;                           \
-  } while (0)
-
-absl::Status ParseDevices(FieldReader& r, std::vector<std::string>* devices) {
-  const json* v = r.Get("devices");
-  if (v == nullptr) return absl::OkStatus();
-  if (v->is_string() && v->get<std::string>() == "auto") return absl::OkStatus();
-  if (!v->is_array() || v->empty()) {
-    return r.Error("devices", "must be \"auto\" or a non-empty array like [\"cpu\", \"cuda:0\"]");
-  }
-  for (const json& d : *v) {
-    int index = 0;
-    if (!d.is_string() || !compute::ParseDeviceName(d.get<std::string>(), &index)) {
-      return r.Error("devices", absl::StrCat("has ", d.dump(), "; expected \"cpu\" or \"cuda:N\""));
-    }
-    if (std::find(devices->begin(), devices->end(), d.get<std::string>()) != devices->end()) {
-      return r.Error("devices", absl::StrCat("lists ", d.dump(), " twice"));
-    }
-    devices->push_back(d.get<std::string>());
-  }
-  return absl::OkStatus();
-}
-
-// "calibration.datasets": [{"path": JSONL, "samples": N}, ...].
-absl::Status ParseCalibrationDatasets(FieldReader& c, const std::string& origin,
-                                      std::vector<CalibrationDataset>* datasets) {
-  const json* v = c.Get("datasets");
-  if (v == nullptr) return absl::OkStatus();
-  if (!v->is_array() || v->empty()) {
-    return c.Error("datasets", "must be a non-empty array of {\"path\": ..., \"samples\": N}");
-  }
-  for (size_t i = 0; i < v->size(); ++i) {
-    const json& entry = (*v)[i];
-    if (!entry.is_object()) return c.Error(absl::StrCat("datasets[", i, "]"), "must be an object");
-    FieldReader d(entry, absl::StrCat("calibration.datasets[", i, "]."), origin);
+absl::Status ValidateCalibration(const Checker& c, const v1::CalibrationSpec& p,
+                                 CalibrationSpec* cs) {
+  cs->amax_file = p.amax_file();
+  cs->dataset = p.dataset();
+  for (int i = 0; i < p.datasets_size(); ++i) {
+    const std::string field = absl::StrCat("calibration.datasets[", i, "]");
     CalibrationDataset dataset;
-    QUANTD_RETURN_IF_ERROR(d.String("path", true, &dataset.path));
-    QUANTD_RETURN_IF_ERROR(d.NonNegativeInt("samples", &dataset.samples));
-    QUANTD_RETURN_IF_ERROR(d.RejectUnknown());
-    datasets->push_back(std::move(dataset));
+    RETURN_IF_ERROR(c.Required(field + ".path", p.datasets(i).path()));
+    dataset.path = p.datasets(i).path();
+    RETURN_IF_ERROR(c.NonNegative(field + ".samples", p.datasets(i).samples(), &dataset.samples));
+    cs->datasets.push_back(std::move(dataset));
+  }
+  if (!cs->dataset.empty() && !cs->datasets.empty()) {
+    return c.Error("calibration.dataset", "cannot be combined with 'calibration.datasets'");
+  }
+  RETURN_IF_ERROR(c.NonNegative("calibration.num_samples", p.num_samples(), &cs->num_samples));
+  RETURN_IF_ERROR(c.NonNegative("calibration.seq_len", p.seq_len(), &cs->seq_len));
+  // 0 meant "the default" in release 0.1.0, whose state files store it so.
+  if (cs->seq_len == 0) cs->seq_len = CalibrationSpec{}.seq_len;
+  if (p.has_min_seq_len()) {
+    RETURN_IF_ERROR(c.NonNegative("calibration.min_seq_len", p.min_seq_len(), &cs->min_seq_len));
+  }
+  RETURN_IF_ERROR(c.NonNegative("calibration.seed", p.seed(), &cs->seed));
+  if (p.has_add_bos()) cs->add_bos = p.add_bos();
+  cs->calibrate_all_experts = p.calibrate_all_experts();
+  RETURN_IF_ERROR(c.Enumerated("calibration.mode", p.mode(), kCalibrationModeNames, 2, &cs->mode));
+  RETURN_IF_ERROR(
+      c.Enumerated("calibration.w2_input", p.w2_input(), kW2InputNames, 3, &cs->w2_input));
+  RETURN_IF_ERROR(c.Enumerated("calibration.expert_amax", p.expert_amax(), kExpertAmaxNames, 2,
+                               &cs->expert_amax));
+  RETURN_IF_ERROR(c.Enumerated("calibration.uncalibrated", p.uncalibrated(), kUncalibratedNames, 2,
+                               &cs->uncalibrated));
+  RETURN_IF_ERROR(c.Enumerated("calibration.numerics", p.numerics(), kCalibrationNumericsNames, 2,
+                               &cs->numerics));
+  cs->amax_out = p.amax_out();
+  if (p.has_checkpoint_seconds()) {
+    RETURN_IF_ERROR(c.NonNegative("calibration.checkpoint_seconds", p.checkpoint_seconds(),
+                                  &cs->checkpoint_seconds));
+    if (cs->checkpoint_seconds > kMaxCheckpointSeconds) {
+      return c.Error("calibration.checkpoint_seconds",
+                     absl::StrCat("must be at most ", kMaxCheckpointSeconds, " (a year)"));
+    }
+  }
+  if (cs->min_seq_len > cs->seq_len) {
+    return c.Error("calibration.min_seq_len", "must not exceed 'calibration.seq_len'");
   }
   return absl::OkStatus();
 }
 
-// The size limits of the header comment; errors name the field, never quote it.
-absl::Status CheckLimits(const std::string& origin, const JobSpec& spec) {
+absl::Status ValidateEvaluate(const Checker& c, const v1::EvaluateSpec& p, EvaluateSpec* e) {
+  if (p.has_enabled()) e->enabled = p.enabled();
+  RETURN_IF_ERROR(c.NonNegative("evaluate.num_samples", p.num_samples(), &e->num_samples));
+  const v1::QualityGate& g = p.gate();
+  QualityGate& q = e->gate;
+  constexpr double kNoLimit = std::numeric_limits<double>::max();
+  if (g.has_max_mean_kl()) {
+    RETURN_IF_ERROR(c.Bounded("evaluate.gate.max_mean_kl", g.max_mean_kl(), 0.0, kNoLimit, false,
+                              &q.max_mean_kl));
+  }
+  if (g.has_min_top1_agreement()) {
+    RETURN_IF_ERROR(c.Bounded("evaluate.gate.min_top1_agreement", g.min_top1_agreement(), 0.0,
+                              1.0, false, &q.min_top1_agreement));
+  }
+  if (g.has_max_ppl_ratio()) {
+    RETURN_IF_ERROR(c.Bounded("evaluate.gate.max_ppl_ratio", g.max_ppl_ratio(), 0.0, kNoLimit,
+                              true, &q.max_ppl_ratio));
+  }
+  if (!e->on() &&
+      (e->num_samples != 0 || q.max_mean_kl || q.min_top1_agreement || q.max_ppl_ratio)) {
+    return c.Error("evaluate.enabled",
+                   "is false: 'evaluate.num_samples' and 'evaluate.gate' would not be used");
+  }
+  return absl::OkStatus();
+}
+
+// Every path at most kMaxPathBytes of valid UTF-8; errors name the field, never quote it.
+absl::Status CheckPaths(const std::string& origin, const JobSpec& spec) {
   std::vector<std::pair<std::string, const std::string*>> paths = {
       {"source", &spec.source},
       {"output", &spec.output},
@@ -194,22 +209,6 @@ absl::Status CheckLimits(const std::string& origin, const JobSpec& spec) {
   for (const auto& [field, path] : paths) {
     if (absl::Status s = CheckPathText(absl::StrCat("field '", field, "'"), *path); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));
-    }
-  }
-  for (const auto& [field, globs] :
-       {std::pair<const char*, const std::vector<std::string>*>{"include", &spec.include},
-        {"exclude", &spec.exclude}}) {
-    if (globs->size() > kMaxGlobs) {
-      return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", field, "' has ",
-                                                     globs->size(), " globs, more than ",
-                                                     kMaxGlobs));
-    }
-    for (size_t i = 0; i < globs->size(); ++i) {
-      if ((*globs)[i].size() > kMaxGlobBytes) {
-        return absl::InvalidArgumentError(absl::StrCat(origin, ": field '", field, "' glob ", i,
-                                                       " is ", (*globs)[i].size(),
-                                                       " bytes, more than ", kMaxGlobBytes));
-      }
     }
   }
   return absl::OkStatus();
@@ -234,174 +233,86 @@ const char* CalibrationNumericsName(CalibrationNumerics n) {
   return kCalibrationNumericsNames[static_cast<int>(n)];
 }
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin) {
-  if (json_text.size() > kMaxJobSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", json_text.size(),
-                                                   " bytes, more than the limit of ",
-                                                   kMaxJobSpecBytes, " for a job spec"));
-  }
-  json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(origin, ": not valid JSON"));
-  if (!doc.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": a job spec must be a JSON object"));
-  }
+absl::StatusOr<JobSpec> ValidateJobSpec(const v1::JobSpec& p, const std::string& origin) {
+  const Checker c(origin);
   JobSpec spec;
-  FieldReader r(doc, "", origin);
-  QUANTD_RETURN_IF_ERROR(r.String("source", true, &spec.source));
-  QUANTD_RETURN_IF_ERROR(r.String("output", true, &spec.output));
-  bool recipe_given = false;
+  RETURN_IF_ERROR(c.Required("source", p.source()));
+  spec.source = p.source();
+  RETURN_IF_ERROR(c.Required("output", p.output()));
+  spec.output = p.output();
   // "custom" is implied by include and is not accepted as a value.
-  QUANTD_RETURN_IF_ERROR(r.Enumerated("recipe", kRecipeNames, 2, &spec.recipe, &recipe_given));
-  QUANTD_RETURN_IF_ERROR(r.StringList("include", &spec.include));
-  QUANTD_RETURN_IF_ERROR(r.StringList("exclude", &spec.exclude));
+  RETURN_IF_ERROR(c.Enumerated("recipe", p.recipe(), kRecipeNames, 2, &spec.recipe));
+  RETURN_IF_ERROR(c.Globs("include", p.include(), &spec.include));
+  RETURN_IF_ERROR(c.Globs("exclude", p.exclude(), &spec.exclude));
   if (!spec.include.empty()) {
-    if (recipe_given) return r.Error("include", "cannot be combined with 'recipe'");
+    if (!p.recipe().empty()) return c.Error("include", "cannot be combined with 'recipe'");
     spec.recipe = RecipeKind::kCustom;
   }
-  QUANTD_RETURN_IF_ERROR(r.Enumerated("weight_format", kWeightFormatNames, 2, &spec.weight_format));
-  QUANTD_RETURN_IF_ERROR(r.Enumerated("expert_cast", kExpertCastNames, 2, &spec.expert_cast));
-  QUANTD_RETURN_IF_ERROR(r.Enumerated("export_format", kExportFormatNames, 2, &spec.export_format));
-  QUANTD_RETURN_IF_ERROR(r.Enumerated("kv_cache", kKvCacheNames, 3, &spec.kv_cache));
-  QUANTD_RETURN_IF_ERROR(r.String("materialize_bf16", false, &spec.materialize_bf16));
-  if (const json* cal = r.Get("calibration"); cal != nullptr) {
-    if (!cal->is_object()) return r.Error("calibration", "must be an object");
-    FieldReader c(*cal, "calibration.", origin);
-    QUANTD_RETURN_IF_ERROR(c.String("amax_file", false, &spec.calibration.amax_file));
-    QUANTD_RETURN_IF_ERROR(c.String("dataset", false, &spec.calibration.dataset));
-    QUANTD_RETURN_IF_ERROR(ParseCalibrationDatasets(c, origin, &spec.calibration.datasets));
-    if (!spec.calibration.dataset.empty() && !spec.calibration.datasets.empty()) {
-      return c.Error("dataset", "cannot be combined with 'calibration.datasets'");
-    }
-    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("num_samples", &spec.calibration.num_samples));
-    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("seq_len", &spec.calibration.seq_len));
-    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("min_seq_len", &spec.calibration.min_seq_len));
-    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("seed", &spec.calibration.seed));
-    QUANTD_RETURN_IF_ERROR(c.Bool("add_bos", &spec.calibration.add_bos));
-    QUANTD_RETURN_IF_ERROR(c.Bool("calibrate_all_experts", &spec.calibration.calibrate_all_experts));
-    CalibrationSpec& cs = spec.calibration;
-    QUANTD_RETURN_IF_ERROR(c.Enumerated("mode", kCalibrationModeNames, 2, &cs.mode));
-    QUANTD_RETURN_IF_ERROR(c.Enumerated("w2_input", kW2InputNames, 3, &cs.w2_input));
-    QUANTD_RETURN_IF_ERROR(c.Enumerated("expert_amax", kExpertAmaxNames, 2, &cs.expert_amax));
-    QUANTD_RETURN_IF_ERROR(c.Enumerated("uncalibrated", kUncalibratedNames, 2, &cs.uncalibrated));
-    QUANTD_RETURN_IF_ERROR(c.Enumerated("numerics", kCalibrationNumericsNames, 2, &cs.numerics));
-    QUANTD_RETURN_IF_ERROR(c.String("amax_out", false, &cs.amax_out));
-    QUANTD_RETURN_IF_ERROR(c.NonNegativeInt("checkpoint_seconds", &cs.checkpoint_seconds));
-    if (cs.checkpoint_seconds > kMaxCheckpointSeconds) {
-      return c.Error("checkpoint_seconds",
-                     absl::StrCat("must be at most ", kMaxCheckpointSeconds, " (a year)"));
-    }
-    QUANTD_RETURN_IF_ERROR(c.RejectUnknown());
-    // 0 meant "the default" in release 0.1.0, whose state files store it so.
-    if (spec.calibration.seq_len == 0) spec.calibration.seq_len = CalibrationSpec{}.seq_len;
-    if (spec.calibration.min_seq_len > spec.calibration.seq_len) {
-      return c.Error("min_seq_len", "must not exceed 'calibration.seq_len'");
-    }
-  }
-  if (const json* ev = r.Get("evaluate"); ev != nullptr) {
-    if (!ev->is_object()) return r.Error("evaluate", "must be an object");
-    FieldReader e(*ev, "evaluate.", origin);
-    if (e.Get("enabled") != nullptr) {
-      bool enabled = true;
-      QUANTD_RETURN_IF_ERROR(e.Bool("enabled", &enabled));
-      spec.evaluate.enabled = enabled;
-    }
-    QUANTD_RETURN_IF_ERROR(e.NonNegativeInt("num_samples", &spec.evaluate.num_samples));
-    if (const json* gate = e.Get("gate"); gate != nullptr) {
-      if (!gate->is_object()) return e.Error("gate", "must be an object");
-      FieldReader g(*gate, "evaluate.gate.", origin);
-      QualityGate& q = spec.evaluate.gate;
-      constexpr double kNoLimit = std::numeric_limits<double>::max();
-      QUANTD_RETURN_IF_ERROR(g.BoundedNumber("max_mean_kl", 0.0, kNoLimit, false, &q.max_mean_kl));
-      QUANTD_RETURN_IF_ERROR(
-          g.BoundedNumber("min_top1_agreement", 0.0, 1.0, false, &q.min_top1_agreement));
-      QUANTD_RETURN_IF_ERROR(
-          g.BoundedNumber("max_ppl_ratio", 0.0, kNoLimit, true, &q.max_ppl_ratio));
-      QUANTD_RETURN_IF_ERROR(g.RejectUnknown());
-    }
-    QUANTD_RETURN_IF_ERROR(e.RejectUnknown());
-    const QualityGate& q = spec.evaluate.gate;
-    if (!spec.evaluate.on() && (spec.evaluate.num_samples != 0 || q.max_mean_kl ||
-                                q.min_top1_agreement || q.max_ppl_ratio)) {
-      return e.Error("enabled", "is false: 'evaluate.num_samples' and 'evaluate.gate' would not "
-                                "be used");
-    }
-  }
-  QUANTD_RETURN_IF_ERROR(ParseDevices(r, &spec.devices));
-  QUANTD_RETURN_IF_ERROR(r.NonNegativeInt("host_memory_bytes", &spec.host_memory_bytes));
-  QUANTD_RETURN_IF_ERROR(r.Bool("overwrite", &spec.overwrite));
-  std::vector<std::string> source_roots;
-  QUANTD_RETURN_IF_ERROR(r.StringList("source_roots", &source_roots));
-  if (auto it = doc.find("source_roots"); it != doc.end() && !it->is_null()) {
-    spec.source_roots = std::move(source_roots);
-  }
-  QUANTD_RETURN_IF_ERROR(r.RejectUnknown());
-  QUANTD_RETURN_IF_ERROR(CheckLimits(origin, spec));
+  RETURN_IF_ERROR(
+      c.Enumerated("weight_format", p.weight_format(), kWeightFormatNames, 2, &spec.weight_format));
+  RETURN_IF_ERROR(
+      c.Enumerated("expert_cast", p.expert_cast(), kExpertCastNames, 2, &spec.expert_cast));
+  RETURN_IF_ERROR(
+      c.Enumerated("export_format", p.export_format(), kExportFormatNames, 2, &spec.export_format));
+  RETURN_IF_ERROR(c.Enumerated("kv_cache", p.kv_cache(), kKvCacheNames, 3, &spec.kv_cache));
+  spec.materialize_bf16 = p.materialize_bf16();
+  RETURN_IF_ERROR(ValidateCalibration(c, p.calibration(), &spec.calibration));
+  RETURN_IF_ERROR(ValidateEvaluate(c, p.evaluate(), &spec.evaluate));
+  RETURN_IF_ERROR(c.Devices(p.devices(), &spec.devices));
+  RETURN_IF_ERROR(
+      c.NonNegative("host_memory_bytes", p.host_memory_bytes(), &spec.host_memory_bytes));
+  spec.overwrite = p.overwrite();
+  RETURN_IF_ERROR(CheckPaths(origin, spec));
   // Whether output or materialize_bf16 overlap the source is decided on the resolved paths
   // (job_paths.h: ResolveJobPaths), not on their spelling here.
   return spec;
 }
 
-std::string JobSpecToJson(const JobSpec& spec) {
-  json j = json::object();
-  j["source"] = spec.source;
-  j["output"] = spec.output;
-  if (spec.recipe == RecipeKind::kCustom) {
-    j["include"] = spec.include;
-  } else {
-    j["recipe"] = RecipeKindName(spec.recipe);
+v1::JobSpec JobSpecToProto(const JobSpec& spec) {
+  v1::JobSpec out;
+  out.set_source(spec.source);
+  out.set_output(spec.output);
+  out.set_recipe(RecipeKindName(spec.recipe));
+  for (const std::string& g : spec.include) out.add_include(g);
+  for (const std::string& g : spec.exclude) out.add_exclude(g);
+  out.set_weight_format(WeightFormatName(spec.weight_format));
+  out.set_expert_cast(ExpertCastName(spec.expert_cast));
+  out.set_export_format(ExportFormatName(spec.export_format));
+  out.set_kv_cache(KvCacheName(spec.kv_cache));
+  out.set_materialize_bf16(spec.materialize_bf16);
+  v1::CalibrationSpec* c = out.mutable_calibration();
+  c->set_amax_file(spec.calibration.amax_file);
+  c->set_dataset(spec.calibration.dataset);
+  c->set_num_samples(spec.calibration.num_samples);
+  c->set_seq_len(spec.calibration.seq_len);
+  c->set_calibrate_all_experts(spec.calibration.calibrate_all_experts);
+  for (const CalibrationDataset& d : spec.calibration.datasets) {
+    v1::CalibrationDataset* dataset = c->add_datasets();
+    dataset->set_path(d.path);
+    dataset->set_samples(d.samples);
   }
-  j["exclude"] = spec.exclude;
-  j["weight_format"] = WeightFormatName(spec.weight_format);
-  j["expert_cast"] = ExpertCastName(spec.expert_cast);
-  j["export_format"] = ExportFormatName(spec.export_format);
-  j["kv_cache"] = KvCacheName(spec.kv_cache);
-  if (!spec.materialize_bf16.empty()) j["materialize_bf16"] = spec.materialize_bf16;
-  j["calibration"] = {{"amax_file", spec.calibration.amax_file},
-                      {"dataset", spec.calibration.dataset},
-                      {"num_samples", spec.calibration.num_samples},
-                      {"seq_len", spec.calibration.seq_len},
-                      {"min_seq_len", spec.calibration.min_seq_len},
-                      {"seed", spec.calibration.seed},
-                      {"add_bos", spec.calibration.add_bos},
-                      {"calibrate_all_experts", spec.calibration.calibrate_all_experts},
-                      {"mode", CalibrationModeName(spec.calibration.mode)},
-                      {"w2_input", W2InputName(spec.calibration.w2_input)},
-                      {"expert_amax", ExpertAmaxName(spec.calibration.expert_amax)},
-                      {"uncalibrated", UncalibratedFillName(spec.calibration.uncalibrated)},
-                      {"numerics", CalibrationNumericsName(spec.calibration.numerics)},
-                      {"amax_out", spec.calibration.amax_out}};
-  if (!spec.calibration.datasets.empty()) {
-    json datasets = json::array();
-    for (const CalibrationDataset& d : spec.calibration.datasets) {
-      datasets.push_back({{"path", d.path}, {"samples", d.samples}});
-    }
-    j["calibration"]["datasets"] = std::move(datasets);
-  }
-  // Written only when set, so that the canonical spec of a job without it stays what earlier
-  // releases stored (`quantd run` identifies its job by it).
-  if (spec.calibration.checkpoint_seconds != kDefaultCheckpointSeconds) {
-    j["calibration"]["checkpoint_seconds"] = spec.calibration.checkpoint_seconds;
-  }
-  // Written only when set, so that the canonical spec of a job without it stays what earlier
-  // releases stored.
+  c->set_min_seq_len(spec.calibration.min_seq_len);
+  c->set_seed(spec.calibration.seed);
+  c->set_add_bos(spec.calibration.add_bos);
+  c->set_mode(CalibrationModeName(spec.calibration.mode));
+  c->set_w2_input(W2InputName(spec.calibration.w2_input));
+  c->set_expert_amax(ExpertAmaxName(spec.calibration.expert_amax));
+  c->set_uncalibrated(UncalibratedFillName(spec.calibration.uncalibrated));
+  c->set_numerics(CalibrationNumericsName(spec.calibration.numerics));
+  c->set_amax_out(spec.calibration.amax_out);
+  c->set_checkpoint_seconds(spec.calibration.checkpoint_seconds);
+  v1::EvaluateSpec* e = out.mutable_evaluate();
+  if (spec.evaluate.enabled.has_value()) e->set_enabled(*spec.evaluate.enabled);
+  e->set_num_samples(spec.evaluate.num_samples);
   const QualityGate& gate = spec.evaluate.gate;
-  if (spec.evaluate.set()) {
-    json g = json::object();
-    if (gate.max_mean_kl) g["max_mean_kl"] = *gate.max_mean_kl;
-    if (gate.min_top1_agreement) g["min_top1_agreement"] = *gate.min_top1_agreement;
-    if (gate.max_ppl_ratio) g["max_ppl_ratio"] = *gate.max_ppl_ratio;
-    j["evaluate"] = {{"num_samples", spec.evaluate.num_samples}, {"gate", std::move(g)}};
-    if (spec.evaluate.enabled.has_value()) j["evaluate"]["enabled"] = *spec.evaluate.enabled;
-  }
-  if (spec.devices.empty()) {
-    j["devices"] = "auto";
-  } else {
-    j["devices"] = spec.devices;
-  }
-  j["host_memory_bytes"] = spec.host_memory_bytes;
-  if (spec.overwrite) j["overwrite"] = true;
-  if (spec.source_roots.has_value()) j["source_roots"] = *spec.source_roots;
-  return j.dump();
+  v1::QualityGate* g = e->mutable_gate();
+  if (gate.max_mean_kl) g->set_max_mean_kl(*gate.max_mean_kl);
+  if (gate.min_top1_agreement) g->set_min_top1_agreement(*gate.min_top1_agreement);
+  if (gate.max_ppl_ratio) g->set_max_ppl_ratio(*gate.max_ppl_ratio);
+  for (const std::string& d : spec.devices) out.add_devices(d);
+  out.set_host_memory_bytes(spec.host_memory_bytes);
+  out.set_overwrite(spec.overwrite);
+  return out;
 }
 
 }  // namespace quantd::job

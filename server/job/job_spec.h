@@ -1,6 +1,8 @@
-// JobSpec: what a conversion job does. Parsed from JSON (`quantd run SPEC.json`; the gRPC JobSpec
-// carries the same fields) with every field validated: unknown keys, wrong types and bad enum
-// values are rejected with the field named.
+// JobSpec: what a conversion job does. quantd.proto's JobSpec is its schema: a spec file
+// (`quantd run SPEC.json`, `quantctl submit --spec`) is that message in protobuf's JSON mapping
+// (ParseJobSpecJson), a request carries it as is, and ValidateJobSpec turns either into this
+// validated struct, naming the field in every error (bad enum values, negative counts, limits).
+// The keys, as the proto's field names spell them:
 //
 //   {"source": DIR, "output": DIR,                       required
 //    "recipe": "experts"|"full",                          default "experts" unless include is set
@@ -34,8 +36,14 @@
 //    "host_memory_bytes": N,                              default: no budget beyond the plan's
 //    "overwrite": BOOL}                                   default false: pipeline/output_marker.h
 //
-// Limits: the JSON text at most kMaxJobSpecBytes; every path at most kMaxPathBytes of valid
-// UTF-8 (job_paths.h); at most kMaxGlobs include / exclude globs of at most kMaxGlobBytes each.
+// An empty string, 0 or an unset optional field means the default; "devices": "auto" (or the
+// list ["auto"]) means every device. Limits: the JSON text at most kMaxJobSpecBytes; every path
+// at most kMaxPathBytes of valid UTF-8 (job_paths.h); at most kMaxGlobs include / exclude globs
+// of at most kMaxGlobBytes each.
+//
+// A job stores its spec as JobSpecToJson writes it (the stored form: every field, defaults
+// spelled out, plus the internal source_roots) and reads it back with ParseStoredJobSpec, which
+// also reads the forms earlier releases stored.
 #ifndef QUANTD_SERVER_JOB_JOB_SPEC_H_
 #define QUANTD_SERVER_JOB_JOB_SPEC_H_
 
@@ -46,6 +54,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "quantd/v1/quantd.pb.h"
 
 namespace quantd::job {
 
@@ -152,11 +161,11 @@ struct JobSpec {
   std::vector<std::string> devices;  // empty = auto
   int64_t host_memory_bytes = 0;     // 0 = unset
   bool overwrite = false;            // a non-empty output directory may be used (output_marker.h)
-  // Internal, never from a request (the gRPC JobSpec has no such field): the allowed roots of the
-  // caller that submitted the job, set by the API from its access-config entry ("source_roots"
-  // in the stored spec). A symbolic link inside the source is followed only to a file inside one
-  // of them (checkpoint/source_roots.h). nullopt (absent, as in specs stored by earlier
-  // releases): a caller that may name any path, whose links are followed anywhere.
+  // Internal, never from a request or a spec file (quantd.proto's JobSpec has no such field): the
+  // allowed roots of the caller that submitted the job, set by the API from its access-config
+  // entry ("source_roots" in the stored spec). A symbolic link inside the source is followed only
+  // to a file inside one of them (checkpoint/source_roots.h). nullopt (absent, as in specs stored
+  // by earlier releases): a caller that may name any path, whose links are followed anywhere.
   std::optional<std::vector<std::string>> source_roots;
 };
 
@@ -164,10 +173,28 @@ inline constexpr size_t kMaxJobSpecBytes = 256 << 10;
 inline constexpr size_t kMaxGlobs = 4096;
 inline constexpr size_t kMaxGlobBytes = 1024;
 
-// Parses and validates `json_text`; `origin` (a file name, "request") prefixes errors.
+// The validated spec of a request or a spec file; `origin` (a file name,
+// "SubmitJobRequest.spec") prefixes errors, which are InvalidArgument naming the field and
+// quoting no value. Never sets source_roots.
+absl::StatusOr<JobSpec> ValidateJobSpec(const v1::JobSpec& spec, const std::string& origin);
+// Every field spelled out, defaults included; ValidateJobSpec(JobSpecToProto(s)) == s but for
+// source_roots, which the message has not.
+v1::JobSpec JobSpecToProto(const JobSpec& spec);
+
+// A spec file: `json_text` read with protobuf's JSON mapping (the proto's field names or their
+// lowerCamelCase, unknown keys refused), not yet validated. Errors name `origin` and the field:
+// "spec.json: field 'calibration.seq_len' must be a non-negative integer".
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(const std::string& json_text,
+                                             const std::string& origin);
+// ParseJobSpecJson then ValidateJobSpec: a spec file as `quantd run` reads it.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& json_text, const std::string& origin);
-// Canonical JSON (all fields, defaults spelled out); ParseJobSpec(ToJson(s)) == s.
+
+// The stored form (canonical JSON: all fields, defaults spelled out, source_roots when set);
+// ParseStoredJobSpec(JobSpecToJson(s)) == s.
 std::string JobSpecToJson(const JobSpec& spec);
+// A stored spec, of this release or an earlier one: a spec file's JSON plus "source_roots".
+absl::StatusOr<JobSpec> ParseStoredJobSpec(const std::string& json_text,
+                                           const std::string& origin);
 
 const char* RecipeKindName(RecipeKind k);
 const char* WeightFormatName(WeightFormat f);

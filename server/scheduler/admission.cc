@@ -260,7 +260,7 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
   ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, report_store_->ListAmax(job_id));
   AddLayerCalibration(amax, tasks, &report);
   RETURN_IF_ERROR(AddStoredEvaluation(*report_store_, job_id, &report));
-  if (absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row->spec_json, "stored spec");
+  if (absl::StatusOr<job::JobSpec> spec = job::ParseStoredJobSpec(row->spec_json, "stored spec");
       spec.ok()) {
     RETURN_IF_ERROR(
         AddNumericsComparisonFromStore(*report_store_, job_id, *spec, amax, tasks, &report));
@@ -312,7 +312,7 @@ absl::Status Scheduler::Impl::StartJobs() {
   std::set<int> reserved;
   for (int64_t id : candidates) {
     ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(id));
-    absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row.spec_json, "stored spec");
+    absl::StatusOr<job::JobSpec> spec = job::ParseStoredJobSpec(row.spec_json, "stored spec");
     absl::StatusOr<std::vector<int>> workers =
         spec.ok() ? WorkersFor(*spec) : absl::StatusOr<std::vector<int>>(spec.status());
     if (!workers.ok()) {
@@ -360,6 +360,7 @@ absl::Status Scheduler::Impl::StartJob(int64_t job_id, const job::JobSpec& spec,
   auto job = std::make_unique<ActiveJob>();
   job->id = job_id;
   job->serial = next_serial_++;
+  job->spec = job::JobSpecToProto(spec);
   job->workers = workers;
   for (int w : workers) slots_[w].job_id = job_id;
   const uint64_t serial = job->serial;

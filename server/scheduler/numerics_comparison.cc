@@ -111,7 +111,7 @@ absl::Status AddNumericsComparisonFromStore(store::JobStore& store, int64_t job_
     for (const store::JobRow& row : jobs) {
       after = row.id;
       if (row.id == job_id) continue;
-      absl::StatusOr<job::JobSpec> other = job::ParseJobSpec(row.spec_json, "stored spec");
+      absl::StatusOr<job::JobSpec> other = job::ParseStoredJobSpec(row.spec_json, "stored spec");
       if (other.ok() && SameCalibrationOtherNumerics(spec, *other)) candidates.push_back(row.id);
     }
   }

@@ -33,7 +33,7 @@ absl::StatusOr<int64_t> FindOrCreateJob(store::JobStore& store, const RunOptions
   for (const store::JobRow& job : *jobs) {
     if (job.request_id == request_id) continue;
     std::string what;
-    absl::StatusOr<job::JobSpec> other = job::ParseJobSpec(job.spec_json, "state");
+    absl::StatusOr<job::JobSpec> other = job::ParseStoredJobSpec(job.spec_json, "state");
     // A state file written by an earlier release stores that release's canonical spec (fewer
     // fields, paths as given): the same job when it reads, today and resolved, as this spec.
     if (other.ok()) {

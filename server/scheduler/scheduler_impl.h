@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "quantd/v1/quantd.pb.h"
 #include "server/compute/device.h"
 #include "server/compute/requirement.h"
 #include "server/scheduler/blocking_queue.h"
@@ -153,6 +154,7 @@ class Scheduler::Impl {
   struct ActiveJob {
     int64_t id = 0;
     uint64_t serial = 0;                    // tells this start from an earlier one of the job
+    v1::JobSpec spec;                       // its stored spec as read at this start (snapshots)
     std::shared_ptr<const JobTasks> tasks;  // nullptr while its source is being loaded
     std::shared_ptr<PlanningRun> planning;  // its source phase (also in loading_ until it ends)
     Stop stop = Stop::kNone;                // set by Cancel or Shutdown

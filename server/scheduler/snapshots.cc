@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
+#include "server/job/job_spec.h"
 #include "server/scheduler/job_proto.h"
 #include "server/scheduler/scheduler_impl.h"
 
@@ -27,8 +28,14 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   v1::Job job;
   job.set_id(row.id);
   job.set_request_id(row.request_id);
-  absl::StatusOr<job::JobSpec> spec = job::ParseJobSpec(row.spec_json, "stored spec");
-  if (spec.ok()) *job.mutable_spec() = JobSpecToProto(*spec);
+  const auto active = active_.find(job_id);
+  if (active != active_.end()) {
+    *job.mutable_spec() = active->second->spec;  // read once, when the job started
+  } else if (absl::StatusOr<job::JobSpec> spec =
+                 job::ParseStoredJobSpec(row.spec_json, "stored spec");
+             spec.ok()) {
+    *job.mutable_spec() = job::JobSpecToProto(*spec);
+  }
   job.set_state(JobStateToProto(row.state));
   job.set_reason(row.reason);
   job.set_last_error(row.error);
@@ -37,7 +44,6 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   if (row.started_ms.has_value()) *job.mutable_start_time() = TimestampFromMs(*row.started_ms);
   if (row.finished_ms.has_value()) *job.mutable_end_time() = TimestampFromMs(*row.finished_ms);
   job.set_task_retries(retries);
-  const auto active = active_.find(job_id);
   const int64_t now = clock_.NowMs();
   int64_t attempts = 0;
   for (const store::StageProgress& p : stages) {

@@ -1,7 +1,8 @@
-// libFuzzer target: job::ParseJobSpec (the JSON job spec of `quantd run` and, through the
-// same validation, of SubmitJob) on arbitrary text. Besides the sanitizers' checks: every error
-// is InvalidArgument prefixed with the origin, and every accepted spec survives
-// JobSpecToJson -> ParseJobSpec unchanged (the canonical JSON is a fixed point).
+// libFuzzer target: job::ParseJobSpec (the JSON job spec of `quantd run`: protobuf's JSON mapping
+// of quantd.proto's JobSpec, then ValidateJobSpec, the validation of SubmitJob) on arbitrary text.
+// Besides the sanitizers' checks: every error is InvalidArgument prefixed with the origin, and
+// every accepted spec survives JobSpecToJson -> ParseStoredJobSpec unchanged (the stored form is
+// a fixed point).
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,7 @@ void Check(bool condition) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using quantd::job::JobSpecToJson;
   using quantd::job::ParseJobSpec;
+  using quantd::job::ParseStoredJobSpec;
   const std::string text(reinterpret_cast<const char*>(data), size);
   const auto spec = ParseJobSpec(text, kOrigin);
   if (!spec.ok()) {
@@ -31,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const std::string canonical = JobSpecToJson(*spec);
-  const auto again = ParseJobSpec(canonical, kOrigin);
+  const auto again = ParseStoredJobSpec(canonical, kOrigin);
   Check(again.ok());
   Check(JobSpecToJson(*again) == canonical);
   return 0;

@@ -12,6 +12,8 @@ import pytest
 import sqlite3
 from pathlib import Path
 
+from google.protobuf import json_format
+
 from daemon import Daemon
 from run_helpers import MARKER, job_row, task_rows, tree_hashes
 
@@ -135,3 +137,135 @@ def test_the_report_counts_the_modules_the_old_release_quantized_without_statist
     assert report.state == pb.PAUSED
     assert report.tensors_total == 0
     assert report.modules_without_statistics == modules
+
+
+# The spec each earlier release stored (its canonical JSON; the first is the one in
+# v1_paused_mid_quantize.db), and what GetJob shows for it: the spec it meant, with this release's
+# defaults spelled out. server/job/job_spec.h reads the stored form; the unit test
+# StoredJobSpecTest checks the same forms field by field.
+STORED_SPECS = [
+    ("schema 1",
+     '{"calibration":{"amax_file":"","calibrate_all_experts":false,"dataset":"","num_samples":0,'
+     '"seq_len":0},"devices":"auto","exclude":[],"expert_cast":"lossless",'
+     '"export_format":"modelopt","host_memory_bytes":0,"kv_cache":"none",'
+     '"materialize_bf16":"bf16","output":"out","recipe":"full","source":"src",'
+     '"weight_format":"w4a16_nvfp4"}',
+     {"source": "src", "output": "out", "materialize_bf16": "bf16", "recipe": "full",
+      "weight_format": "w4a16_nvfp4"}),
+    ("overwrite and a custom recipe",
+     '{"calibration":{"amax_file":"","calibrate_all_experts":true,"dataset":"/d.jsonl",'
+     '"num_samples":64,"seq_len":512},"devices":["cpu"],"exclude":["*.wo_b"],'
+     '"expert_cast":"requantize","export_format":"compressed-tensors",'
+     '"host_memory_bytes":1073741824,"include":["layers.*"],"kv_cache":"fp8","output":"/o",'
+     '"overwrite":true,"source":"/s","weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o", "recipe": "custom", "include": ["layers.*"],
+      "exclude": ["*.wo_b"], "expert_cast": "requantize", "export_format": "compressed-tensors",
+      "kv_cache": "fp8", "devices": ["cpu"], "host_memory_bytes": "1073741824",
+      "overwrite": True,
+      "calibration": {"calibrate_all_experts": True, "dataset": "/d.jsonl",
+                      "num_samples": "64"}}),
+    ("calibration datasets",
+     '{"calibration":{"add_bos":false,"amax_file":"","calibrate_all_experts":false,"dataset":"",'
+     '"datasets":[{"path":"/d/a.jsonl","samples":100},{"path":"/d/b.jsonl","samples":0}],'
+     '"min_seq_len":8,"num_samples":200,"seed":3,"seq_len":256},"devices":"auto","exclude":[],'
+     '"expert_cast":"lossless","export_format":"modelopt","host_memory_bytes":0,'
+     '"kv_cache":"none","output":"/o","recipe":"experts","source":"/s","weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o",
+      "calibration": {"add_bos": False, "min_seq_len": "8", "num_samples": "200", "seed": "3",
+                      "seq_len": "256",
+                      "datasets": [{"path": "/d/a.jsonl", "samples": "100"},
+                                   {"path": "/d/b.jsonl"}]}}),
+    ("calibration export options",
+     '{"calibration":{"add_bos":true,"amax_file":"/a.json","amax_out":"/t.json",'
+     '"calibrate_all_experts":false,"dataset":"","expert_amax":"layer_max","min_seq_len":16,'
+     '"mode":"constant","num_samples":0,"numerics":"math","seed":0,"seq_len":512,'
+     '"uncalibrated":"model_max","w2_input":"weighted"},"devices":["cuda:0","cuda:1"],'
+     '"exclude":[],"expert_cast":"lossless","export_format":"modelopt","host_memory_bytes":0,'
+     '"kv_cache":"fp8_cast","output":"/o","recipe":"experts","source":"/s",'
+     '"weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o", "kv_cache": "fp8_cast", "devices": ["cuda:0", "cuda:1"],
+      "calibration": {"amax_file": "/a.json", "amax_out": "/t.json", "expert_amax": "layer_max",
+                      "mode": "constant", "numerics": "math", "uncalibrated": "model_max",
+                      "w2_input": "weighted"}}),
+    ("evaluate gate",
+     '{"calibration":{"add_bos":true,"amax_file":"","amax_out":"","calibrate_all_experts":false,'
+     '"dataset":"/d.jsonl","expert_amax":"per_expert","min_seq_len":16,"mode":"data",'
+     '"num_samples":0,"numerics":"official","seed":0,"seq_len":512,"uncalibrated":"layer_max",'
+     '"w2_input":"max"},"devices":"auto","evaluate":{"gate":{"max_mean_kl":0.05,'
+     '"min_top1_agreement":0.9},"num_samples":8},"exclude":[],"expert_cast":"lossless",'
+     '"export_format":"modelopt","host_memory_bytes":0,"kv_cache":"none","output":"/o",'
+     '"recipe":"experts","source":"/s","weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o", "calibration": {"dataset": "/d.jsonl"},
+      "evaluate": {"num_samples": "8",
+                   "gate": {"max_mean_kl": 0.05, "min_top1_agreement": 0.9}}}),
+    ("checkpoint_seconds",
+     '{"calibration":{"add_bos":true,"amax_file":"","amax_out":"","calibrate_all_experts":false,'
+     '"checkpoint_seconds":0,"dataset":"/d.jsonl","expert_amax":"per_expert","min_seq_len":16,'
+     '"mode":"data","num_samples":0,"numerics":"official","seed":0,"seq_len":512,'
+     '"uncalibrated":"layer_max","w2_input":"max"},"devices":"auto","evaluate":{"gate":'
+     '{"max_ppl_ratio":1.25},"num_samples":0},"exclude":[],"expert_cast":"lossless",'
+     '"export_format":"modelopt","host_memory_bytes":0,"kv_cache":"none","output":"/o",'
+     '"recipe":"experts","source":"/s","weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o",
+      "calibration": {"dataset": "/d.jsonl", "checkpoint_seconds": "0"},
+      "evaluate": {"gate": {"max_ppl_ratio": 1.25}}}),
+    ("evaluate enabled",
+     '{"calibration":{"add_bos":true,"amax_file":"","amax_out":"","calibrate_all_experts":false,'
+     '"dataset":"/d.jsonl","expert_amax":"per_expert","min_seq_len":16,"mode":"data",'
+     '"num_samples":0,"numerics":"official","seed":0,"seq_len":512,"uncalibrated":"layer_max",'
+     '"w2_input":"max"},"devices":"auto","evaluate":{"enabled":false,"gate":{},"num_samples":0},'
+     '"exclude":[],"expert_cast":"lossless","export_format":"modelopt","host_memory_bytes":0,'
+     '"kv_cache":"none","output":"/o","recipe":"experts","source":"/s","weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o", "calibration": {"dataset": "/d.jsonl"},
+      "evaluate": {"enabled": False}}),
+    ("source_roots",
+     '{"calibration":{"add_bos":true,"amax_file":"","amax_out":"","calibrate_all_experts":false,'
+     '"dataset":"","expert_amax":"per_expert","min_seq_len":16,"mode":"data","num_samples":0,'
+     '"numerics":"official","seed":0,"seq_len":512,"uncalibrated":"layer_max","w2_input":"max"},'
+     '"devices":"auto","exclude":[],"expert_cast":"lossless","export_format":"modelopt",'
+     '"host_memory_bytes":0,"kv_cache":"none","output":"/o","recipe":"experts","source":"/s",'
+     '"source_roots":["/models","/hf"],"weight_format":"nvfp4"}',
+     {"source": "/s", "output": "/o"}),
+]
+
+# GetJob's spec of a job with no field set: every default spelled out (proto JSON, int64 as text).
+DEFAULT_SPEC = {
+    "recipe": "experts", "weight_format": "nvfp4", "expert_cast": "lossless",
+    "export_format": "modelopt", "kv_cache": "none",
+    "calibration": {"seq_len": "512", "min_seq_len": "16", "add_bos": True, "mode": "data",
+                    "w2_input": "max", "expert_amax": "per_expert", "uncalibrated": "layer_max",
+                    "numerics": "official", "checkpoint_seconds": "300"},
+    "evaluate": {"gate": {}},
+}
+
+
+def merged(base, over):
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(base[key], value) if isinstance(value, dict) and key in base else value
+    return out
+
+
+@pytest.mark.parametrize("release,stored,expected", STORED_SPECS, ids=[s[0] for s in STORED_SPECS])
+def test_every_earlier_releases_stored_spec_reads_as_the_spec_it_meant(
+        qd, stubs, tmp_path, release, stored, expected):
+    """A state file whose job an earlier release stored: GetJob shows the spec that release meant
+    (its defaults, seq_len 0 as 512, "devices": "auto" as every device), not an error or an empty
+    spec; source_roots stays internal."""
+    pb, pb_grpc = stubs
+    state = tmp_path / "state"
+    state.mkdir()
+    shutil.copy(DATA / "v1_paused_mid_quantize.db", state / "quantd.db")
+    con = sqlite3.connect(str(state / "quantd.db"))
+    try:
+        assert con.execute("SELECT spec_json FROM jobs").fetchone()[0] == STORED_SPECS[0][1]
+        con.execute("UPDATE jobs SET spec_json = ?", (stored,))
+        con.commit()
+    finally:
+        con.close()
+    with Daemon(qd.binary, state) as daemon:
+        stub = pb_grpc.QuantServiceStub(daemon.channel())
+        job = stub.GetJob(pb.GetJobRequest(id=1), timeout=10)
+    assert job.state == pb.PAUSED
+    shown = json_format.MessageToDict(job.spec, preserving_proto_field_name=True)
+    assert shown == merged(DEFAULT_SPEC, expected)

@@ -714,27 +714,27 @@ TEST_F(SpecFlagsTest, ErrorsNameTheKey) {
       {R"({"source": "/s", "weight_fmt": "nvfp4"})", "field 'weight_fmt' is not a known field"},
       {R"({"calibration": {"samples": 3}})", "field 'calibration.samples' is not a known field"},
       {R"({"source": 5})", "field 'source' must be a string"},
-      {R"({"calibration": {"num_samples": "64"}})",
-       "field 'calibration.num_samples' must be an integer"},
-      {R"({"host_memory_bytes": 1.5})", "field 'host_memory_bytes' must be an integer"},
+      {R"({"calibration": {"num_samples": "sixty"}})",
+       "field 'calibration.num_samples' must be a non-negative integer"},
+      {R"({"host_memory_bytes": 1.5})", "field 'host_memory_bytes' must be a non-negative integer"},
       {R"({"host_memory_bytes": 9223372036854775808})",
-       "field 'host_memory_bytes' is out of range"},
+       "field 'host_memory_bytes' must be a non-negative integer"},
       {R"({"calibration": {"calibrate_all_experts": 1}})",
        "field 'calibration.calibrate_all_experts' must be true or false"},
-      {R"({"devices": "cpu"})", "field 'devices' must be an array of strings"},
+      {R"({"devices": 5})", "field 'devices' must be an array of strings"},
       {R"({"include": ["a", 2]})", "field 'include' must be an array of strings"},
       {R"({"calibration": []})", "field 'calibration' must be an object"},
-      {R"({"calibration": {"datasets": {"path": "/a"}}})",
+      {R"({"calibration": {"datasets": "/a"}})",
        "field 'calibration.datasets' must be an array of objects"},
       {R"({"calibration": {"datasets": ["/a"]}})",
        "field 'calibration.datasets[0]' must be an object"},
-      {R"({"calibration": {"datasets": [{"path": "/a"}, {"path": "/b", "samples": "8"}]}})",
-       "field 'calibration.datasets[1].samples' must be an integer"},
+      {R"({"calibration": {"datasets": [{"path": "/a"}, {"path": "/b", "samples": "8x"}]}})",
+       "field 'calibration.datasets[1].samples' must be a non-negative integer"},
       {R"({"calibration": {"datasets": [{"file": "/a"}]}})",
        "field 'calibration.datasets[0].file' is not a known field"},
-      {R"({"calibration": {"add_bos": "yes"}})",
+      {R"({"calibration": {"add_bos": [true]}})",
        "field 'calibration.add_bos' must be true or false"},
-      {R"(["source"])", "not a JSON object"},
+      {R"(["source"])", "a job spec must be a JSON object"},
   };
   for (const Case& c : cases) {
     const std::string path = WriteSpec(c.json);
@@ -746,8 +746,7 @@ TEST_F(SpecFlagsTest, ErrorsNameTheKey) {
   const std::string bad = WriteSpec("{\"source\": ");
   absl::StatusOr<v1::JobSpec> s = Parse({"--spec", bad});
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(absl::StartsWith(s.status().message(), absl::StrCat(bad, ": not valid JSON: ")))
-      << s.status();
+  EXPECT_EQ(s.status().message(), absl::StrCat(bad, ": not valid JSON"));
 }
 
 TEST_F(SpecFlagsTest, UnreadableFileAndMissingPaths) {

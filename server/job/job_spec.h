@@ -145,6 +145,9 @@ struct EvaluateSpec {
 };
 inline constexpr int64_t kDefaultEvaluateSamples = 32;
 
+// The revision of the built-in recipes (pipeline/recipe.h) a new job is planned with.
+inline constexpr int kRecipeRevision = 2;
+
 struct JobSpec {
   std::string source;
   std::string output;
@@ -167,6 +170,10 @@ struct JobSpec {
   // to a file inside one of them (checkpoint/source_roots.h). nullopt (absent, as in specs stored
   // by earlier releases): a caller that may name any path, whose links are followed anywhere.
   std::optional<std::vector<std::string>> source_roots;
+  // Internal, never from a request or the stored spec: the built-in recipes' revision
+  // (pipeline/recipe.h); a job planned by an earlier release resumes with its own
+  // (QuantizeStage::AdaptSpec).
+  int recipe_revision = kRecipeRevision;
 };
 
 inline constexpr size_t kMaxJobSpecBytes = 256 << 10;

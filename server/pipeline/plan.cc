@@ -136,7 +136,8 @@ std::vector<OutputTensor> Nvfp4ModuleTensors(const JobSpec& spec, const std::str
 
 absl::StatusOr<Recipe> RecipeForSpec(const JobSpec& spec, const TensorInventory& inventory) {
   if (spec.recipe == RecipeKind::kCustom) return GlobRecipe(spec.include, spec.exclude);
-  absl::StatusOr<Recipe> recipe = BuiltinRecipe(RecipeKindName(spec.recipe), inventory);
+  absl::StatusOr<Recipe> recipe = BuiltinRecipe(RecipeKindName(spec.recipe), inventory,
+                                                        spec.recipe_revision);
   if (!recipe.ok()) return recipe.status();
   // The spec's exclusions come first: the first matching rule decides.
   std::vector<RecipeRule> rules;

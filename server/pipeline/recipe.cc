@@ -58,12 +58,17 @@ const std::vector<std::vector<std::string>>& FusedSets() {
   return kSets;
 }
 
-absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInventory& inv) {
+absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInventory& inv,
+                                     int revision) {
   Recipe r;
   r.name = std::string(name);
   if (name != "experts" && name != "full") {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown recipe '", name, "' (expected experts or full)"));
+  }
+  if (revision < 1 || revision > job::kRecipeRevision) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown recipe revision ", revision,
+                                                   " (expected 1 to ", job::kRecipeRevision, ")"));
   }
   const bool experts = name == "experts";
   if (inv.arch == ModelArch::kDeepseekV4) {
@@ -77,10 +82,13 @@ absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInvento
                  Exclude("head", "head"),
                  Exclude("*.ffn.gate", "router gate"),
                  Exclude("*.attn.compressor.*", "compressor"),
-                 Exclude("*.attn.indexer.*", "indexer"),
-                 Include("layers.*.attn.*"),
-                 Include("layers.*.ffn.shared_experts.*"),
-                 Include("layers.*.ffn.experts.*")};
+                 Exclude("*.attn.indexer.*", "indexer")};
+      if (revision >= 2) {
+        r.rules.push_back(Exclude("*.attn.wo_a", "grouped output projection"));
+      }
+      r.rules.insert(r.rules.end(), {Include("layers.*.attn.*"),
+                                     Include("layers.*.ffn.shared_experts.*"),
+                                     Include("layers.*.ffn.experts.*")});
     }
     return r;
   }

@@ -9,8 +9,14 @@
 //            `*.mlp.shared_experts.*`, `lm_head` and the MTP layer `model.layers.<L>.*`
 //            (L = num_hidden_layers) and includes `model.layers.*.mlp.experts.*`.
 //   full     every linear of attention, shared and routed experts (V3: and the dense MLPs);
-//            excluded: MTP, embeddings, head, router gate, compressor and indexer projections.
+//            excluded: MTP, embeddings, head, router gate, compressor and indexer projections,
+//            and (V4) the grouped output projection `*.attn.wo_a`: vLLM, SGLang and TensorRT-LLM
+//            run it only as an FP8 / BF16 grouped product (einsum / BMM), never as NVFP4 W4A4, so
+//            it keeps its source format rather than ship an input_scale no runtime uses.
 //            (Norms and hc_* parameters are not linear modules and are never candidates.)
+// Revisions (job::kRecipeRevision is the current one; a job keeps the one it was planned with):
+//   1  V4 `full` also quantizes `*.attn.wo_a` (releases before issue 23);
+//   2  V4 `full` leaves `*.attn.wo_a` in its source format.
 //   globs    explicit lists: quantized iff a module matches an include glob and no exclude glob.
 // Globs are fnmatch-style over whole module names: '*' matches any run of characters, dots
 // included; '?' matches one character.
@@ -26,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/checkpoint/tensor_inventory.h"
+#include "server/job/job_spec.h"
 
 namespace quantd::pipeline {
 
@@ -48,9 +55,10 @@ bool GlobMatch(absl::string_view pattern, absl::string_view name);
 const std::vector<std::vector<std::string>>& FusedSets();
 
 // "experts" or "full" for the inventory's architecture (deepseek_v4 or deepseek_v3; other
-// architectures have no built-in recipe).
+// architectures have no built-in recipe), as of recipe revision `revision` (1 or 2, above).
 absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name,
-                                     const checkpoint::TensorInventory& inventory);
+                                     const checkpoint::TensorInventory& inventory,
+                                     int revision = job::kRecipeRevision);
 // Exclude globs win over include globs; the reason of an exclusion is "exclude <glob>".
 Recipe GlobRecipe(const std::vector<std::string>& include, const std::vector<std::string>& exclude);
 

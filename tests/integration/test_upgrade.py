@@ -7,6 +7,7 @@ its output directories are adopted only while they hold nothing but the job's fi
 
 import json
 import shutil
+import struct
 
 import pytest
 import sqlite3
@@ -57,8 +58,11 @@ def upgraded(qd, root, ref):
 
 @pytest.fixture(scope="module")
 def reference(qd, tmp_path_factory):
-    """The uninterrupted run of the same spec by this quantd."""
+    """The uninterrupted run of the same job by this quantd: the version-1 state file without
+    any output the old release wrote, so that every task runs here (a DONE task whose output is
+    gone is redone), on the plan the old release stored."""
     ref = workdir(qd, tmp_path_factory.mktemp("upgrade") / "ref")
+    shutil.copy(DATA / "v1_paused_mid_quantize.db", ref / "state.db")
     run_in(qd, ref, "state.db")
     return ref
 
@@ -86,6 +90,32 @@ def test_a_version_1_paused_job_resumes_to_identical_output(qd, reference, tmp_p
         assert after[key]["sha"] == before[key]["sha"], key
     assert tree_hashes(run / "out") == tree_hashes(ref / "out")
     assert tree_hashes(run / "bf16") == tree_hashes(ref / "bf16")
+
+
+def header_dtypes(out):
+    """{tensor: dtype} over the output's shards."""
+    dtypes = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        raw = shard.read_bytes()
+        header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+        dtypes.update({k: v["dtype"] for k, v in header.items() if k != "__metadata__"})
+    return dtypes
+
+
+def test_the_version_1_job_keeps_its_recipe_and_a_new_job_gets_the_current_one(
+        qd, reference, tmp_path):
+    """The old release's `full` recipe quantized attn.wo_a (recipe revision 1): the resumed job
+    still does, so its output is what that release would have written; a new job of the same
+    spec leaves wo_a in its source format (FP8, written decoded to BF16 in this layout)."""
+    old = header_dtypes(reference / "out")
+    new_run = workdir(qd, tmp_path / "new")
+    run_in(qd, new_run, "state.db")
+    new = header_dtypes(new_run / "out")
+    for layer in range(3):
+        m = f"layers.{layer}.attn.wo_a"
+        assert (old[f"{m}.weight"], old[f"{m}.weight_scale"]) == ("U8", "F8_E4M3"), m
+        assert new[f"{m}.weight"] == "BF16" and f"{m}.weight_scale" not in new, m
+    assert {k for k in old if ".attn.wo_a." not in k} == {k for k in new if ".attn.wo_a." not in k}
 
 
 @pytest.mark.parametrize("stray", ["notes.txt", "changed-output"])

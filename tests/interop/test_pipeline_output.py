@@ -60,11 +60,12 @@ MODELOPT = [job for job in JOBS if job not in CT_TWIN]
 LOSSLESS = [job for job in MODELOPT if JOBS[job].get("expert_cast") != "requantize"]
 
 # The V4 recipes of DESIGN.md as regexes over module names: `experts` = routed experts of the
-# main layers; `full` adds the attention projections (not the compressor / indexer ones) and the
-# shared experts.
+# main layers; `full` adds the attention projections the runtimes run as W4A4 (not the grouped
+# wo_a, nor the compressor / indexer ones) and the shared experts.
 RECIPES = {
     "experts": r"layers\.\d+\.ffn\.experts\.\d+\.w[123]",
-    "full": r"layers\.\d+\.(attn\.w\w+|ffn\.shared_experts\.w[123]|ffn\.experts\.\d+\.w[123])",
+    "full": r"layers\.\d+\.(attn\.(wq_a|wkv|wq_b|wo_b)|ffn\.shared_experts\.w[123]"
+            r"|ffn\.experts\.\d+\.w[123])",
 }
 # Linears that readers run as one GEMM, so they share weight_scale_2 and input_scale.
 FUSED = [("w1", "w3"), ("wq_a", "wkv")]

@@ -260,7 +260,7 @@ TEST_F(ExportStageTest, V4FullWithFp8CastKvCache) {
 
   // Every linear left in its source format is covered by the recipe's exclusions.
   const ordered_json excludes = {"mtp.*", "embed", "head", "*.ffn.gate", "*.attn.compressor.*",
-                                 "*.attn.indexer.*"};
+                                 "*.attn.indexer.*", "*.attn.wo_a"};
   const ordered_json hf = {{"producer", {{"name", "quantd"}}},
                            {"quantization",
                             {{"quant_algo", "NVFP4"},
@@ -298,7 +298,7 @@ TEST_F(ExportStageTest, V4FullWeightsOnlyCompressedTensors) {
          {{"format", "nvfp4-pack-quantized"}, {"targets", {"Linear"}}, {"weights", weights}}}}},
       {"ignore",
        {"re:mtp\\..*$", "embed", "head", "re:.*\\.ffn\\.gate$", "re:.*\\.attn\\.compressor\\..*$",
-        "re:.*\\.attn\\.indexer\\..*$"}},
+        "re:.*\\.attn\\.indexer\\..*$", "re:.*\\.attn\\.wo_a$"}},
       {"kv_cache_scheme", nullptr}};
   EXPECT_EQ(Read(out_ + "/config.json"), ConfigWith(qc).dump(2) + "\n");
 }

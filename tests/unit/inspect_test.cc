@@ -147,9 +147,13 @@ TEST(InspectBinaryTest, JsonReportOfTinyV4MatchesTheFixture) {
   EXPECT_EQ(j["recipes"]["experts"],
             json::parse(R"({"modules":72,"bytes":1253376,"fusion_groups":24,
               "excluded":{"attention":28,"head":1,"mtp":27,"not selected":4,"shared expert":12}})"));
-  EXPECT_EQ(j["recipes"]["full"]["modules"], 96);
-  EXPECT_EQ(j["recipes"]["full"]["fusion_groups"], 30);
-  EXPECT_EQ(j["recipes"]["full"]["bytes"], 3 * (262160 + 98310 + 24 * 17408));
+  // full: per layer wq_a, wkv, wq_b, wo_b (196620 FP8 bytes), shared w1/w2/w3 (98310) and 24
+  // routed experts (17408 each); wo_a (65540) stays FP8.
+  EXPECT_EQ(j["recipes"]["full"],
+            json::parse(R"({"modules":93,"bytes":2138166,"fusion_groups":30,
+              "excluded":{"compressor":4,"embedding":1,"grouped output projection":3,"head":1,
+                          "indexer":4,"mtp":35,"router gate":3}})"));
+  EXPECT_EQ(j["recipes"]["full"]["bytes"], 3 * (196620 + 98310 + 24 * 17408));
 
   // The text form carries the same numbers.
   RunResult text = RunQuantd(absl::StrCat("inspect ", dir));

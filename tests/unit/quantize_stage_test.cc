@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "kernels/backends.h"
 #include "kernels/formats.h"
 #include "kernels/reference.h"
@@ -482,7 +484,7 @@ TEST_P(QuantizeStageTest, ModuleWithoutAmaxFailsNamingItAndWritesNothing) {
   auto plan = BuildPlan(spec, *source_, inventory_);
   ASSERT_TRUE(plan.ok());
   std::map<std::string, float> amax = AmaxTable(*plan);
-  const std::string victim = IsV4() ? "layers.1.attn.wo_a" : "model.layers.1.self_attn.o_proj";
+  const std::string victim = IsV4() ? "layers.1.attn.wo_b" : "model.layers.1.self_attn.o_proj";
   ASSERT_EQ(amax.erase(victim), 1u);
   for (const store::TaskPlan& tp : QuantizeTasks(*plan)) {
     auto task = ParseShardTask(tp.payload_json);
@@ -601,6 +603,71 @@ TEST_P(QuantizeStageTest, CudaBackendWritesTheSameBytes) {
     fs::remove_all(base_ / "cpu");
     fs::remove_all(base_ / "cuda");
   }
+}
+
+// A `full` job planned with recipe revision 1 (an earlier release: wo_a quantized) resumes with
+// that revision and the same quantize tasks; a current plan, an `experts` job and a V3 job keep
+// the current revision.
+TEST_P(QuantizeStageTest, AdaptSpecKeepsTheRecipeRevisionOfTheStoredPlan) {
+  const QuantizeStage stage;
+  const auto stored_rows = [&](const JobSpec& spec) {
+    auto plan = BuildPlan(spec, *source_, inventory_);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    std::vector<store::TaskRow> rows;
+    for (const store::StagePlan& s : plan->stages) {
+      for (const store::TaskPlan& t : s.tasks) {
+        store::TaskRow row;
+        row.stage_kind = s.kind;
+        row.name = t.name;
+        row.payload_json = t.payload_json;
+        rows.push_back(std::move(row));
+      }
+    }
+    return rows;
+  };
+  const auto quantized = [&](const std::vector<store::TaskRow>& rows) {
+    std::vector<std::string> modules;
+    for (const store::TaskRow& row : rows) {
+      if (row.stage_kind != QuantizeStage::kKind) continue;
+      auto task = ParseShardTask(row.payload_json);
+      EXPECT_TRUE(task.ok()) << task.status();
+      modules.insert(modules.end(), task->modules.begin(), task->modules.end());
+    }
+    return modules;
+  };
+  const auto wo_a = [](const std::vector<std::string>& modules) {
+    return std::count_if(modules.begin(), modules.end(), [](const std::string& m) {
+      return absl::EndsWith(m, ".attn.wo_a");
+    });
+  };
+
+  JobSpec old_full = Spec("out", ", \"recipe\": \"full\"");
+  old_full.recipe_revision = 1;
+  const std::vector<store::TaskRow> old_rows = stored_rows(old_full);
+  EXPECT_EQ(wo_a(quantized(old_rows)), IsV4() ? 3 : 0);
+
+  JobSpec resumed = Spec("out", ", \"recipe\": \"full\"");
+  ASSERT_EQ(resumed.recipe_revision, job::kRecipeRevision);
+  stage.AdaptSpec(old_rows, resumed);
+  EXPECT_EQ(resumed.recipe_revision, IsV4() ? 1 : job::kRecipeRevision);
+  EXPECT_EQ(quantized(stored_rows(resumed)), quantized(old_rows));
+
+  JobSpec current = Spec("out", ", \"recipe\": \"full\"");
+  const std::vector<store::TaskRow> current_rows = stored_rows(current);
+  EXPECT_EQ(wo_a(quantized(current_rows)), 0);
+  stage.AdaptSpec(current_rows, current);
+  EXPECT_EQ(current.recipe_revision, job::kRecipeRevision);
+
+  // Only `full` has revisions; a payload that does not parse changes nothing.
+  JobSpec experts = Spec("out", "");
+  stage.AdaptSpec(old_rows, experts);
+  EXPECT_EQ(experts.recipe_revision, job::kRecipeRevision);
+  store::TaskRow broken;
+  broken.stage_kind = std::string(QuantizeStage::kKind);
+  broken.payload_json = "{";
+  JobSpec full = Spec("out", ", \"recipe\": \"full\"");
+  stage.AdaptSpec({broken}, full);
+  EXPECT_EQ(full.recipe_revision, job::kRecipeRevision);
 }
 
 INSTANTIATE_TEST_SUITE_P(Arches, QuantizeStageTest,

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -59,8 +60,9 @@ class RecipeTest : public testing::Test {
     return std::move(*inv);
   }
 
-  static RecipePlan Plan(const TensorInventory& inv, const std::string& name) {
-    absl::StatusOr<Recipe> r = BuiltinRecipe(name, inv);
+  static RecipePlan Plan(const TensorInventory& inv, const std::string& name,
+                         int revision = job::kRecipeRevision) {
+    absl::StatusOr<Recipe> r = BuiltinRecipe(name, inv, revision);
     EXPECT_TRUE(r.ok()) << r.status();
     absl::StatusOr<RecipePlan> p = PlanRecipe(inv, *r);
     EXPECT_TRUE(p.ok()) << p.status();
@@ -124,13 +126,13 @@ TEST_F(RecipeTest, V4ExpertsIsRoutedExpertsOfMainLayers) {
   EXPECT_EQ(p.excluded, excluded);
 }
 
-TEST_F(RecipeTest, V4FullIsAttentionSharedAndRoutedExperts) {
+TEST_F(RecipeTest, V4FullIsAttentionSharedAndRoutedExpertsButNotTheGroupedOutputA) {
   const RecipePlan p = Plan(*v4_, "full");
   Strings want;
   Groups groups;
   for (int l = 0; l < 3; ++l) {
     const std::string a = absl::StrCat("layers.", l, ".attn.");
-    want.insert(want.end(), {a + "wkv", a + "wo_a", a + "wo_b", a + "wq_a", a + "wq_b"});
+    want.insert(want.end(), {a + "wkv", a + "wo_b", a + "wq_a", a + "wq_b"});
     groups.push_back({a + "wq_a", a + "wkv"});
     for (int e = 0; e < 8; ++e) {
       const std::string m = absl::StrCat("layers.", l, ".ffn.experts.", e, ".");
@@ -144,15 +146,44 @@ TEST_F(RecipeTest, V4FullIsAttentionSharedAndRoutedExperts) {
   EXPECT_EQ(p.modules, want);
   EXPECT_EQ(p.fusion_groups, groups);
   // Per layer FP8 (weight + E8M0 scale bytes): wq_a [128,256] 32768+2, wq_b [512,128] 65536+4,
-  // wkv [128,256] 32768+2, wo_a/wo_b [256,256] 65536+4 each; shared w1/w3 [128,256] and
-  // w2 [256,128] 32768+2 each.
-  const uint64_t attention = 32770 + 65540 + 32770 + 65540 + 65540;
+  // wkv [128,256] 32768+2, wo_b [256,256] 65536+4; shared w1/w3 [128,256] and w2 [256,128]
+  // 32768+2 each.
+  const uint64_t attention = 32770 + 65540 + 32770 + 65540;
   const uint64_t shared = 3 * 32770;
   EXPECT_EQ(p.bytes, 3 * (attention + shared + 24 * 17408));
   const std::map<std::string, int64_t> excluded = {
-      {"mtp", 35},    {"embedding", 1},  {"head", 1},
+      {"mtp", 35},        {"embedding", 1},  {"head", 1},
+      {"router gate", 3}, {"compressor", 4}, {"indexer", 4},
+      {"grouped output projection", 3}};
+  EXPECT_EQ(p.excluded, excluded);
+}
+
+TEST_F(RecipeTest, V4FullRevision1AlsoQuantizesTheGroupedOutputA) {
+  const RecipePlan current = Plan(*v4_, "full");
+  const RecipePlan p = Plan(*v4_, "full", 1);
+  Strings want = current.modules;
+  for (int l = 0; l < 3; ++l) want.push_back(absl::StrCat("layers.", l, ".attn.wo_a"));
+  std::sort(want.begin(), want.end(), checkpoint::NaturalLess);
+  EXPECT_EQ(p.modules, want);
+  EXPECT_EQ(p.fusion_groups, current.fusion_groups);
+  // wo_a [256,256] FP8: 65536 + 4 scale bytes per layer.
+  EXPECT_EQ(p.bytes, current.bytes + 3 * 65540);
+  const std::map<std::string, int64_t> excluded = {
+      {"mtp", 35},        {"embedding", 1},  {"head", 1},
       {"router gate", 3}, {"compressor", 4}, {"indexer", 4}};
   EXPECT_EQ(p.excluded, excluded);
+  // `experts` and the V3 recipes are the same in both revisions.
+  EXPECT_EQ(Plan(*v4_, "experts", 1).modules, Plan(*v4_, "experts").modules);
+  EXPECT_EQ(Plan(*v3_, "full", 1).modules, Plan(*v3_, "full").modules);
+}
+
+TEST_F(RecipeTest, UnknownRecipeRevisionsAreRefused) {
+  for (int revision : {0, job::kRecipeRevision + 1}) {
+    absl::StatusOr<Recipe> r = BuiltinRecipe("full", *v4_, revision);
+    ASSERT_FALSE(r.ok()) << revision;
+    EXPECT_EQ(r.status().message(),
+              absl::StrCat("unknown recipe revision ", revision, " (expected 1 to 2)"));
+  }
 }
 
 TEST_F(RecipeTest, V3ExpertsAndFull) {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "server/base/status_macros.h"
@@ -440,6 +441,22 @@ absl::StatusOr<std::vector<store::TaskPlan>> QuantizeStage::Plan(const PlanInput
                      ShardLabel(i, input.output_shards.size()), {}, std::move(depends_on)});
   }
   return tasks;
+}
+
+void QuantizeStage::AdaptSpec(const std::vector<store::TaskRow>& stored, JobSpec& spec) const {
+  if (spec.recipe != job::RecipeKind::kFull) return;
+  for (const store::TaskRow& row : stored) {
+    if (row.stage_kind != kKind) continue;
+    // A payload that does not parse is left to the replanning, which refuses the changed plan.
+    absl::StatusOr<ShardTask> task = ParseShardTask(row.payload_json);
+    if (!task.ok()) continue;
+    for (const std::string& module : task->modules) {
+      if (absl::EndsWith(module, ".attn.wo_a")) {
+        spec.recipe_revision = 1;
+        return;
+      }
+    }
+  }
 }
 
 absl::StatusOr<TaskOutput> QuantizeStage::Run(const store::TaskRow& task, compute::Device&,

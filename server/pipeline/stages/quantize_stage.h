@@ -29,6 +29,9 @@ class QuantizeStage final : public Stage {
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
   absl::StatusOr<TaskOutput> Run(const store::TaskRow& task, compute::Device& device,
                                  const StageContext& ctx) const override;
+  // A `full` job whose stored quantize tasks cover a `*.attn.wo_a` module was planned with recipe
+  // revision 1 (pipeline/recipe.h): it resumes with that revision, so its plan stays the same.
+  void AdaptSpec(const std::vector<store::TaskRow>& stored, job::JobSpec& spec) const override;
   // The per-module error statistics (TaskOutput::stats), with the task.
   absl::Status Record(store::TaskRecord& txn, const store::TaskRow& task,
                       const TaskOutput& output) const override;

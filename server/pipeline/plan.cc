@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
@@ -183,6 +184,19 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
     if (m->in_features % 16 != 0) {
       return absl::InvalidArgumentError(absl::StrCat("module ", name, " has ", m->in_features,
                                                      " input features, not a multiple of 16"));
+    }
+    // No runtime quantizes the input of DeepSeek-V4's grouped output projection (vLLM, SGLang
+    // and TensorRT-LLM compute it as an FP8 / BF16 grouped product), and the evaluation would
+    // not either: as W4A4 it would ship an input_scale no one uses and figures no runtime
+    // reproduces. Jobs planned by an earlier release (recipe revision 1) keep their plan.
+    if (spec.weight_format == WeightFormat::kNvfp4 && spec.recipe_revision >= 2 &&
+        inventory.arch == checkpoint::ModelArch::kDeepseekV4 &&
+        absl::EndsWith(name, ".attn.wo_a")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "module ", name,
+          ": the grouped output projection attn.wo_a runs as W4A4 in no runtime (vLLM, SGLang "
+          "and TensorRT-LLM compute it in FP8 / BF16); exclude *.attn.wo_a or use weight_format "
+          "w4a16_nvfp4"));
     }
     module_shard[name] = tensors.at(m->tensors.front())->shard;
     quantized_tensors.insert(m->tensors.begin(), m->tensors.end());

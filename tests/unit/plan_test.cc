@@ -199,6 +199,27 @@ TEST_P(PlanTest, RecipeSelectingNothingIsAnError) {
   EXPECT_NE(plan.status().message().find("selects no module"), std::string::npos);
 }
 
+// Issue 23 item 1: no runtime runs V4's grouped wo_a as W4A4, so no recipe may select it as W4A4;
+// weight-only it may.
+TEST_P(PlanTest, GroupedOutputProjectionIsNeverW4A4) {
+  if (GetParam() != fixture::Arch::kDeepseekV4) GTEST_SKIP() << "V4 only";
+  auto plan = BuildPlan(Spec(", \"include\": [\"layers.0.attn.wo_a\"]"), *source_, inventory_);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().message(),
+            "module layers.0.attn.wo_a: the grouped output projection attn.wo_a runs as W4A4 in "
+            "no runtime (vLLM, SGLang and TensorRT-LLM compute it in FP8 / BF16); exclude "
+            "*.attn.wo_a or use weight_format w4a16_nvfp4");
+  plan = BuildPlan(Spec(", \"include\": [\"layers.0.attn.wo_a\"], "
+                        "\"weight_format\": \"w4a16_nvfp4\""),
+                   *source_, inventory_);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->recipe.modules, std::vector<std::string>{"layers.0.attn.wo_a"});
+  // A job planned by an earlier release keeps its W4A4 wo_a.
+  JobSpec old = Spec(", \"include\": [\"layers.0.attn.wo_a\"]");
+  old.recipe_revision = 1;
+  EXPECT_TRUE(BuildPlan(old, *source_, inventory_).ok());
+}
+
 TEST_P(PlanTest, SpecExclusionsApplyOnTopOfTheRecipe) {
   auto all = BuildPlan(Spec(", \"recipe\": \"full\""), *source_, inventory_);
   auto fewer = BuildPlan(Spec(", \"recipe\": \"full\", \"exclude\": [\"*.layers.0.*\", \"layers.0.*\"]"),

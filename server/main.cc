@@ -112,12 +112,13 @@ void AddInspect(CLI::App& app, int& rc) {
 
 struct VerifyArgs {
   bool json = false;
+  bool deep = false;
   std::string dir;
 };
 
 // Exit 0 when every rule holds, 1 when any is broken (or the directory cannot be read).
 int RunVerify(const VerifyArgs& a) {
-  absl::StatusOr<quantd::pipeline::VerifyReport> report = quantd::pipeline::VerifyCheckpoint(a.dir);
+  absl::StatusOr<quantd::pipeline::VerifyReport> report = quantd::pipeline::VerifyCheckpoint(a.dir, a.deep);
   if (!report.ok()) return Fail("verify", report.status(), kFailure);
   if (a.json) {
     std::cout << quantd::pipeline::VerifyReportToJson(*report).dump(2) << "\n";
@@ -132,6 +133,8 @@ void AddVerify(CLI::App& app, int& rc) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "Check an NVFP4 checkpoint (ModelOpt or compressed-tensors) against the export rules");
   cmd->add_flag("--json", args->json, "machine-readable report");
+  cmd->add_flag("--deep", args->deep,
+                "re-hash every file quantd_manifest.json lists (without it: sizes only)");
   cmd->add_option("DIR", args->dir, "checkpoint directory")->required();
   cmd->callback([args, &rc] { rc = RunVerify(*args); });
 }

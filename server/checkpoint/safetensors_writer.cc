@@ -157,6 +157,7 @@ absl::Status SafetensorsWriter::CommitTmp() {
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
+  WaitForHash();
   if (fd_ >= 0) {
     close(fd_);
     RemoveTmp();
@@ -170,14 +171,29 @@ void SafetensorsWriter::SkipCompleteTensors() {
   }
 }
 
+void SafetensorsWriter::WaitForHash() {
+  if (hashing_.valid()) hashing_.get();
+}
+
 absl::Status SafetensorsWriter::Flush() {
-  hash_.Update(buffer_.data(), buffer_.size());
-  absl::Status status = WriteFully(fd_, buffer_.data(), buffer_.size(), tmp_path_);
+  WaitForHash();  // flushed_ is free again, and hash_ has every byte before buffer_'s
+  flushed_.swap(buffer_);
   buffer_.clear();
+  hashing_ = std::async(std::launch::async,
+                        [this] { hash_.Update(flushed_.data(), flushed_.size()); });
+  return WriteFully(fd_, flushed_.data(), flushed_.size(), tmp_path_);
+}
+
+absl::Status SafetensorsWriter::WriteHashed(const void* data, uint64_t size) {
+  WaitForHash();
+  hashing_ = std::async(std::launch::async, [this, data, size] { hash_.Update(data, size); });
+  absl::Status status = WriteFully(fd_, data, size, tmp_path_);
+  WaitForHash();  // `data` is the caller's only until the return
   return status;
 }
 
 absl::Status SafetensorsWriter::Abandon(absl::Status status) {
+  WaitForHash();
   close(fd_);
   fd_ = -1;
   RemoveTmp();
@@ -206,8 +222,7 @@ absl::Status SafetensorsWriter::Append(const void* data, uint64_t size) {
   if (buffer_.size() + size > kBufferBytes) status = Flush();
   if (status.ok()) {
     if (size >= kBufferBytes) {
-      hash_.Update(data, size);
-      status = WriteFully(fd_, data, size, tmp_path_);
+      status = WriteHashed(data, size);
     } else {
       const uint8_t* bytes = static_cast<const uint8_t*>(data);
       buffer_.insert(buffer_.end(), bytes, bytes + size);
@@ -263,6 +278,7 @@ absl::Status SafetensorsWriter::Finish() {
   }
   absl::Status status = Flush();
   if (!status.ok()) return Abandon(status);
+  WaitForHash();
   sha256_ = hash_.HexDigest();
   status = SyncAndClose(fd_, tmp_path_);
   fd_ = -1;

@@ -6,11 +6,17 @@
 // multiple of 8 bytes. Everything is written to `<path>.tmp`; Finish() checks that every
 // declared byte arrived, fsyncs, renames to `<path>` and fsyncs the directory. A writer destroyed
 // without Finish() removes its .tmp file.
+//
+// The file's SHA-256 is computed as it is written, off the caller's path: each chunk written out
+// is hashed on a thread of its own while the caller's thread writes it and, for a gathered
+// buffer, while the caller goes on producing the next bytes (one chunk in flight at a time, so
+// the digest is of the bytes in file order).
 #ifndef QUANTD_SERVER_CHECKPOINT_SAFETENSORS_WRITER_H_
 #define QUANTD_SERVER_CHECKPOINT_SAFETENSORS_WRITER_H_
 
 #include <stdint.h>
 
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,8 +77,12 @@ class SafetensorsWriter {
       std::map<std::string, std::string> metadata);
   // Moves past tensors whose bytes are complete (zero-byte tensors are complete at once).
   void SkipCompleteTensors();
-  // Writes out buffer_.
+  // Writes out buffer_; its hash goes on after the return (WaitForHash).
   absl::Status Flush();
+  // Writes out `size` bytes at `data` (the caller's, valid until the return) while hashing them.
+  absl::Status WriteHashed(const void* data, uint64_t size);
+  // Waits until the chunk being hashed, if any, is in hash_.
+  void WaitForHash();
   // Closes and removes the tmp file after an I/O error or a failed Finish(); returns `status`.
   absl::Status Abandon(absl::Status status);
   // The error for a call after Finish() or after a failure.
@@ -93,7 +103,9 @@ class SafetensorsWriter {
   uint64_t header_bytes_ = 0;       // 8-byte length prefix + padded JSON
   uint64_t data_bytes_ = 0;         // sum of tensor sizes
   std::vector<uint8_t> buffer_;     // small appends gathered into large write() calls
-  Sha256 hash_;                     // every byte written so far, in file order
+  std::vector<uint8_t> flushed_;    // the last buffer written out, hashed by hashing_
+  std::future<void> hashing_;       // adds the chunk in flight to hash_; invalid when none
+  Sha256 hash_;                     // every byte written so far, in file order (hashing_'s)
   std::string sha256_;              // hash_'s digest once Finish() succeeded
   bool finished_ = false;           // Finish() succeeded
 };

@@ -258,6 +258,7 @@ absl::StatusOr<JobSpec> ValidateJobSpec(const v1::JobSpec& p, const std::string&
   spec.materialize_bf16 = p.materialize_bf16();
   RETURN_IF_ERROR(ValidateCalibration(c, p.calibration(), &spec.calibration));
   RETURN_IF_ERROR(ValidateEvaluate(c, p.evaluate(), &spec.evaluate));
+  spec.verify.deep = p.verify().deep();
   RETURN_IF_ERROR(c.Devices(p.devices(), &spec.devices));
   RETURN_IF_ERROR(
       c.NonNegative("host_memory_bytes", p.host_memory_bytes(), &spec.host_memory_bytes));
@@ -309,6 +310,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& spec) {
   if (gate.max_mean_kl) g->set_max_mean_kl(*gate.max_mean_kl);
   if (gate.min_top1_agreement) g->set_min_top1_agreement(*gate.min_top1_agreement);
   if (gate.max_ppl_ratio) g->set_max_ppl_ratio(*gate.max_ppl_ratio);
+  if (spec.verify.deep) out.mutable_verify()->set_deep(true);
   for (const std::string& d : spec.devices) out.add_devices(d);
   out.set_host_memory_bytes(spec.host_memory_bytes);
   out.set_overwrite(spec.overwrite);

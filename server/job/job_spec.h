@@ -32,6 +32,8 @@
 //                 "gate": {"max_mean_kl": X,              each optional: the job fails when
 //                          "min_top1_agreement": X,       the quantized model is outside it
 //                          "max_ppl_ratio": X}},          (see EvaluateSpec)
+//    "verify": {"deep": BOOL},                            default false: re-hash only shards
+//                                                           an earlier process wrote
 //    "devices": "auto" | ["cpu", "cuda:0", ...],          default "auto"
 //    "host_memory_bytes": N,                              default: no budget beyond the plan's
 //    "overwrite": BOOL}                                   default false: pipeline/output_marker.h
@@ -145,6 +147,12 @@ struct EvaluateSpec {
 };
 inline constexpr int64_t kDefaultEvaluateSamples = 32;
 
+struct VerifySpec {
+  // Re-read and re-hash every output shard, also those this process hashed as it wrote them
+  // (pipeline/stages/verify_stage.h).
+  bool deep = false;
+};
+
 // The revision of the built-in recipes (pipeline/recipe.h) a new job is planned with.
 inline constexpr int kRecipeRevision = 2;
 
@@ -161,6 +169,7 @@ struct JobSpec {
   std::string materialize_bf16;      // "" = no BF16 copy
   CalibrationSpec calibration;
   EvaluateSpec evaluate;
+  VerifySpec verify;
   std::vector<std::string> devices;  // empty = auto
   int64_t host_memory_bytes = 0;     // 0 = unset
   bool overwrite = false;            // a non-empty output directory may be used (output_marker.h)

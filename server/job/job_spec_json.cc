@@ -235,6 +235,8 @@ std::string JobSpecToJson(const JobSpec& spec) {
     j["evaluate"] = {{"num_samples", spec.evaluate.num_samples}, {"gate", std::move(g)}};
     if (spec.evaluate.enabled.has_value()) j["evaluate"]["enabled"] = *spec.evaluate.enabled;
   }
+  // Written only when set, as evaluate.
+  if (spec.verify.deep) j["verify"] = {{"deep", true}};
   if (spec.devices.empty()) {
     j["devices"] = "auto";
   } else {

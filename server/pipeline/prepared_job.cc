@@ -356,8 +356,9 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
   if (StageJob* job = StageJobOf(task.stage_kind); job != nullptr) job->TaskDone(task, output);
   if (!output.path.empty()) {
     absl::MutexLock lock(&completed_mu_);
-    completed_[{task.stage_kind, task.name}] =
-        RecordedOutput{output.path, static_cast<int64_t>(output.bytes), output.sha256};
+    completed_[{task.stage_kind, task.name}] = RecordedOutput{
+        output.path, static_cast<int64_t>(output.bytes), output.sha256,
+        /*written_by_this_process=*/true};
   }
   return absl::OkStatus();
 }

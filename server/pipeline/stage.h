@@ -55,6 +55,9 @@ struct RecordedOutput {
   std::string path;
   int64_t bytes = 0;
   std::string sha256;  // hex
+  // The completion was recorded by this process, which hashed the bytes as it wrote them and
+  // fsynced them; false for one read from the store (an earlier process's, a resumed job's).
+  bool written_by_this_process = false;
 };
 
 // What one task reads while it runs: the job (shared read-only by every worker) and the task's

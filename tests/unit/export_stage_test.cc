@@ -10,14 +10,18 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/atomic_file.h"
 #include "server/checkpoint/safetensors_writer.h"
+#include "server/checkpoint/sha256.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/fixture/fixture.h"
 #include "server/pipeline/plan.h"
+#include "server/pipeline/stages/output_manifest.h"
 #include "tests/unit/stage_dirs.h"
 
 namespace quantd::pipeline {
@@ -126,6 +130,8 @@ class ExportStageTest : public testing::Test {
           total += data[i].size();
         }
         EXPECT_TRUE((*w)->Finish().ok());
+        recorded_[task->shard] = {out_ + "/" + task->shard,
+                                  static_cast<int64_t>((*w)->total_bytes()), (*w)->sha256()};
       }
     }
     return {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
@@ -140,6 +146,12 @@ class ExportStageTest : public testing::Test {
     ctx.add_progress = [this](uint64_t bytes) {
       ++heartbeats_;
       progress_bytes_ += bytes;
+    };
+    ctx.recorded_output = [this](std::string_view kind,
+                                 const std::string& name) -> std::optional<RecordedOutput> {
+      auto it = recorded_.find(name);
+      if (kind != "quantize" || it == recorded_.end()) return std::nullopt;
+      return it->second;
     };
     return RunExportTask(ctx, plan_);
   }
@@ -156,6 +168,7 @@ class ExportStageTest : public testing::Test {
   TensorInventory inventory_;
   JobSpec spec_;
   Plan plan_;
+  std::map<std::string, RecordedOutput> recorded_;  // by shard: what "quantize" recorded
   int heartbeats_ = 0;           // add_progress calls of the exports
   uint64_t progress_bytes_ = 0;  // bytes they reported
 };
@@ -230,6 +243,7 @@ TEST_F(ExportStageTest, V4ExpertsMirrorsNvidiaPublishedLayout) {
                        "inference/model.py", "model-00001-of-00004.safetensors",
                        "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
                        "model-00004-of-00004.safetensors", "model.safetensors.index.json",
+                       "quantd_manifest.json",
                        "tokenizer.json", "tokenizer_alias.json", "tokenizer_config.json"}));
 
   // The task's output: the directory, the bytes of the files it wrote, a digest over them.
@@ -363,7 +377,7 @@ TEST_F(ExportStageTest, ReportsAHeartbeatPerShardHeaderAndCopiedChunk) {
     if (e.path().extension() == ".safetensors") {
       ++shards;
     } else if (name != "model.safetensors.index.json" && name != "config.json" &&
-               name != "hf_quant_config.json") {
+               name != "hf_quant_config.json" && name != kManifestName) {
       ++copied;
     }
   }
@@ -371,6 +385,47 @@ TEST_F(ExportStageTest, ReportsAHeartbeatPerShardHeaderAndCopiedChunk) {
   EXPECT_GT(copied, 0);
   EXPECT_EQ(heartbeats_, shards + copied);
   EXPECT_EQ(progress_bytes_, 0u);
+}
+
+TEST_F(ExportStageTest, TheManifestListsEveryFileOfTheOutputWithItsSizeAndSha256) {
+  MakeSource(fixture::Arch::kDeepseekV4);
+  PlanAndWriteShards("");
+  ASSERT_TRUE(Export().ok());
+  absl::StatusOr<std::vector<ManifestEntry>> manifest =
+      ParseManifest(Read(out_ + "/" + kManifestName), kManifestName);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  std::map<std::string, ManifestEntry> listed;
+  for (const ManifestEntry& e : *manifest) listed[e.path] = e;
+  std::set<std::string> files;  // every file of the output but the manifest, recomputed
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(out_)) {
+    const std::string rel = fs::relative(e.path(), out_).string();
+    if (!e.is_regular_file() || rel == kManifestName || rel.front() == '.') continue;
+    files.insert(rel);
+    ASSERT_EQ(listed.count(rel), 1u) << rel;
+    EXPECT_EQ(listed.at(rel).size, fs::file_size(e.path())) << rel;
+    absl::StatusOr<std::string> sha = checkpoint::Sha256File(e.path().string());
+    ASSERT_TRUE(sha.ok());
+    EXPECT_EQ(listed.at(rel).sha256, *sha) << rel;
+  }
+  EXPECT_EQ(files.size(), listed.size());
+  EXPECT_EQ(listed.count("model-00001-of-00004.safetensors"), 1u);
+  EXPECT_EQ(listed.count("config.json"), 1u);
+  EXPECT_EQ(listed.count("model.safetensors.index.json"), 1u);
+  // The shards' digests are the ones their quantize tasks recorded: no shard is read again.
+  EXPECT_EQ(listed.at("model-00002-of-00004.safetensors").sha256,
+            recorded_.at("model-00002-of-00004.safetensors").sha256);
+}
+
+TEST_F(ExportStageTest, AShardWithoutARecordedOutputFailsTheManifest) {
+  MakeSource(fixture::Arch::kDeepseekV4);
+  PlanAndWriteShards("");
+  recorded_.erase("model-00003-of-00004.safetensors");
+  absl::StatusOr<TaskOutput> out = Export();
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(out.status().message(),
+            absl::StrCat(out_, "/model-00003-of-00004.safetensors: the quantize task of "
+                         "model-00003-of-00004.safetensors recorded no output"));
+  EXPECT_FALSE(fs::exists(out_ + "/" + kManifestName));
 }
 
 }  // namespace

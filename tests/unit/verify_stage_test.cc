@@ -552,6 +552,53 @@ TEST_P(VerifyStageTest, BytesThatDifferFromTheRecordedOnesFailWithDataLoss) {
             absl::StrCat(path, ": the quantize task of ", task.shard, " recorded no output"));
 }
 
+TEST_P(VerifyStageTest, BytesThisProcessHashedAsItWroteThemAreNotHashedAgainUnlessDeep) {
+  MakeFixture(fixture::Arch::kDeepseekV4, "");
+  WriteOutputs();
+  const ShardTask& task = tasks_.front();
+  const std::string path = out_ + "/" + task.shard;
+  recorded_.at(task.shard).written_by_this_process = true;
+  absl::StatusOr<TaskOutput> out = RunVerifyTask(Context(), task);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->summary, "size checked; its bytes were hashed as they were written");
+
+  // One bit of the last byte, which no export rule reads: only a re-hash sees it.
+  const uintmax_t size = fs::file_size(path);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(last ^ 1));
+  }
+  EXPECT_TRUE(RunVerifyTask(Context(), task).ok());
+  spec_.verify.deep = true;
+  out = RunVerifyTask(Context(), task);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << out.status();
+  spec_.verify.deep = false;
+  recorded_.at(task.shard).written_by_this_process = false;
+  out = RunVerifyTask(Context(), task);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << out.status();
+
+  // A size that differs from the recorded one is seen without a re-hash.
+  recorded_.at(task.shard).written_by_this_process = true;
+  recorded_.at(task.shard).bytes = static_cast<int64_t>(size) + 1;
+  out = RunVerifyTask(Context(), task);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(out.status().message(), absl::StrCat(path, ": ", size,
+                                                 " bytes, but the quantize task wrote ", size + 1));
+}
+
+TEST_P(VerifyStageTest, ARehashSaysHowManyBytesItRead) {
+  MakeFixture(fixture::Arch::kDeepseekV4, "");
+  WriteOutputs();
+  const ShardTask& task = tasks_.front();
+  absl::StatusOr<TaskOutput> out = RunVerifyTask(Context(), task);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->summary, absl::StrCat("read back and re-hashed ",
+                                       fs::file_size(out_ + "/" + task.shard), " bytes"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, VerifyStageTest, testing::Values(false, true),
                          [](const testing::TestParamInfo<bool>& p) {
                            return p.param ? "cuda" : "cpu";

@@ -51,6 +51,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/pipeline/export_layout.h"
 #include "server/pipeline/stages/dequant_stage.h"
+#include "server/pipeline/stages/output_manifest.h"
 #include "server/pipeline/stages/quantize_stage.h"
 #include "server/pipeline/recipe.h"
 #include "server/pipeline/stages/verify_rules.h"
@@ -158,7 +159,7 @@ absl::Status CopyFile(const StageContext& ctx, int in, const std::string& src,
 bool SkippedSourceFile(const std::string& name, bool top_level) {
   if (absl::StartsWith(name, ".") || name == "__pycache__") return true;
   if (absl::EndsWith(name, ".safetensors") || name == checkpoint::kIndexFileName) return true;
-  return top_level && (name == kConfigName || name == kHfQuantConfigName);
+  return top_level && (name == kConfigName || name == kHfQuantConfigName || name == kManifestName);
 }
 
 // Where the symlink `rel` of the source leads, as a path beneath the source directory, when it
@@ -242,6 +243,26 @@ absl::StatusOr<checkpoint::ShardIndex> OutputIndex(const StageContext& ctx,
     }
   }
   return index;
+}
+
+// Writes quantd_manifest.json beneath `dir` (output_manifest.h): the output files the task wrote
+// (`written`, but for the BF16 copy's) and the shards as their quantize tasks recorded them.
+absl::Status WriteManifest(const StageContext& ctx, const checkpoint::DirHandle& dir,
+                           const std::vector<std::string>& shards, std::vector<Written>* written) {
+  std::vector<ManifestEntry> files;
+  for (const Written& w : *written) {
+    if (!absl::StartsWith(w.name, "bf16/")) files.push_back({w.name, w.bytes, w.sha256});
+  }
+  for (const std::string& shard : shards) {
+    const std::optional<RecordedOutput> recorded =
+        ctx.recorded_output ? ctx.recorded_output(QuantizeStage::kKind, shard) : std::nullopt;
+    if (!recorded.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir.PathOf(shard), ": the quantize task of ", shard, " recorded no output"));
+    }
+    files.push_back({shard, static_cast<uint64_t>(recorded->bytes), recorded->sha256});
+  }
+  return WriteText(dir, kManifestName, ManifestText(std::move(files)), written);
 }
 
 // "layers.3.attn.wq_a" -> "layers.*.attn.wq_a": every all-digit name component becomes '*'.
@@ -513,6 +534,9 @@ absl::StatusOr<TaskOutput> RunExportTask(const StageContext& ctx, const Plan& pl
     s = ExportBf16Copy(ctx, plan, &written);
     if (!s.ok()) return s;
   }
+
+  s = WriteManifest(ctx, out, shards, &written);
+  if (!s.ok()) return s;
 
   // The task's checksum covers every file it wrote: SHA-256 over "name\tbytes\tsha256\n" lines.
   std::sort(written.begin(), written.end(),

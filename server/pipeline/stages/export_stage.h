@@ -1,7 +1,8 @@
 // Writes the checkpoint-level files of spec.output once every shard is written:
 // model.safetensors.index.json (from the output shards' headers), config.json with the
 // quantization_config of spec.export_format, hf_quant_config.json (ModelOpt format), and the
-// source's tokenizer, generation and other non-weight files copied unchanged.
+// source's tokenizer, generation and other non-weight files copied unchanged; last,
+// quantd_manifest.json with the size and SHA-256 of every file of the output (output_manifest.h).
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_EXPORT_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_EXPORT_STAGE_H_
 

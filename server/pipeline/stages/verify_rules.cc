@@ -24,6 +24,7 @@
 #include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/pipeline/recipe.h"
+#include "server/pipeline/stages/output_manifest.h"
 
 namespace quantd::pipeline {
 
@@ -811,7 +812,33 @@ void CheckUndescribedBlockFormats(const std::vector<const TensorView*>& tensors,
   }
 }
 
-absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir) {
+// The manifest rule: quantd_manifest.json, when `dir` has one, against the files it lists.
+void CheckManifest(const std::string& dir, bool deep, VerifyReport* report) {
+  const std::string path = absl::StrCat(dir, "/", kManifestName);
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return;
+  report->deep = deep;
+  std::vector<Violation>& out = report->violations;
+  absl::StatusOr<std::string> text = checkpoint::ReadFile(path, kMaxManifestBytes);
+  if (!text.ok()) {
+    out.push_back({kRuleManifest, kManifestName, std::string(text.status().message())});
+    return;
+  }
+  absl::StatusOr<std::vector<ManifestEntry>> files = ParseManifest(*text, kManifestName);
+  if (!files.ok()) {
+    out.push_back({kRuleManifest, kManifestName, std::string(files.status().message())});
+    return;
+  }
+  report->manifest_files = static_cast<int64_t>(files->size());
+  absl::StatusOr<std::vector<ManifestMismatch>> mismatches = CheckManifestFiles(dir, *files, deep);
+  if (!mismatches.ok()) {
+    out.push_back({kRuleManifest, kManifestName, std::string(mismatches.status().message())});
+    return;
+  }
+  for (const ManifestMismatch& m : *mismatches) out.push_back({kRuleManifest, m.path, m.message});
+}
+
+absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir, bool deep) {
   if (!IsDirectory(dir)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   VerifyReport report;
   report.dir = dir;
@@ -849,6 +876,7 @@ absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir) {
     CheckUndescribedBlockFormats(shards->tensors, &out);
   }
   CheckExcludes(modules, facts.excludes, compressed_tensors, &out);
+  CheckManifest(dir, deep, &report);
   return report;
 }
 
@@ -865,6 +893,11 @@ std::string FormatVerifyReport(const VerifyReport& r) {
       r.dir, ": ", r.layout, r.quant_algo.empty() ? "" : absl::StrCat(" ", r.quant_algo),
       " checkpoint, ", r.shards, " shard(s), ", r.tensors, " tensors, ", r.nvfp4_modules,
       " NVFP4 modules (", r.input_scales, " with an input scale)\n");
+  if (r.manifest_files >= 0) {
+    absl::StrAppend(&text, "manifest: ", r.manifest_files, " files, ",
+                    r.deep ? "sizes and SHA-256 checked" : "sizes checked (--deep re-hashes)",
+                    "\n");
+  }
   if (r.ok()) {
     absl::StrAppend(&text, "OK: every export rule holds\n");
     return text;
@@ -890,6 +923,8 @@ json VerifyReportToJson(const VerifyReport& r) {
           {"tensors", r.tensors},
           {"nvfp4_modules", r.nvfp4_modules},
           {"input_scales", r.input_scales},
+          {"manifest_files", r.manifest_files},
+          {"deep", r.deep},
           {"ok", r.ok()},
           {"violations", violations}};
 }

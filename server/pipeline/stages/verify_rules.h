@@ -27,6 +27,8 @@
 //   index               model.safetensors.index.json agrees with the shards (every tensor listed
 //                       once, in the shard that holds it; metadata.total_size = tensor bytes)
 //   shard-contents      (verify stage only) the output shard holds exactly the planned tensors
+//   manifest            (when the directory has a quantd_manifest.json, output_manifest.h) every
+//                       file it lists is present with its size, and with `deep` its SHA-256
 //
 // The module rules run on one shard (the verify stage) or on every shard at once (VerifyCheckpoint,
 // which then also sees fused partners stored in different shards), through the same functions.
@@ -57,6 +59,7 @@ inline constexpr char kRuleExcludeMatchesQuantized[] = "exclude-matches-quantize
 inline constexpr char kRuleUndescribedFormat[] = "undescribed-format";
 inline constexpr char kRuleIndex[] = "index";
 inline constexpr char kRuleShardContents[] = "shard-contents";
+inline constexpr char kRuleManifest[] = "manifest";
 
 struct Violation {
   std::string rule;     // one of the kRule* ids
@@ -118,21 +121,24 @@ struct VerifyReport {
   int64_t tensors = 0;
   int64_t nvfp4_modules = 0;
   int64_t input_scales = 0;           // NVFP4 modules with an input scale
+  int64_t manifest_files = -1;        // files quantd_manifest.json lists; -1: no manifest
+  bool deep = false;                  // their bytes were re-hashed
   std::vector<Violation> violations;  // in rule-check order
 
   bool ok() const { return violations.empty(); }
 };
 
-// Checks every rule on the checkpoint in `dir`. Fails (rather than reporting) only when the
-// directory holds no checkpoint or a shard cannot be read; a broken index is a violation.
-absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir);
+// Checks every rule on the checkpoint in `dir`; `deep` re-hashes every file its manifest lists.
+// Fails (rather than reporting) only when the directory holds no checkpoint or a shard cannot be
+// read; a broken index or manifest is a violation.
+absl::StatusOr<VerifyReport> VerifyCheckpoint(const std::string& dir, bool deep = false);
 
 // "[rule] subject: message" lines.
 std::string FormatViolations(const std::vector<Violation>& violations);
 // A summary line, per-rule counts and every violation, for `quantd verify DIR`.
 std::string FormatVerifyReport(const VerifyReport& report);
-// {dir, layout, quant_algo, shards, tensors, nvfp4_modules, input_scales, ok,
-//  violations: [{rule, subject, message}]} for `quantd verify DIR --json`.
+// {dir, layout, quant_algo, shards, tensors, nvfp4_modules, input_scales, manifest_files, deep,
+//  ok, violations: [{rule, subject, message}]} for `quantd verify DIR --json`.
 nlohmann::json VerifyReportToJson(const VerifyReport& report);
 
 }  // namespace quantd::pipeline

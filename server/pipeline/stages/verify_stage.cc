@@ -1,8 +1,11 @@
 // Verify: re-reads one output shard, checks it against the plan and the export rules (its header,
-// every scale tensor, BF16-written modules against their decoded source), then reads the whole
-// file back and checks that it holds exactly the bytes the quantize task recorded (size and
-// SHA-256). The error statistics of its modules were measured by the quantize task from those
-// same bytes (quantize_stage.h), so verify does not decode the source or the output again.
+// every scale tensor, BF16-written modules against their decoded source), then checks that the
+// file holds the bytes the quantize task recorded. When this process recorded that task, which
+// hashed every byte as it wrote it, the size is checked and the bytes are not hashed again (each
+// output byte is hashed once); a shard recorded by an earlier process (a resumed job) or a job
+// with verify.deep is read back whole and re-hashed. The error statistics of its modules were
+// measured by the quantize task from those same bytes (quantize_stage.h), so verify does not
+// decode the source or the output again.
 #include "server/pipeline/stages/verify_stage.h"
 
 #include <algorithm>
@@ -102,20 +105,24 @@ absl::Status CheckBf16Module(const StageContext& ctx, const std::string& module,
   return absl::OkStatus();
 }
 
-// Reads the whole shard back through its mapping (the same bytes the rules were checked on) and
-// checks it is byte for byte what the quantize task of its shard recorded (size and SHA-256),
-// with progress in proportion to the bytes read.
-absl::Status CheckRecordedBytes(const StageContext& ctx, const ShardTask& task,
-                                const checkpoint::SafetensorsFile& shard, uint64_t source_bytes) {
+// Checks the shard is what the quantize task of its shard recorded: its size, and, when `rehash`,
+// its SHA-256 over the whole file read back through its mapping (the same bytes the rules were
+// checked on), with progress in proportion to the bytes read. Returns the bytes re-hashed.
+absl::StatusOr<uint64_t> CheckRecordedBytes(const StageContext& ctx, const ShardTask& task,
+                                            const checkpoint::SafetensorsFile& shard,
+                                            const RecordedOutput& recorded, uint64_t source_bytes) {
   const std::string& path = shard.path();
-  const std::optional<RecordedOutput> recorded =
-      ctx.recorded_output ? ctx.recorded_output(QuantizeStage::kKind, task.shard) : std::nullopt;
-  if (!recorded.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": the quantize task of ", task.shard, " recorded no output"));
+  if (shard.file_size() != static_cast<uint64_t>(recorded.bytes)) {
+    return absl::DataLossError(absl::StrCat(path, ": ", shard.file_size(),
+                                            " bytes, but the quantize task wrote ",
+                                            recorded.bytes));
+  }
+  if (!ctx.spec->verify.deep && recorded.written_by_this_process) {
+    AddProgress(ctx, source_bytes);
+    return 0;
   }
   uint64_t read = 0, reported = 0;
-  const uint64_t size = recorded->bytes > 0 ? static_cast<uint64_t>(recorded->bytes) : 1;
+  const uint64_t size = recorded.bytes > 0 ? static_cast<uint64_t>(recorded.bytes) : 1;
   ASSIGN_OR_RETURN(const std::string sha256, shard.Sha256([&](uint64_t n) -> absl::Status {
     RETURN_IF_ERROR(CheckCancelled(ctx, task.shard));
     read += n;
@@ -125,13 +132,13 @@ absl::Status CheckRecordedBytes(const StageContext& ctx, const ShardTask& task,
     reported = due;
     return absl::OkStatus();
   }));
-  if (read != static_cast<uint64_t>(recorded->bytes) || sha256 != recorded->sha256) {
+  if (read != static_cast<uint64_t>(recorded.bytes) || sha256 != recorded.sha256) {
     return absl::DataLossError(absl::StrCat(
-        path, ": read back, its ", read, " bytes are not the ", recorded->bytes,
-        " bytes the quantize task wrote (SHA-256 ", sha256, ", recorded ", recorded->sha256, ")"));
+        path, ": read back, its ", read, " bytes are not the ", recorded.bytes,
+        " bytes the quantize task wrote (SHA-256 ", sha256, ", recorded ", recorded.sha256, ")"));
   }
   AddProgress(ctx, source_bytes - reported);
-  return absl::OkStatus();
+  return read;
 }
 
 }  // namespace
@@ -161,6 +168,12 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
   // Read back beneath the handle the quantize task wrote through: a path swapped since cannot
   // lead the read to another file.
   const std::string path = ctx.output_dir->PathOf(task.shard);
+  const std::optional<RecordedOutput> recorded =
+      ctx.recorded_output ? ctx.recorded_output(QuantizeStage::kKind, task.shard) : std::nullopt;
+  if (!recorded.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": the quantize task of ", task.shard, " recorded no output"));
+  }
   absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsFile>> shard =
       checkpoint::SafetensorsFile::Open(*ctx.output_dir, task.shard);
   if (!shard.ok()) return shard.status();
@@ -219,8 +232,12 @@ absl::StatusOr<TaskOutput> RunVerifyTask(const StageContext& ctx, const ShardTas
     if (src != nullptr) source_bytes += src->size;
   }
   for (const TensorView& v : (*shard)->tensors()) (*shard)->ReleasePages(v);
-  RETURN_IF_ERROR(CheckRecordedBytes(ctx, task, **shard, source_bytes));
-  return TaskOutput();
+  ASSIGN_OR_RETURN(const uint64_t rehashed,
+                   CheckRecordedBytes(ctx, task, **shard, *recorded, source_bytes));
+  TaskOutput output;
+  output.summary = rehashed > 0 ? absl::StrCat("read back and re-hashed ", rehashed, " bytes")
+                                : "size checked; its bytes were hashed as they were written";
+  return output;
 }
 
 }  // namespace quantd::pipeline

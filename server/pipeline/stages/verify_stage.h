@@ -1,7 +1,10 @@
 // Re-reads one output shard, checks the export rules that concern its tensors (verify_rules.h),
-// then reads every byte of the file back and checks it against the size and SHA-256 its quantize
-// task recorded (StageContext::recorded_output). Any violation fails the task (InvalidArgument
-// listing every violation); bytes that differ from the recorded ones fail it with DataLoss.
+// then checks the file against the size and SHA-256 its quantize task recorded
+// (StageContext::recorded_output): the size always, the SHA-256 of every byte read back when an
+// earlier process recorded the task (RecordedOutput::written_by_this_process false) or the spec
+// asks for it (verify.deep); this process hashed the bytes it wrote as it wrote them. Any
+// violation fails the task (InvalidArgument listing every violation); bytes that differ from the
+// recorded ones fail it with DataLoss.
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_VERIFY_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_VERIFY_STAGE_H_
 

@@ -5,8 +5,11 @@ survives, and no task that was done before the kill is redone.
 Deterministic kill points use the runner's test hook QUANTD_TEST_KILL_AT (server/scheduler/kill_hook.h).
 """
 
+import json
 import random
+import re
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -239,3 +242,61 @@ def test_exit_codes_and_refusals(qd, source, tmp_path):
     proc = qd.run("run", "--state", state, other)
     assert proc.returncode == 1
     assert f"state file {state} belongs to a different job spec" in proc.stderr
+
+
+def verify_summaries(state_path):
+    """Shard name -> how its verify task checked the bytes, from the task_done events."""
+    con = sqlite3.connect(str(state_path))
+    try:
+        messages = [m for (m,) in con.execute(
+            "SELECT message FROM events WHERE kind = 'task_done' AND message LIKE 'verify %'")]
+    finally:
+        con.close()
+    out = {}
+    for m in messages:
+        shard = re.search(r"(model-\d+-of-\d+\.safetensors)", m).group(1)
+        out[shard] = "rehashed" if "read back and re-hashed" in m else (
+            "size" if "hashed as they were written" in m else m)
+    return out
+
+
+def test_each_output_byte_is_hashed_once_and_a_resumed_job_rehashes_the_earlier_shards(
+        qd, source, reference, tmp_path):
+    """Issue 24 item 1: an uninterrupted run's verify tasks re-hash nothing (the writer hashed
+    every byte as it wrote it); after a kill, the shards the killed process wrote are read back and
+    re-hashed, the others not. The manifest lists every file with its SHA-256 (recomputed here
+    with hashlib), and `quantd verify --deep` re-hashes them all."""
+    kind = "w4a16-full-ct"
+    fresh = Job(qd, source, tmp_path / "fresh", kind)
+    assert fresh.run().returncode == 0
+    assert set(verify_summaries(fresh.state).values()) == {"size"}, verify_summaries(fresh.state)
+
+    job = Job(qd, source, tmp_path / "killed", kind)
+    assert job.run("quantize:3").returncode == -signal.SIGKILL
+    before = task_rows(job.state)
+    earlier = {r["name"] for (k, _), r in before.items() if k == "quantize" and r["state"] == "DONE"}
+    assert earlier
+    assert job.run().returncode == 0
+    summaries = verify_summaries(job.state)
+    assert summaries == {shard: "rehashed" if shard in earlier else "size" for shard in summaries}
+    assert set(summaries.values()) == {"rehashed", "size"}, summaries
+
+    manifest = json.loads((job.out / "quantd_manifest.json").read_text())
+    assert manifest["format"] == "quantd-manifest-1"
+    hashes = tree_hashes(job.out)
+    del hashes["quantd_manifest.json"]
+    assert {p: f["sha256"] for p, f in manifest["files"].items()} == hashes
+    assert all(f["size"] == (job.out / p).stat().st_size for p, f in manifest["files"].items())
+    deep = qd.run("verify", "--deep", job.out)
+    assert deep.returncode == 0, deep.stdout + deep.stderr
+    assert f"manifest: {len(hashes)} files, sizes and SHA-256 checked" in deep.stdout
+
+    # One flipped byte in a copied file: sizes still match, only --deep sees it.
+    config = job.out / "tokenizer.json"
+    data = bytearray(config.read_bytes())
+    data[-2] ^= 1
+    config.write_bytes(bytes(data))
+    assert qd.run("verify", job.out).returncode == 0
+    deep = qd.run("verify", "--deep", job.out)
+    assert deep.returncode == 1
+    assert "[manifest] tokenizer.json: SHA-256" in deep.stdout

@@ -173,6 +173,23 @@ TEST(JobSpecTest, LimitsNameTheFieldAndQuoteNothing) {
   EXPECT_TRUE(ParseStoredJobSpec(JobSpecToJson(*spec), "again")->overwrite);
 }
 
+TEST(JobSpecTest, VerifyDeepIsStoredOnlyWhenSet) {
+  auto spec = ParseJobSpec(R"({"source": "a", "output": "b", "verify": {"deep": true}})", "s");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->verify.deep);
+  EXPECT_NE(JobSpecToJson(*spec).find(R"("verify":{"deep":true})"), std::string::npos);
+  EXPECT_TRUE(ParseStoredJobSpec(JobSpecToJson(*spec), "again")->verify.deep);
+  EXPECT_TRUE(JobSpecToProto(*spec).verify().deep());
+  spec = ParseJobSpec(R"({"source": "a", "output": "b"})", "s");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_FALSE(spec->verify.deep);
+  EXPECT_EQ(JobSpecToJson(*spec).find("verify"), std::string::npos);
+  EXPECT_EQ(ParseJobSpec(R"({"source": "a", "output": "b", "verify": {"deep": 1}})", "s")
+                .status()
+                .message(),
+            "s: field 'verify.deep' must be true or false");
+}
+
 TEST(DeviceNameTest, CpuOrCudaWithOneOrTwoDigits) {
   int index = 7;
   EXPECT_TRUE(compute::ParseDeviceName("cpu", &index));

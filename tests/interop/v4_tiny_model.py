@@ -173,7 +173,7 @@ def randomize(model, generator):
                 b.copy_(torch.stack(rows))
 
 
-def save_official(model, path):
+def save_official(model, path, config=None):
     """Writes the official checkpoint layout and gives `model` exactly the decoded weights."""
     tensors = {}
     sd = model.state_dict()
@@ -229,21 +229,23 @@ def save_official(model, path):
         model.load_state_dict(sd)
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(CONFIG, indent=1))
+    (path / "config.json").write_text(json.dumps(config or CONFIG, indent=1))
 
 
-def build_tiny_model(ckpt_dir):
-    """The seeded tiny model, its official checkpoint written to `ckpt_dir`, and token ids
-    [SEQUENCES, SEQ_LEN]: (model, ids). Needs transformers."""
+def build_tiny_model(ckpt_dir, overrides=None, sequences=SEQUENCES, seq_len=SEQ_LEN):
+    """The seeded tiny model (CONFIG, with `overrides` applied: a larger model of the same
+    construction for the benchmarks), its official checkpoint written to `ckpt_dir`, and token
+    ids [sequences, seq_len]: (model, ids). Needs transformers."""
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
+    values = {**CONFIG, **(overrides or {})}
     torch.manual_seed(SEED)
     generator = torch.Generator().manual_seed(SEED)
-    config = DeepseekV4Config(**CONFIG)
+    config = DeepseekV4Config(**values)
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
     model = DeepseekV4ForCausalLM(config).float().eval()
     randomize(model, generator)
-    save_official(model, ckpt_dir)
-    ids = torch.randint(0, CONFIG["vocab_size"], (SEQUENCES, SEQ_LEN), generator=generator)
+    save_official(model, ckpt_dir, values)
+    ids = torch.randint(0, values["vocab_size"], (sequences, seq_len), generator=generator)
     return model, ids

@@ -3,7 +3,7 @@
 --source DIR) converted once per option, each output evaluated against the source with
 `quantd evaluate`, one table of the figures.
 
-Options (the `experts` recipe throughout, ModelOpt export):
+Options (the `experts` recipe unless said, ModelOpt export):
   constant        W4A4, input_scale 1.0 (calibration.mode constant: no forward pass)
   weighted        W4A4, calibrated, w2 amax from its routing-weighted input (NVIDIA's recipe)
   unweighted      W4A4, calibrated, w2 amax from its unweighted input (what the runtimes quantize)
@@ -11,6 +11,9 @@ Options (the `experts` recipe throughout, ModelOpt export):
   layer_max       as max, each layer's amax written into every expert (expert_amax layer_max)
   requantize      as max, experts requantized from their MXFP4 values (expert_cast requantize)
   w4a16           weights only, lossless expert cast
+  full            as max, with the `full` recipe (attention and shared experts too; V4's grouped
+                  attn.wo_a stays in its source format)
+  full_w4a16      the `full` recipe, weights only
 
 Calibration and evaluation use disjoint samples of tests/data/calibration_sample.jsonl (the
 evaluation takes the samples after the calibration ones). Also prints the wall time of one
@@ -43,6 +46,8 @@ OPTIONS = [
     ("layer_max", {"w2_input": "max", "expert_amax": "layer_max"}, {}),
     ("requantize", {"w2_input": "max"}, {"expert_cast": "requantize"}),
     ("w4a16", None, {"weight_format": "w4a16_nvfp4"}),
+    ("full", {"w2_input": "max"}, {"recipe": "full"}),
+    ("full_w4a16", None, {"recipe": "full", "weight_format": "w4a16_nvfp4"}),
 ]
 
 

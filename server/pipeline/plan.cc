@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/base/status_macros.h"
@@ -191,7 +190,7 @@ absl::StatusOr<Plan> BuildPlan(const JobSpec& spec, const checkpoint::Checkpoint
     // reproduces. Jobs planned by an earlier release (recipe revision 1) keep their plan.
     if (spec.weight_format == WeightFormat::kNvfp4 && spec.recipe_revision >= 2 &&
         inventory.arch == checkpoint::ModelArch::kDeepseekV4 &&
-        absl::EndsWith(name, ".attn.wo_a")) {
+        IsGroupedOutputProjection(name)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "module ", name,
           ": the grouped output projection attn.wo_a runs as W4A4 in no runtime (vLLM, SGLang "

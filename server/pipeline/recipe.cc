@@ -84,7 +84,7 @@ absl::StatusOr<Recipe> BuiltinRecipe(absl::string_view name, const TensorInvento
                  Exclude("*.attn.compressor.*", "compressor"),
                  Exclude("*.attn.indexer.*", "indexer")};
       if (revision >= 2) {
-        r.rules.push_back(Exclude("*.attn.wo_a", "grouped output projection"));
+        r.rules.push_back(Exclude(kGroupedOutputProjectionGlob, "grouped output projection"));
       }
       r.rules.insert(r.rules.end(), {Include("layers.*.attn.*"),
                                      Include("layers.*.ffn.shared_experts.*"),

@@ -49,6 +49,14 @@ struct Recipe {
 
 bool GlobMatch(absl::string_view pattern, absl::string_view name);
 
+// DeepSeek-V4's grouped output projection, which no runtime runs as W4A4 (above): the `full`
+// recipe's exclusion from revision 2 on, the planner's refusal of a W4A4 selection of it, and
+// the test that a stored plan was made at revision 1.
+inline constexpr char kGroupedOutputProjectionGlob[] = "*.attn.wo_a";
+inline bool IsGroupedOutputProjection(absl::string_view module) {
+  return GlobMatch(kGroupedOutputProjectionGlob, module);
+}
+
 // Sibling leaf names that readers fuse into one GEMM when they share a parent module
 // ({"w1","w3"}, {"gate_proj","up_proj"}, {"wq_a","wkv"}, {"q_a_proj","kv_a_proj_with_mqa"},
 // {"q_proj","k_proj","v_proj"}), members in reader order.

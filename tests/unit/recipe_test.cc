@@ -94,6 +94,14 @@ TEST(GlobTest, StarCrossesDots) {
   EXPECT_TRUE(GlobMatch("**x", "yx"));
 }
 
+TEST(GlobTest, GroupedOutputProjectionIsAnyAttnWoA) {
+  EXPECT_TRUE(IsGroupedOutputProjection("layers.3.attn.wo_a"));
+  EXPECT_TRUE(IsGroupedOutputProjection("mtp.0.attn.wo_a"));
+  EXPECT_FALSE(IsGroupedOutputProjection("layers.3.attn.wo_b"));
+  EXPECT_FALSE(IsGroupedOutputProjection("layers.3.attn.wo_a.x"));
+  EXPECT_FALSE(IsGroupedOutputProjection("wo_a"));
+}
+
 TEST(NaturalOrderTest, NumbersCompareByValue) {
   EXPECT_TRUE(NaturalLess("layers.2.x", "layers.10.x"));
   EXPECT_FALSE(NaturalLess("layers.10.x", "layers.2.x"));

@@ -8,13 +8,13 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "server/base/status_macros.h"
 #include "server/checkpoint/safetensors_writer.h"
 #include "server/checkpoint/source_weight.h"
 #include "server/pipeline/stages/calibrate_stage.h"
+#include "server/pipeline/recipe.h"
 #include "server/pipeline/stages/input_scales.h"
 #include "server/pipeline/stages/inspect_stage.h"
 #include "server/pipeline/stages/shard_output.h"
@@ -451,7 +451,7 @@ void QuantizeStage::AdaptSpec(const std::vector<store::TaskRow>& stored, JobSpec
     absl::StatusOr<ShardTask> task = ParseShardTask(row.payload_json);
     if (!task.ok()) continue;
     for (const std::string& module : task->modules) {
-      if (absl::EndsWith(module, ".attn.wo_a")) {
+      if (IsGroupedOutputProjection(module)) {
         spec.recipe_revision = 1;
         return;
       }

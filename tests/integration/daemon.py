@@ -175,6 +175,18 @@ class Daemon:
         self.close()
 
 
+def serving_daemon(binary, state_dir):
+    """A module fixture's daemon: started, yielded, then stopped with SIGTERM (asserting exit 0)
+    and cleaned up. Use as `yield from serving_daemon(qd.binary, state_dir)`."""
+    d = Daemon(binary, state_dir)
+    d.start()
+    yield d
+    try:
+        d.stop()
+    finally:
+        d.close()
+
+
 def grpc_stubs(out_dir):
     """Generates quantd/v1/quantd_pb2{,_grpc}.py from our proto into `out_dir`, puts it first on
     sys.path and returns the two modules."""

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 
-from daemon import Daemon
+from daemon import Daemon, serving_daemon
 from run_helpers import job_row, task_rows, tree_hashes, write_spec
 
 RPC_TIMEOUT_S = 10     # every unary call
@@ -130,14 +130,8 @@ class Client:
 
 @pytest.fixture(scope="module")
 def daemon(qd, tmp_path_factory):
-    """One daemon shared by the tests that do not stop it."""
-    d = Daemon(qd.binary, tmp_path_factory.mktemp("daemon") / "state")
-    d.start()
-    yield d
-    try:
-        d.stop()  # SIGTERM on an idle daemon: exit 0
-    finally:
-        d.close()
+    """One daemon shared by the tests that do not stop it (SIGTERM at the end: exit 0)."""
+    yield from serving_daemon(qd.binary, tmp_path_factory.mktemp("daemon") / "state")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from daemon import Daemon
+from daemon import Daemon, serving_daemon
 from job_client import DEFAULT_SPEC, RPC_TIMEOUT_S, WATCH_TIMEOUT_S, JobClient
 
 BOB = 47912  # the other tenant
@@ -24,13 +24,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "calibration_sample.jsonl"
 
 @pytest.fixture(scope="module")
 def daemon(qd, tmp_path_factory):
-    d = Daemon(qd.binary, tmp_path_factory.mktemp("safety-handles") / "state")
-    d.start()
-    yield d
-    try:
-        d.stop()
-    finally:
-        d.close()
+    yield from serving_daemon(qd.binary, tmp_path_factory.mktemp("safety-handles") / "state")
 
 
 @pytest.fixture(scope="module")

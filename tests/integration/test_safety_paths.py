@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from daemon import Daemon
+from daemon import Daemon, serving_daemon
 from job_client import RPC_TIMEOUT_S, WATCH_TIMEOUT_S, JobClient
 from run_helpers import MARKER, tree_hashes
 
@@ -34,13 +34,7 @@ class Client(JobClient):
 
 @pytest.fixture(scope="module")
 def daemon(qd, tmp_path_factory):
-    d = Daemon(qd.binary, tmp_path_factory.mktemp("safety-paths") / "state")
-    d.start()
-    yield d
-    try:
-        d.stop()
-    finally:
-        d.close()
+    yield from serving_daemon(qd.binary, tmp_path_factory.mktemp("safety-paths") / "state")
 
 
 @pytest.fixture(scope="module")

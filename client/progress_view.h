@@ -5,6 +5,8 @@
 //   quantize   [#####...............]  12/48 tasks  140.2/805.3 GB  2.31 GB/s  ETA 4m48s
 //   export     [....................]  0/4 tasks
 //
+// (the stage lines: job::FormatStageLine, server/job/progress.h, shared with `quantd run`).
+//
 // ProgressView follows a job through WatchJob messages: on a terminal it redraws all lines in
 // place (ANSI cursor-up); elsewhere it prints a line only when it changed (for a stage: its
 // state or its task count, not every byte), so logs stay short.
@@ -24,10 +26,6 @@ namespace quantd::client {
 
 // "job 7 RUNNING (cancelling)  retries 2": id, state, reason when set, retries when any.
 std::string FormatJobHeader(const v1::Job& job);
-// One stage: kind, bar (bytes done, else tasks done), tasks, while running its step ("layer 2 of
-// 3"), the counts in the stage's unit (bytes: GB from 1 GB of stage total, else MB; tokens:
-// "1.2k/3.0k tokens"), and while running the rate and ETA; "done in 4m48s" / "failed" at the end.
-std::string FormatStageLine(const v1::StageProgress& stage);
 // The header, one line per stage, and "last error: ..." when the job has one.
 std::vector<std::string> JobLines(const v1::Job& job);
 

@@ -73,16 +73,10 @@ absl::StatusOr<std::vector<std::string>> WorkerDevices(const RunOptions& options
 }
 
 // The progress line's view of the job: its first unfinished stage (the last one when done).
-job::ProgressSnapshot StageSnapshot(const v1::Job& job) {
-  job::ProgressSnapshot s;
+v1::StageProgress StageSnapshot(const v1::Job& job) {
+  v1::StageProgress s;
   for (const v1::StageProgress& p : job.stages()) {
-    s.stage = p.kind();
-    s.tasks_done = p.tasks_done();
-    s.tasks_total = p.tasks_total();
-    s.bytes_done = static_cast<uint64_t>(p.bytes_done());
-    s.bytes_total = static_cast<uint64_t>(p.bytes_total());
-    s.bytes_per_second.reset();
-    if (p.bytes_per_second() > 0) s.bytes_per_second = p.bytes_per_second();
+    s = p;
     if (p.kind() == job.current_stage()) break;
   }
   return s;

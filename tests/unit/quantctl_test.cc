@@ -21,10 +21,16 @@
 #include "client/progress_view.h"
 #include "client/report_view.h"
 #include "client/spec_flags.h"
+#include "server/job/progress.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::client {
 namespace {
+
+// A stage line as quantctl draws it.
+std::string StageLine(const v1::StageProgress& s) {
+  return job::FormatStageLine(s, job::StageLineStyle::kBar);
+}
 
 google::protobuf::Timestamp At(int64_t seconds, int32_t nanos = 0) {
   google::protobuf::Timestamp t;
@@ -87,7 +93,7 @@ TEST(ProgressViewTest, FormatsHeaderAndStages) {
   job.mutable_stages(1)->clear_eta_seconds();
   EXPECT_EQ(FormatJobHeader(job), "job 7 RUNNING (pausing)  retries 2");
   // Not running: no rate, no ETA.
-  EXPECT_EQ(FormatStageLine(job.stages(1)),
+  EXPECT_EQ(StageLine(job.stages(1)),
             "quantize   [###.................]  12/48 tasks  140.2/805.3 GB  failed");
   EXPECT_EQ(JobLines(job).back(), "last error: quantize layers.0: EAGAIN");
 }
@@ -106,20 +112,20 @@ TEST(ProgressViewTest, CalibrateShowsLayerAndTokens) {
   s.set_bytes_per_second(4100);
   s.set_eta_seconds(3);
   // 1234 / 3000 of 20 columns = 8.2: eight '#'.
-  EXPECT_EQ(FormatStageLine(s),
+  EXPECT_EQ(StageLine(s),
             "calibrate  [########............]  3/8 tasks  layer 2 of 3  1.2k/3.0k tokens  "
             "4.1k tokens/s  ETA 3s");
   // Counts below 1000 without a prefix; the rate takes its own prefix.
   s.set_bytes_done(12);
   s.set_bytes_total(950);
   s.set_bytes_per_second(37.4);
-  EXPECT_EQ(FormatStageLine(s),
+  EXPECT_EQ(StageLine(s),
             "calibrate  [....................]  3/8 tasks  layer 2 of 3  12/950 tokens  "
             "37 tokens/s  ETA 3s");
   s.set_bytes_done(1'260'000);
   s.set_bytes_total(2'500'000);
   s.set_bytes_per_second(2.2e6);
-  EXPECT_EQ(FormatStageLine(s),
+  EXPECT_EQ(StageLine(s),
             "calibrate  [##########..........]  3/8 tasks  layer 2 of 3  1.3M/2.5M tokens  "
             "2.2M tokens/s  ETA 3s");
   // Finished: no step, no rate.
@@ -128,11 +134,11 @@ TEST(ProgressViewTest, CalibrateShowsLayerAndTokens) {
   s.set_bytes_done(2'500'000);
   *s.mutable_start_time() = At(1000);
   *s.mutable_end_time() = At(1002);
-  EXPECT_EQ(FormatStageLine(s),
+  EXPECT_EQ(StageLine(s),
             "calibrate  [####################]  8/8 tasks  2.5M/2.5M tokens  done in 2s");
   // A daemon that sends no unit counts bytes.
   s.clear_unit();
-  EXPECT_EQ(FormatStageLine(s),
+  EXPECT_EQ(StageLine(s),
             "calibrate  [####################]  8/8 tasks  2.5/2.5 MB  done in 2s");
 }
 

@@ -31,11 +31,11 @@ using checkpoint::TensorFormat;
 using checkpoint::TensorInventory;
 
 using job::FormatDuration;
-using job::FormatProgressLine;
+using job::FormatStageLine;
 using job::JobSpec;
 using job::ParseJobSpec;
 using job::ProgressPrinter;
-using job::ProgressSnapshot;
+using job::StageLineStyle;
 
 namespace {
 
@@ -684,18 +684,42 @@ TEST(RetryTest, TransientErrorsBackOffTwiceThenFailPermanentErrorsFailAtOnce) {
   }
 }
 
-TEST(ProgressTest, LineFormat) {
-  ProgressSnapshot s{"quantize", 12, 64, 140'200'000'000, 805'300'000'000, 2.31e9};
+// A running stage as the scheduler's snapshots report it; `eta` < 0: none.
+v1::StageProgress Running(const std::string& kind, int64_t done, int64_t total, int64_t bytes_done,
+                          int64_t bytes_total, double rate = 0, double eta = -1,
+                          const std::string& unit = "bytes") {
+  v1::StageProgress s;
+  s.set_kind(kind);
+  s.set_unit(unit);
+  s.set_state(v1::StageProgress::RUNNING);
+  s.set_tasks_done(done);
+  s.set_tasks_total(total);
+  s.set_bytes_done(bytes_done);
+  s.set_bytes_total(bytes_total);
+  s.set_bytes_per_second(rate);
+  if (eta >= 0) s.set_eta_seconds(eta);
+  return s;
+}
+
+// `quantd run`'s line is quantctl's stage line without the bar (the same formatter).
+TEST(ProgressTest, PlainLineFormat) {
+  const auto line = [](const v1::StageProgress& s) {
+    return FormatStageLine(s, StageLineStyle::kPlain);
+  };
   // (805.3 - 140.2) GB / 2.31 GB/s = 287.9 s
-  EXPECT_EQ(FormatProgressLine(s), "quantize  12/64 tasks  140.2/805.3 GB  2.31 GB/s  ETA 4m48s");
-  s.bytes_per_second.reset();
-  EXPECT_EQ(FormatProgressLine(s), "quantize  12/64 tasks  140.2/805.3 GB");
-  ProgressSnapshot small{"verify", 3, 4, 4'500'000, 6'000'000, 1'000'000};
-  EXPECT_EQ(FormatProgressLine(small), "verify  3/4 tasks  4.5/6.0 MB  1.00 MB/s  ETA 2s");
-  EXPECT_EQ(FormatProgressLine({"export", 0, 1, 0, 0, std::nullopt}), "export  0/1 tasks");
+  EXPECT_EQ(line(Running("quantize", 12, 64, 140'200'000'000, 805'300'000'000, 2.31e9, 287.9)),
+            "quantize  12/64 tasks  140.2/805.3 GB  2.31 GB/s  ETA 4m48s");
+  EXPECT_EQ(line(Running("quantize", 12, 64, 140'200'000'000, 805'300'000'000)),
+            "quantize  12/64 tasks  140.2/805.3 GB");
+  EXPECT_EQ(line(Running("verify", 3, 4, 4'500'000, 6'000'000, 1e6, 1.5)),
+            "verify  3/4 tasks  4.5/6.0 MB  1.00 MB/s  ETA 2s");
+  EXPECT_EQ(line(Running("export", 0, 1, 0, 0)), "export  0/1 tasks");
   // The calibrate stage counts tokens: (4096 - 1536) / 410 per s = 6.2 s.
-  EXPECT_EQ(FormatProgressLine({"calibrate", 3, 8, 1536, 4096, 410.0}),
-            "calibrate  3/8 tasks  1536/4096 tokens  410 tokens/s  ETA 6s");
+  EXPECT_EQ(line(Running("calibrate", 3, 8, 1536, 4096, 410.0, 6.2, "tokens")),
+            "calibrate  3/8 tasks  1.5k/4.1k tokens  410 tokens/s  ETA 6s");
+  EXPECT_EQ(FormatStageLine(Running("calibrate", 3, 8, 1536, 4096, 410.0, 6.2, "tokens"),
+                            StageLineStyle::kBar),
+            "calibrate  [#######.............]  3/8 tasks  1.5k/4.1k tokens  410 tokens/s  ETA 6s");
   EXPECT_EQ(FormatDuration(0.4), "0s");
   EXPECT_EQ(FormatDuration(59.4), "59s");
   EXPECT_EQ(FormatDuration(60), "1m00s");
@@ -707,9 +731,9 @@ TEST(ProgressTest, PlainLinesPerTaskAndInPlaceRedrawOnATerminal) {
   std::ostringstream plain;
   {
     ProgressPrinter p(&plain, /*tty=*/false);
-    p.Show({"quantize", 1, 4, 1'000'000, 4'000'000, std::nullopt});
-    p.Show({"quantize", 1, 4, 1'700'000, 4'000'000, 1e6});  // bytes only: no line
-    p.Show({"quantize", 2, 4, 2'000'000, 4'000'000, 1e6});
+    p.Show(Running("quantize", 1, 4, 1'000'000, 4'000'000));
+    p.Show(Running("quantize", 1, 4, 1'700'000, 4'000'000, 1e6, 2.3));  // bytes only: no line
+    p.Show(Running("quantize", 2, 4, 2'000'000, 4'000'000, 1e6, 2));
     p.Message("hello");
   }
   // A line when the task count grows (the first snapshot's count counts as grown), nothing else.
@@ -720,9 +744,9 @@ TEST(ProgressTest, PlainLinesPerTaskAndInPlaceRedrawOnATerminal) {
   std::ostringstream tty;
   {
     ProgressPrinter p(&tty, /*tty=*/true);
-    p.Show({"export", 0, 1, 0, 0, std::nullopt});
+    p.Show(Running("export", 0, 1, 0, 0));
     p.Message("hello");
-    p.Show({"export", 1, 1, 0, 0, std::nullopt});  // task count changed: drawn at once
+    p.Show(Running("export", 1, 1, 0, 0));  // task count changed: drawn at once
     p.Finish();
   }
   EXPECT_EQ(tty.str(),

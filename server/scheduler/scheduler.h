@@ -12,6 +12,8 @@
 //   admission.cc  commands and which waiting job starts next, planning off the strand (on a
 //                 PlanningPool: several jobs at once, each under its budget, never crashing the
 //                 process; a job whose planning a crash interrupted twice fails PLANNING_CRASHED)
+//   job_lifecycle.cc  one round of the loop (Step, Kick) and how a job ends (MaybeFinish,
+//                 SetState: leases requeued, workers released, the final state published)
 //   dispatch.cc   placement of leased tasks on devices that fit, the worker threads
 //   recording.cc  task results, retries with back-off, leases, store failures
 //   snapshots.cc  snapshots to the board, progress publishing, metrics

@@ -207,7 +207,7 @@ class Scheduler::Impl {
       ABSL_LOCKS_EXCLUDED(state_mu_, report_mu_);
   void Log(int64_t job_id, const std::string& kind, const std::string& message) const;
 
-  // --- admission.cc: commands, and which waiting job starts next
+  // --- admission.cc: commands, which waiting job starts next, planning off the strand
   absl::StatusOr<v1::Job> DoSubmit(const std::string& request_id, const job::JobSpec& spec,
                                    bool* created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   absl::StatusOr<v1::Job> DoCancel(int64_t job_id, bool pause, const std::string& reason)
@@ -238,6 +238,8 @@ class Scheduler::Impl {
   // LoadedJob::Attach, its std::bad_alloc an error.
   absl::StatusOr<std::unique_ptr<JobTasks>> AttachLoaded(LoadedJob& loaded, int64_t job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+
+  // --- job_lifecycle.cc: one round of the loop, and how a job ends
   // Ends the job when nothing of it runs and it finished, failed or was asked to stop.
   absl::Status MaybeFinish(ActiveJob& job, bool* finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void Release(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);

@@ -75,6 +75,23 @@ class PreparedJob {
       const job::JobSpec& spec, StoredJob stored, const PlanLimits& limits = {},
       const StageRegistry& stages = BuiltinStages());
 
+  // A remote worker's view of a planned job (`quantd worker`): the source phase of Load without
+  // the store's part, from what the coordinator sent: `stored` (its stored plan, which must
+  // equal the plan built here from the source: the worker sees the same source), `amax` (the
+  // job's amax table). Joins the output directories the coordinator claimed
+  // (OutputMarker::Join) instead of claiming them, opens no stage job objects (the coordinator
+  // hands remote workers only jobs whose stages keep none: keeps_stage_state) and is never
+  // attached: its tasks run with RunTask and their results travel back to the coordinator.
+  static absl::StatusOr<std::unique_ptr<PreparedJob>> OpenForWorker(
+      const job::JobSpec& spec, StoredJob stored, const std::vector<store::AmaxRow>& amax,
+      const PlanLimits& limits = {}, const StageRegistry& stages = BuiltinStages());
+
+  // Whether some stage opened a job object (Stage::OpenJob): its state lives in this process.
+  bool keeps_stage_state() const { return !stage_jobs_.empty(); }
+  // A remote worker: `done`, a task the coordinator recorded DONE since OpenForWorker, is what
+  // StageContext::recorded_output answers for it. Thread-safe.
+  void NoteRecorded(const store::TaskRow& done) const;
+
   // The store phase (the store's thread), once per Load. `log` receives the planning summary and
   // the requeued outputs.
   absl::Status Attach(store::JobStore& store, int64_t now_ms,
@@ -102,6 +119,12 @@ class PreparedJob {
 
  private:
   PreparedJob() = default;
+  // The source phase both Load and OpenForWorker begin with: opens the source (re-checking its
+  // path), builds the inventory and the plan.
+  static absl::StatusOr<std::unique_ptr<PreparedJob>> LoadSource(const job::JobSpec& spec,
+                                                                 StoredJob stored,
+                                                                 const PlanLimits& limits,
+                                                                 const StageRegistry& stages);
   absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
   // The job object stage `kind` opened; nullptr when it opened none.

@@ -568,6 +568,7 @@ void Scheduler::Impl::Kick() {
     return;
   }
   OnStoreOk();
+  ServeRemoteWaiters();
   MaybeEndLoop(/*force=*/false);
 }
 

@@ -48,6 +48,9 @@ class JobTasks {
   virtual compute::DeviceRequirement Requirement(const store::TaskRow& task) const = 0;
   // Removes the *.tmp files interrupted tasks left in the output; returns how many.
   virtual absl::StatusOr<int> SweepTmpFiles() const = 0;
+  // Whether remote workers may run the job's tasks: they open the job from its stored spec, so
+  // only a job whose stages keep no state between tasks in this process.
+  virtual bool RunsRemotely() const { return true; }
 };
 
 // A source read by JobPlanner::Load, waiting for the strand to attach it to the store.

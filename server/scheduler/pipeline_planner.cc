@@ -28,6 +28,7 @@ class PipelineTasks final : public JobTasks {
     return task.requirement;
   }
   absl::StatusOr<int> SweepTmpFiles() const override { return job_->SweepTmpFiles(); }
+  bool RunsRemotely() const override { return !job_->keeps_stage_state(); }
 
  private:
   std::unique_ptr<pipeline::PreparedJob> job_;  // shared read-only by the workers

@@ -155,6 +155,7 @@ absl::Status Scheduler::Impl::RenewAndExpireLeases() {
       // store requeues it below) and is asked to stop; a result it still returns is ignored.
       if (!f.returned && now - f.work.run->heartbeat_ms.load() > options_.lease_ms) {
         f.work.run->cancel.store(true);
+        if (options_.metrics != nullptr) options_.metrics->LeaseExpired();
         const int expiries = ++job->lease_expiries[f.work.task.id];
         const std::string label = TaskLabel(f.work.task);
         if (expiries >= options_.lease_expiry_limit) {

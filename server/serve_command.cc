@@ -201,7 +201,8 @@ absl::StatusOr<std::unique_ptr<store::FileLock>> LockStateDir(const std::string&
 
 // The settings as one log line.
 std::string Describe(const ServeConfig& config, const std::vector<std::string>& devices) {
-  return absl::StrCat("state dir ", config.state_dir, ", devices ", absl::StrJoin(devices, ","),
+  return absl::StrCat("state dir ", config.state_dir, ", devices ",
+                      devices.empty() ? std::string(kNoDevices) : absl::StrJoin(devices, ","),
                       ", cpu threads ", config.cpu_threads, ", host memory budget ",
                       config.host_memory_bytes, " bytes, queue limit ", config.queue_limit,
                       ", shutdown grace ", config.shutdown_grace_seconds, " s, planning ",

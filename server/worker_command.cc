@@ -199,8 +199,8 @@ class Worker {
     {
       std::lock_guard<std::mutex> lock(jobs_mu_);
       const auto it = jobs_.find(lease.job_id());
-      if (it != jobs_.end() && (lease.spec_json().empty() ||
-                                it->second.created_ms == lease.job_created_ms())) {
+      if (it != jobs_.end() &&
+          (lease.spec_json().empty() || it->second.created_ms == lease.job_created_ms())) {
         return it->second.job;
       }
     }
@@ -282,9 +282,8 @@ class Worker {
     absl::StatusOr<std::shared_ptr<const pipeline::PreparedJob>> job = JobOf(lease, tasks);
     if (!job.ok()) {
       // Another worker may see the storage this one does not: the task is retried elsewhere.
-      Report(lease, absl::UnavailableError(absl::StrCat("worker ", args_.name,
-                                                        " cannot open the job: ",
-                                                        job.status().message())));
+      Report(lease, absl::UnavailableError(absl::StrCat(
+                        "worker ", args_.name, " cannot open the job: ", job.status().message())));
       return;
     }
     for (const store::TaskRow& t : tasks) (*job)->NoteRecorded(t);
@@ -403,8 +402,8 @@ class Worker {
         v1::FailTaskResponse response;
         s = stub_->Fail(&ctx, request, &response);
       }
-      const std::string what = absl::StrCat("task ", lease.task_id(), " attempt ",
-                                            lease.attempt(), result.ok() ? " done" : " failed");
+      const std::string what = absl::StrCat("task ", lease.task_id(), " attempt ", lease.attempt(),
+                                            result.ok() ? " done" : " failed");
       if (s.ok()) {
         Log(result.ok() ? what : absl::StrCat(what, ": ", result.status().message()));
         return;
@@ -457,8 +456,8 @@ int WorkerMain(const WorkerArgs& args_in) {
     return kUsage;
   }
   std::vector<Hook> hooks;
-  for (const auto& [env, sig] : {std::pair{"QUANTD_TEST_KILL_AT", SIGKILL},
-                                 std::pair{"QUANTD_TEST_STOP_AT", SIGSTOP}}) {
+  for (const auto& [env, sig] :
+       {std::pair{"QUANTD_TEST_KILL_AT", SIGKILL}, std::pair{"QUANTD_TEST_STOP_AT", SIGSTOP}}) {
     absl::StatusOr<std::optional<scheduler::KillHook>> hook = scheduler::ParseKillHook(getenv(env));
     if (!hook.ok()) {
       std::cerr << "quantd worker: " << hook.status().message() << "\n";
@@ -476,8 +475,7 @@ int WorkerMain(const WorkerArgs& args_in) {
     absl::StatusOr<std::unique_ptr<compute::Device>> device =
         compute::OpenDevice(name, {args.cpu_threads, 0});
     if (!device.ok()) {
-      std::cerr << "quantd worker: --devices " << name << ": " << device.status().message()
-                << "\n";
+      std::cerr << "quantd worker: --devices " << name << ": " << device.status().message() << "\n";
       return kFailed;
     }
     devices.push_back(*std::move(device));

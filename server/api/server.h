@@ -1,8 +1,9 @@
-// ApiServer: the gRPC server of `quantd serve`: QuantService, WorkerService, grpc.health.v1 (overall and
-// "quantd.v1.QuantService" SERVING while up) and server reflection, on any number of listen
-// addresses: "unix:/path/to.sock" (callers known by their uid, unix_listener.h) and "host:port"
-// (port 0 = the system picks one; callers known by a bearer token or a TLS client certificate).
-// Every QuantService call passes the Authorizer first (authorizer.h). Requests run on gRPC's own
+// ApiServer: the gRPC server of `quantd serve`: QuantService, WorkerService (remote workers),
+// grpc.health.v1 (overall and "quantd.v1.QuantService" SERVING while up) and server reflection, on
+// any number of listen addresses: "unix:/path/to.sock" (callers known by their uid,
+// unix_listener.h) and "host:port" (port 0 = the system picks one; callers known by a bearer token
+// or a TLS client certificate). Every call of both services passes the Authorizer first
+// (authorizer.h). Requests run on gRPC's own
 // callback threads; Start returns once every address is bound.
 #ifndef QUANTD_SERVER_API_SERVER_H_
 #define QUANTD_SERVER_API_SERVER_H_

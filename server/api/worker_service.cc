@@ -24,13 +24,13 @@ namespace {
 
 using scheduler::WithReason;
 
-constexpr size_t kMaxNameBytes = 128;        // a worker's name, its id
-constexpr int kMaxDevices = 64;              // devices of one worker
+constexpr size_t kMaxNameBytes = 128;                  // a worker's name, its id
+constexpr int kMaxDevices = 64;                        // devices of one worker
 constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB: more is not a device
-constexpr int kMaxOpenJobs = 1024;           // LeaseTaskRequest.open_jobs entries
-constexpr size_t kMaxMessageBytes = 4096;    // FailTaskRequest.message, summary
-constexpr size_t kMaxTensorNameBytes = 1024;  // a statistics row's tensor name
-constexpr size_t kMaxReasonBytes = 64;       // FailTaskRequest.job_reason
+constexpr int kMaxOpenJobs = 1024;                     // LeaseTaskRequest.open_jobs entries
+constexpr size_t kMaxMessageBytes = 4096;              // FailTaskRequest.message, summary
+constexpr size_t kMaxTensorNameBytes = 1024;           // a statistics row's tensor name
+constexpr size_t kMaxReasonBytes = 64;                 // FailTaskRequest.job_reason
 
 absl::Status Invalid(const std::string& message) {
   return WithReason(absl::InvalidArgumentError(message), "INVALID_REQUEST");
@@ -39,8 +39,8 @@ absl::Status Invalid(const std::string& message) {
 // Printable ASCII without spaces, 1 to kMaxNameBytes bytes.
 absl::Status CheckName(const std::string& field, const std::string& value) {
   if (value.empty() || value.size() > kMaxNameBytes) {
-    return Invalid(absl::StrCat(field, ": must be 1 to ", kMaxNameBytes, " bytes, got ",
-                                value.size()));
+    return Invalid(
+        absl::StrCat(field, ": must be 1 to ", kMaxNameBytes, " bytes, got ", value.size()));
   }
   for (const char c : value) {
     if (c <= 0x20 || c > 0x7e) {
@@ -70,8 +70,8 @@ absl::Status CheckAttempt(int64_t task_id, int32_t attempt) {
 absl::Status CheckSha256(const std::string& hex) {
   if (hex.empty()) return absl::OkStatus();
   if (hex.size() != 64) {
-    return Invalid(absl::StrCat("output_sha256: must be 64 hex digits, got ", hex.size(),
-                                " bytes"));
+    return Invalid(
+        absl::StrCat("output_sha256: must be 64 hex digits, got ", hex.size(), " bytes"));
   }
   for (const char c : hex) {
     if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) || absl::ascii_isupper(c)) {
@@ -171,11 +171,17 @@ WorkerService::WorkerService(scheduler::Scheduler* scheduler, metrics::Metrics* 
                              const Authorizer* authorizer)
     : scheduler_(scheduler), metrics_(metrics), authorizer_(authorizer) {}
 
+absl::Status WorkerService::Allow(const grpc::CallbackServerContext& context,
+                                  const char* method) const {
+  if (authorizer_ == nullptr) return absl::OkStatus();
+  return authorizer_->AllowWorker(context, method).status();
+}
+
 grpc::ServerUnaryReactor* WorkerService::Register(grpc::CallbackServerContext* context,
                                                   const v1::RegisterWorkerRequest* request,
                                                   v1::RegisterWorkerResponse* response) {
   return StartUnaryCall(context, "Register", metrics_, [&](const Finisher& finish) -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowWorker(*context, "Register").status());
+    RETURN_IF_ERROR(Allow(*context, "Register"));
     RETURN_IF_ERROR(CheckName("name", request->name()));
     if (request->devices_size() < 1 || request->devices_size() > kMaxDevices) {
       return Invalid(absl::StrCat("devices: must hold 1 to ", kMaxDevices, " devices, got ",
@@ -215,15 +221,15 @@ grpc::ServerUnaryReactor* WorkerService::Lease(grpc::CallbackServerContext* cont
                                                const v1::LeaseTaskRequest* request,
                                                v1::LeaseTaskResponse* response) {
   return StartUnaryCall(context, "Lease", metrics_, [&](const Finisher& finish) -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowWorker(*context, "Lease").status());
+    RETURN_IF_ERROR(Allow(*context, "Lease"));
     RETURN_IF_ERROR(CheckName("worker_id", request->worker_id()));
     if (request->device() < 0 || request->device() >= kMaxDevices) {
-      return Invalid(absl::StrCat("device: must be in [0, ", kMaxDevices - 1, "], got ",
-                                  request->device()));
+      return Invalid(
+          absl::StrCat("device: must be in [0, ", kMaxDevices - 1, "], got ", request->device()));
     }
     if (request->wait_ms() < 0 || request->wait_ms() > kMaxLeaseWaitMs) {
-      return Invalid(absl::StrCat("wait_ms: must be in [0, ", kMaxLeaseWaitMs, "], got ",
-                                  request->wait_ms()));
+      return Invalid(
+          absl::StrCat("wait_ms: must be in [0, ", kMaxLeaseWaitMs, "], got ", request->wait_ms()));
     }
     if (request->open_jobs_size() > kMaxOpenJobs) {
       return Invalid(absl::StrCat("open_jobs: at most ", kMaxOpenJobs, " entries, got ",
@@ -266,7 +272,7 @@ grpc::ServerUnaryReactor* WorkerService::Renew(grpc::CallbackServerContext* cont
                                                const v1::RenewLeaseRequest* request,
                                                v1::RenewLeaseResponse* response) {
   return StartUnaryCall(context, "Renew", metrics_, [&](const Finisher& finish) -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowWorker(*context, "Renew").status());
+    RETURN_IF_ERROR(Allow(*context, "Renew"));
     RETURN_IF_ERROR(CheckName("worker_id", request->worker_id()));
     RETURN_IF_ERROR(CheckAttempt(request->task_id(), request->attempt()));
     if (request->bytes_done() < 0) {
@@ -286,7 +292,7 @@ grpc::ServerUnaryReactor* WorkerService::Complete(grpc::CallbackServerContext* c
                                                   const v1::CompleteTaskRequest* request,
                                                   v1::CompleteTaskResponse* /*response*/) {
   return StartUnaryCall(context, "Complete", metrics_, [&](const Finisher& finish) -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowWorker(*context, "Complete").status());
+    RETURN_IF_ERROR(Allow(*context, "Complete"));
     RETURN_IF_ERROR(CheckName("worker_id", request->worker_id()));
     RETURN_IF_ERROR(CheckAttempt(request->task_id(), request->attempt()));
     ASSIGN_OR_RETURN(pipeline::TaskOutput output, OutputOf(*request));
@@ -300,7 +306,7 @@ grpc::ServerUnaryReactor* WorkerService::Fail(grpc::CallbackServerContext* conte
                                               const v1::FailTaskRequest* request,
                                               v1::FailTaskResponse* /*response*/) {
   return StartUnaryCall(context, "Fail", metrics_, [&](const Finisher& finish) -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowWorker(*context, "Fail").status());
+    RETURN_IF_ERROR(Allow(*context, "Fail"));
     RETURN_IF_ERROR(CheckName("worker_id", request->worker_id()));
     RETURN_IF_ERROR(CheckAttempt(request->task_id(), request->attempt()));
     ASSIGN_OR_RETURN(absl::Status error, ErrorOf(*request));

@@ -43,6 +43,9 @@ class WorkerService final : public v1::WorkerService::CallbackService {
                                  v1::FailTaskResponse* response) override;
 
  private:
+  // The worker role (authorizer.h), or anything without an authorizer.
+  absl::Status Allow(const grpc::CallbackServerContext& context, const char* method) const;
+
   scheduler::Scheduler* const scheduler_;  // not owned
   metrics::Metrics* const metrics_;        // not owned; may be nullptr
   const Authorizer* const authorizer_;     // not owned; nullptr = every call allowed

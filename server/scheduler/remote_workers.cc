@@ -42,10 +42,10 @@ absl::Status CheckOutputPath(const v1::JobSpec& spec, const std::string& path) {
     const std::string name = path.substr(dir->size() + 1);
     if (name.find('/') == std::string::npos && name != "." && name != "..") return absl::OkStatus();
   }
-  return WithReason(absl::InvalidArgumentError(
-                        "output_path: not a file directly in the job's output or "
-                        "materialize_bf16 directory"),
-                    "INVALID_REQUEST");
+  return WithReason(
+      absl::InvalidArgumentError("output_path: not a file directly in the job's output or "
+                                 "materialize_bf16 directory"),
+      "INVALID_REQUEST");
 }
 
 }  // namespace
@@ -72,8 +72,9 @@ void Scheduler::Impl::RegisterWorker(const std::string& name, const std::string&
         worker.last_seen_ms = now;
         const std::string id = worker.id;
         remote_workers_.emplace(id, std::move(worker));
-        Log(0, "worker", absl::StrCat("worker ", name, " registered from ", peer, " with ",
-                                      devices.size(), " device(s)"));
+        Log(0, "worker",
+            absl::StrCat("worker ", name, " registered from ", peer, " with ", devices.size(),
+                         " device(s)"));
         if (options_.metrics != nullptr) {
           options_.metrics->SetWorkersConnected(static_cast<int64_t>(remote_workers_.size()));
         }
@@ -92,11 +93,11 @@ void Scheduler::Impl::LeaseRemote(
         absl::StatusOr<RemoteWorker*> worker = SeeWorker(worker_id);
         if (!worker.ok()) return done(worker.status());
         if (device < 0 || device >= static_cast<int>((*worker)->devices.size())) {
-          return done(WithReason(
-              absl::InvalidArgumentError(absl::StrCat(
-                  "device: ", device, " is not the index of a registered device (0 to ",
-                  (*worker)->devices.size() - 1, ")")),
-              "INVALID_REQUEST"));
+          return done(
+              WithReason(absl::InvalidArgumentError(absl::StrCat(
+                             "device: ", device, " is not the index of a registered device (0 to ",
+                             (*worker)->devices.size() - 1, ")")),
+                         "INVALID_REQUEST"));
         }
         const int64_t deadline = clock_.NowMs() + wait_ms;
         remote_waiters_.push_back(RemoteWaiter{worker_id, device, deadline, open_jobs, done});
@@ -122,8 +123,8 @@ void Scheduler::Impl::RenewRemote(const std::string& worker_id, int64_t task_id,
         InFlight* f = FindRemoteAttempt(worker_id, task_id, attempt, "renew");
         if (f == nullptr) return done(LeaseLost(task_id, attempt));
         TaskRun& run = *f->work.run;
-        const uint64_t bytes =
-            std::min(bytes_done, static_cast<uint64_t>(std::max<int64_t>(0, f->work.task.bytes_total)));
+        const uint64_t bytes = std::min(
+            bytes_done, static_cast<uint64_t>(std::max<int64_t>(0, f->work.task.bytes_total)));
         const uint64_t before = run.bytes.exchange(std::max(bytes, run.bytes.load()));
         if (options_.metrics != nullptr && bytes > before) {
           options_.metrics->AddBytesRead(bytes - before);
@@ -186,8 +187,9 @@ void Scheduler::Impl::ListWorkers(std::function<void(std::vector<RemoteWorkerVie
           }
           views.push_back(std::move(view));
         }
-        std::sort(views.begin(), views.end(),
-                  [](const RemoteWorkerView& a, const RemoteWorkerView& b) { return a.name < b.name; });
+        std::sort(
+            views.begin(), views.end(),
+            [](const RemoteWorkerView& a, const RemoteWorkerView& b) { return a.name < b.name; });
         done(std::move(views));
       },
       [done] { done({}); });
@@ -232,7 +234,13 @@ absl::StatusOr<std::optional<RemoteLease>> Scheduler::Impl::LeaseFor(
     work.tasks = job->tasks;
     work.run = std::make_shared<TaskRun>();
     work.run->heartbeat_ms.store(now);
-    ++started_[task->stage_kind];
+    // QUANTD_TEST_KILL_AT (run_job.h) at the coordinator: `start` and `done` mean the same for
+    // a remote task; `mid` and `written` happen on the worker (its own hook).
+    const int64_t n = ++started_[task->stage_kind];
+    if (kill_hook_.has_value() && kill_hook_->stage == task->stage_kind && kill_hook_->n == n) {
+      if (kill_hook_->when == KillHook::When::kStart) KillSelf();
+      if (kill_hook_->when == KillHook::When::kDone) kill_when_done_.insert(task->id);
+    }
     InFlight& f = job->in_flight[task->id];
     f.work = std::move(work);
     f.returned = false;
@@ -318,8 +326,9 @@ void Scheduler::Impl::ForgetSilentWorkers() {
   const int64_t now = clock_.NowMs();
   for (auto it = remote_workers_.begin(); it != remote_workers_.end();) {
     if (now - it->second.last_seen_ms > kForgetAfterLeases * options_.lease_ms) {
-      Log(0, "worker", absl::StrCat("worker ", it->second.name, " silent for ",
-                                    (now - it->second.last_seen_ms) / 1000, " s; forgotten"));
+      Log(0, "worker",
+          absl::StrCat("worker ", it->second.name, " silent for ",
+                       (now - it->second.last_seen_ms) / 1000, " s; forgotten"));
       it = remote_workers_.erase(it);
     } else {
       ++it;

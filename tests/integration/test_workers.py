@@ -16,6 +16,7 @@ and `quantd worker` processes on loopback TCP with a worker token.
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -34,6 +35,12 @@ SPEC = {"recipe": "experts", "weight_format": "w4a16_nvfp4", "expert_cast": "los
 WORKER_TOKEN = "worker-token-0123456789abcdef"
 READER_TOKEN = "reader-token-0123456789abcdef"
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def private_file(path, text):
@@ -86,7 +93,8 @@ def cluster(qd, tmp_path):
     (root / "access.json").write_text(json.dumps({"callers": [
         {"token_file": str(tokens["reader"]), "role": "reader"},
         {"token_file": str(tokens["worker"]), "role": "worker"}]}))
-    d = Daemon(qd.binary, root / "state", "--listen", "127.0.0.1:0", "--token-file",
+    # A fixed port: workers find a restarted coordinator at the same address.
+    d = Daemon(qd.binary, root / "state", "--listen", f"127.0.0.1:{free_port()}", "--token-file",
                tokens["admin"], "--access-config", root / "access.json", "--lease-seconds",
                LEASE_SECONDS, devices="none", metrics_listen="127.0.0.1:0")
     d.start()
@@ -221,6 +229,30 @@ def test_a_killed_worker_s_task_finishes_on_another_byte_identical(cluster, stub
     tasks = sum(s.tasks_total for s in done.stages)
     assert done.task_attempts == tasks + 1, done
     assert metric(cluster["daemon"], "quantd_lease_expiries_total") == 1
+
+
+def test_workers_outlive_a_coordinator_killed_and_restarted(cluster, stubs, source, reference,
+                                                            tmp_path):
+    pb, _ = stubs
+    d = cluster["daemon"]
+    d.close()  # started by the fixture; again with the hook below
+    d.env = {"QUANTD_TEST_KILL_AT": "quantize:2:done"}
+    d.start()
+    procs = [cluster["worker"](name) for name in ("w0", "w1")]
+    wait_registered(stubs, cluster, ["w0", "w1"])
+    stub, job = submit(stubs, cluster, tmp_path / "out", source=str(source["dir"]))
+    assert d.wait(60) == -signal.SIGKILL, d.log()
+    d.env = {}
+    d.start()
+    wait_registered(stubs, cluster, ["w0", "w1"])  # they registered again
+    stub = stubs[1].QuantServiceStub(d.channel())
+    done = wait_job(stubs, stub, job.id)
+    assert pb.JobState.Name(done.state) == "SUCCEEDED", (done, d.log())
+    assert tree(tmp_path / "out") == reference()
+    assert not list((tmp_path / "out").glob("*.tmp"))
+    for proc in procs:
+        assert proc.poll() is None, worker_log(proc)
+        assert "registered as" in worker_log(proc)
 
 
 def test_a_late_completion_of_a_lost_lease_is_refused(cluster, stubs, source, reference,

@@ -107,6 +107,23 @@ TEST_F(AccessPolicyTest, TokensMatchExactly) {
   EXPECT_FALSE(policy->ForToken("").has_value());
 }
 
+TEST_F(AccessPolicyTest, WorkerTokensAndCertificatesHaveTheWorkerRole) {
+  const std::string worker = Write("worker.token", "a-token-for-remote-workers");
+  auto policy = LoadConfig(R"({"callers": [
+      {"token_file": ")" + worker + R"(", "role": "worker"},
+      {"tls_common_name": "node-07", "role": "worker"}]})");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const std::optional<Grant> grant = policy->ForToken("a-token-for-remote-workers");
+  ASSERT_TRUE(grant.has_value());
+  EXPECT_EQ(grant->role, Role::kWorker);
+  EXPECT_EQ(grant->caller, "the token of " + worker);
+  EXPECT_FALSE(grant->any_path);
+  EXPECT_EQ(policy->ForCertificate("node-07").role, Role::kWorker);
+  EXPECT_STREQ(RoleName(Role::kWorker), "worker");
+  EXPECT_STREQ(RoleName(Role::kAdmin), "admin");
+  EXPECT_STREQ(RoleName(Role::kReader), "reader");
+}
+
 TEST_F(AccessPolicyTest, EntriesByUidUserAndCommonName) {
   fs::create_directories(dir_ + "/models/alice");
   auto policy = LoadConfig(R"({"callers": [

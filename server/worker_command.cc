@@ -63,7 +63,11 @@ std::string ReasonOf(const grpc::ClientContext& ctx) {
 struct OpenJob {
   int64_t created_ms = 0;
   std::shared_ptr<const pipeline::PreparedJob> job;
+  uint64_t last_used = 0;  // Worker::uses_ when a task last used it
 };
+
+// Jobs kept open at most (each holds its source's headers and plan).
+constexpr size_t kMaxOpenJobs = 8;
 
 // Where a test hook acts (QUANTD_TEST_KILL_AT / QUANTD_TEST_STOP_AT).
 struct Hook {
@@ -199,13 +203,17 @@ class Worker {
     {
       std::lock_guard<std::mutex> lock(jobs_mu_);
       const auto it = jobs_.find(lease.job_id());
-      if (it != jobs_.end() &&
-          (lease.spec_json().empty() || it->second.created_ms == lease.job_created_ms())) {
+      if (it != jobs_.end() && it->second.created_ms == lease.job_created_ms()) {
+        it->second.last_used = ++uses_;
         return it->second.job;
       }
-    }
-    if (lease.spec_json().empty()) {
-      return absl::FailedPreconditionError("the coordinator sent no spec for a job not open here");
+      if (lease.spec_json().empty()) {
+        // The job this worker opened under that id was deleted and the id given again: the
+        // next lease (without the id in open_jobs) brings the new job's spec.
+        if (it != jobs_.end()) jobs_.erase(it);
+        return absl::FailedPreconditionError(
+            "the coordinator sent no spec for a job not open here");
+      }
     }
     absl::StatusOr<job::JobSpec> spec = job::ParseStoredJobSpec(lease.spec_json(), "lease spec");
     if (!spec.ok()) return spec.status();
@@ -225,7 +233,12 @@ class Worker {
     if (!opened.ok()) return opened.status();
     std::shared_ptr<const pipeline::PreparedJob> job = *std::move(opened);
     std::lock_guard<std::mutex> lock(jobs_mu_);
-    jobs_[lease.job_id()] = OpenJob{lease.job_created_ms(), job};
+    jobs_[lease.job_id()] = OpenJob{lease.job_created_ms(), job, ++uses_};
+    if (jobs_.size() > kMaxOpenJobs) {  // the least recently used goes (running tasks keep it)
+      jobs_.erase(std::min_element(jobs_.begin(), jobs_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_used < b.second.last_used;
+      }));
+    }
     Log(absl::StrCat("opened job ", lease.job_id(), ": ", spec->source, " -> ", spec->output));
     return job;
   }
@@ -438,6 +451,7 @@ class Worker {
 
   std::mutex jobs_mu_;                      // guards the members below
   std::map<int64_t, OpenJob> jobs_;         // jobs opened, by id
+  uint64_t uses_ = 0;                       // for OpenJob::last_used
   std::map<std::string, int64_t> started_;  // tasks started per stage kind (test hooks)
 };
 

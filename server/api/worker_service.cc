@@ -250,8 +250,8 @@ grpc::ServerUnaryReactor* WorkerService::Lease(grpc::CallbackServerContext* cont
           response->set_job_id(l.job_id);
           response->set_task_id(l.task.id);
           response->set_attempt(l.task.attempt);
+          response->set_job_created_ms(l.job_created_ms);
           if (l.job_included) {
-            response->set_job_created_ms(l.job_created_ms);
             response->set_job_store(l.job_store);
             response->set_spec_json(l.spec_json);
             response->set_work_dir(l.work_dir);

@@ -254,11 +254,11 @@ absl::StatusOr<std::optional<RemoteLease>> Scheduler::Impl::LeaseFor(
     out.job_id = job_id;
     out.task = *std::move(task);
     ASSIGN_OR_RETURN(out.tasks, store_->ListTasks(job_id));
+    ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
+    out.job_created_ms = row.created_ms;
     if (open_jobs.count(job_id) == 0) {
       ASSIGN_OR_RETURN(pipeline::StoredJob stored, pipeline::ReadStoredJob(*store_, job_id));
-      ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
       out.job_included = true;
-      out.job_created_ms = stored.identity.created_ms;
       out.job_store = stored.identity.store;
       out.spec_json = row.spec_json;
       out.work_dir = stored.work_dir;

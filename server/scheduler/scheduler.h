@@ -132,9 +132,9 @@ struct RemoteDevice {
 struct RemoteLease {
   int64_t job_id = 0;
   store::TaskRow task;  // task.attempt is the fencing token
+  int64_t job_created_ms = 0;  // a job id may be given again after a delete
   // Set unless the worker said it holds the job already:
   bool job_included = false;
-  int64_t job_created_ms = 0;
   std::string job_store;  // with job_id and job_created_ms: pipeline::JobIdentity
   std::string spec_json;  // the job's stored spec
   std::string work_dir;

@@ -211,6 +211,8 @@ def test_workers_run_a_job_byte_identical_to_quantd_run(cluster, stubs, source, 
     assert metric(cluster["daemon"], "quantd_workers_connected") == workers
     for proc in procs:
         assert proc.poll() is None, worker_log(proc)
+        # Each worker opened the job once, however many of its tasks it ran.
+        assert worker_log(proc).count("opened job") <= 1, worker_log(proc)
 
 
 def test_a_killed_worker_s_task_finishes_on_another_byte_identical(cluster, stubs, source,

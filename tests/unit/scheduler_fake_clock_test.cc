@@ -886,7 +886,7 @@ TEST_F(SchedulerFakeClockTest, ARemoteAttemptThatLostItsLeaseIsFencedOff) {
   EXPECT_TRUE(l1.job_included);
   EXPECT_EQ(l1.work_dir, dir_ + "/state.db.work/job-" + std::to_string(id));
   ASSERT_EQ(l1.tasks.size(), 1u);
-  // Nothing else to lease; a job the worker holds is not sent again.
+  // Nothing else to lease.
   const auto none = lease(w1->worker_id, {id});
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());
@@ -906,9 +906,11 @@ TEST_F(SchedulerFakeClockTest, ARemoteAttemptThatLostItsLeaseIsFencedOff) {
   }
   const absl::StatusOr<RemoteRegistration> w2 = reg("w2");
   ASSERT_TRUE(w2.ok()) << w2.status();
+  // A job the worker holds is not sent again; its creation time always is (ids may be reused).
   const auto second = lease(w2->worker_id, {id});
   ASSERT_TRUE(second.ok() && second->has_value()) << second.status();
   EXPECT_EQ((*second)->task.attempt, 2);
+  EXPECT_EQ((*second)->job_created_ms, l1.job_created_ms);
   EXPECT_FALSE((*second)->job_included);
 
   // The silent attempt returns: its renewal and its completion change nothing.

@@ -26,18 +26,15 @@
 #include "client/report_view.h"
 #include "client/spec_flags.h"
 #include "client/table.h"
+#include "client/workers_view.h"
 #include "quantd/v1/quantd.grpc.pb.h"
+#include "server/api/client_channel.h"
 #include "server/api/default_socket.h"
-#include "server/api/token_file.h"
-#include "server/checkpoint/atomic_file.h"
 
 namespace {
 
 namespace client = quantd::client;
 namespace v1 = quantd::v1;
-
-// The largest TLS certificate, key or CA file read.
-constexpr uint64_t kMaxPemFileBytes = 1 << 20;
 
 // Prints "quantctl: <CODE>: <message>" to stderr; returns the exit code for `code`.
 int Fail(grpc::StatusCode code, const std::string& message) {
@@ -65,41 +62,20 @@ class Session {
 
   // Reads the token and TLS files; call once after parsing. InvalidArgument naming the file.
   absl::Status Load() {
-    if (!token_file.empty()) {
-      absl::StatusOr<std::string> token =
-          quantd::api::ReadTokenFile(token_file, quantd::api::TokenFileAccess::kAny);
-      if (!token.ok()) return token.status();
-      authorization_ = "Bearer " + *token;
-    }
-    if (tls_cert.empty() != tls_key.empty()) {
-      return absl::InvalidArgumentError("--tls-cert and --tls-key: give both");
-    }
-    const std::pair<const std::string*, std::string*> pem_files[] = {
-        {&tls_ca, &ssl_.pem_root_certs},
-        {&tls_cert, &ssl_.pem_cert_chain},
-        {&tls_key, &ssl_.pem_private_key}};
-    for (const auto& [path, pem] : pem_files) {
-      if (path->empty()) continue;
-      absl::StatusOr<std::string> text = quantd::checkpoint::ReadFile(*path, kMaxPemFileBytes);
-      if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
-      *pem = *std::move(text);
-    }
+    absl::StatusOr<quantd::api::ClientChannel> channel =
+        quantd::api::ClientChannel::Open({server, token_file, tls_ca, tls_cert, tls_key});
+    if (!channel.ok()) return channel.status();
+    channel_ = *std::move(channel);
     return absl::OkStatus();
   }
 
   v1::QuantService::Stub& stub() {
-    if (stub_ == nullptr) {
-      const bool tls = !tls_ca.empty() || !tls_cert.empty();
-      stub_ = v1::QuantService::NewStub(grpc::CreateChannel(
-          server, tls ? grpc::SslCredentials(ssl_) : grpc::InsecureChannelCredentials()));
-    }
+    if (stub_ == nullptr) stub_ = v1::QuantService::NewStub(channel_.channel());
     return *stub_;
   }
 
   // Adds the bearer token (if any) to `ctx`.
-  void Authenticate(grpc::ClientContext* ctx) const {
-    if (!authorization_.empty()) ctx->AddMetadata("authorization", authorization_);
-  }
+  void Authenticate(grpc::ClientContext* ctx) const { channel_.Authenticate(ctx); }
 
   // A context whose deadline is --timeout from now, with the token.
   std::unique_ptr<grpc::ClientContext> Context() const {
@@ -142,8 +118,7 @@ class Session {
 
  private:
   std::unique_ptr<v1::QuantService::Stub> stub_;  // created on the first call
-  std::string authorization_;                     // "Bearer <token>"; empty: none
-  grpc::SslCredentialsOptions ssl_;               // PEM texts of the TLS files
+  quantd::api::ClientChannel channel_;            // opened by Load
 };
 
 void ExitOnInterrupt(int) { _exit(client::kExitInterrupted); }
@@ -429,6 +404,26 @@ void AddReport(CLI::App& app, Session& session, int& rc) {
   });
 }
 
+void AddWorkers(CLI::App& app, Session& session, int& rc) {
+  CLI::App* cmd = app.add_subcommand(
+      "workers", "List the remote workers (quantd worker) registered with the daemon");
+  cmd->callback([&session, &rc] {
+    v1::ListWorkersResponse response;
+    const grpc::Status s = session.stub().ListWorkers(session.Context().get(),
+                                                      v1::ListWorkersRequest(), &response);
+    if (!s.ok()) {
+      rc = session.RpcFail(s);
+      return;
+    }
+    if (session.json()) {
+      rc = session.PrintJson(response);
+      return;
+    }
+    std::cout << client::FormatWorkers(response, absl::Now());
+    rc = client::kExitOk;
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -467,6 +462,7 @@ int main(int argc, char** argv) {
   AddResume(app, session, rc);
   AddDelete(app, session, rc);
   AddReport(app, session, rc);
+  AddWorkers(app, session, rc);
   // Subcommand callbacks run inside parse(); the files must be read before them.
   app.parse_complete_callback([&session, &rc] {
     if (absl::Status s = session.Load(); !s.ok()) {

@@ -20,6 +20,7 @@
 #include "server/run_command.h"
 #include "server/serve_command.h"
 #include "server/tokenize_command.h"
+#include "server/worker_command.h"
 
 namespace {
 
@@ -151,6 +152,7 @@ int main(int argc, char** argv) {
   AddVerify(app, rc);
   quantd::AddRunCommand(app, rc);
   quantd::AddServeCommand(app, rc);
+  quantd::AddWorkerCommand(app, rc);
   quantd::AddTokenizeCommand(app, rc);
   quantd::AddDatasetCommand(app, rc);
   quantd::AddCalibrateCommand(app, rc);

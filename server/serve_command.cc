@@ -137,9 +137,13 @@ absl::Status CheckDevice(const std::string& device) {
       absl::StrCat("devices (--devices): \"", device, "\" is not cpu or cuda:N"));
 }
 
-// The workers' devices: the explicit list when every CUDA device in it exists, else every CUDA
-// device, else cpu_workers CPU workers.
+// `--devices none`: no local worker, remote workers (`quantd worker`) run every task.
+constexpr char kNoDevices[] = "none";
+
+// The workers' devices: none for "none", the explicit list when every CUDA device in it exists,
+// else every CUDA device, else cpu_workers CPU workers.
 absl::StatusOr<std::vector<std::string>> ResolveDevices(const ServeConfig& config) {
+  if (config.devices == std::vector<std::string>{kNoDevices}) return std::vector<std::string>{};
   const int cuda = kernels::CudaDeviceCount();
   if (config.devices.empty()) {
     std::vector<std::string> devices;
@@ -197,7 +201,8 @@ absl::StatusOr<std::unique_ptr<store::FileLock>> LockStateDir(const std::string&
 
 // The settings as one log line.
 std::string Describe(const ServeConfig& config, const std::vector<std::string>& devices) {
-  return absl::StrCat("state dir ", config.state_dir, ", devices ", absl::StrJoin(devices, ","),
+  return absl::StrCat("state dir ", config.state_dir, ", devices ",
+                      devices.empty() ? std::string(kNoDevices) : absl::StrJoin(devices, ","),
                       ", cpu threads ", config.cpu_threads, ", host memory budget ",
                       config.host_memory_bytes, " bytes, queue limit ", config.queue_limit,
                       ", shutdown grace ", config.shutdown_grace_seconds, " s, planning ",
@@ -424,8 +429,10 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       std::vector<std::string> devices;
       s = r.Strings(&devices);
       if (s.ok() && it.value().is_string()) {
-        if (devices[0] != "auto") s = r.Error("must be \"auto\" or an array of devices");
-        devices.clear();
+        if (devices[0] != "auto" && devices[0] != "none") {
+          s = r.Error("must be \"auto\", \"none\" or an array of devices");
+        }
+        if (devices[0] == "auto") devices.clear();
       }
       config->devices = std::move(devices);
     } else if (key == "cpu_workers") {
@@ -436,6 +443,8 @@ absl::Status ApplyServeConfigFile(const std::string& path, ServeConfig* config) 
       s = r.Integer(&config->host_memory_bytes);
     } else if (key == "queue_limit") {
       s = r.Integer(&config->queue_limit);
+    } else if (key == "lease_seconds") {
+      s = r.Number(&config->lease_seconds);
     } else if (key == "lease_expiry_limit") {
       s = r.Integer(&config->lease_expiry_limit);
     } else if (key == "shutdown_grace_seconds") {
@@ -488,8 +497,14 @@ absl::Status ValidateServeConfig(const ServeConfig& config) {
   if (config.state_dir.empty()) {
     return absl::InvalidArgumentError("state_dir (--state-dir): empty");
   }
-  for (const std::string& device : config.devices) {
-    if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (config.devices != std::vector<std::string>{kNoDevices}) {
+    for (const std::string& device : config.devices) {
+      if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+    }
+  }
+  if (config.lease_seconds < 0.1 || config.lease_seconds > 3600) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease_seconds (--lease-seconds): must be in [0.1, 3600], got ", config.lease_seconds));
   }
   if (config.tls_cert.empty() != config.tls_key.empty()) {
     return absl::InvalidArgumentError("tls_cert and tls_key (--tls-cert, --tls-key): give both");
@@ -624,6 +639,7 @@ int ServeMain(const ServeConfig& config) {
   options.cpu_threads = config.cpu_threads;
   options.queue_limit = config.queue_limit;
   options.lease_expiry_limit = config.lease_expiry_limit;
+  options.lease_ms = static_cast<int64_t>(config.lease_seconds * 1000);
   options.host_memory_bytes = config.host_memory_bytes;
   options.planning.threads = config.planning_threads;
   options.planning.memory_bytes = config.planning_memory_bytes;
@@ -734,7 +750,8 @@ void AddServeCommand(CLI::App& app, int& rc) {
                       "holds quantd.db, quantd.lock, serve.json, quantd.sock")
           ->capture_default_str();
   CLI::Option* devices =
-      cmd->add_option("--devices", parsed->devices, "auto, or a list such as cpu,cuda:0")
+      cmd->add_option("--devices", parsed->devices,
+                      "auto, none (remote workers only), or a list such as cpu,cuda:0")
           ->capture_default_str();
   CLI::Option* cpu_workers =
       cmd->add_option("--cpu-workers", f.cpu_workers, "CPU workers when auto finds no GPU")
@@ -747,6 +764,11 @@ void AddServeCommand(CLI::App& app, int& rc) {
           ->capture_default_str();
   CLI::Option* queue_limit = cmd->add_option("--queue-limit", f.queue_limit, "PENDING jobs at most")
                                  ->capture_default_str();
+  CLI::Option* lease_seconds =
+      cmd->add_option("--lease-seconds", f.lease_seconds,
+                      "how long a task (local or remote) may report nothing before it loses its "
+                      "lease")
+          ->capture_default_str();
   CLI::Option* lease_expiry_limit =
       cmd->add_option("--lease-expiry-limit", f.lease_expiry_limit,
                       "leases a silent task may lose before its job fails")
@@ -816,6 +838,7 @@ void AddServeCommand(CLI::App& app, int& rc) {
     if (cpu_threads->count() > 0) config.cpu_threads = given.cpu_threads;
     if (host_memory->count() > 0) config.host_memory_bytes = given.host_memory_bytes;
     if (queue_limit->count() > 0) config.queue_limit = given.queue_limit;
+    if (lease_seconds->count() > 0) config.lease_seconds = given.lease_seconds;
     if (lease_expiry_limit->count() > 0) config.lease_expiry_limit = given.lease_expiry_limit;
     if (grace->count() > 0) config.shutdown_grace_seconds = given.shutdown_grace_seconds;
     if (socket->count() > 0) config.socket = given.socket;

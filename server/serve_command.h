@@ -58,11 +58,13 @@ struct ServeConfig {
   std::vector<std::string> listen;                // gRPC addresses besides the socket; "unix:" too
   std::string metrics_listen = "127.0.0.1:9464";  // "none": no metrics endpoint
   std::string state_dir = api::kDefaultStateDir;
-  std::vector<std::string> devices;  // "cpu" / "cuda:N" entries; empty = auto
+  std::vector<std::string> devices;  // "cpu" / "cuda:N" entries; empty = auto; {"none"}: no
+                                     // local worker (remote workers run every task)
   int cpu_workers = 2;               // CPU workers when auto finds no CUDA device
   int cpu_threads = 0;               // threads per CPU kernel call; 0 = all cores
   int64_t host_memory_bytes = 0;     // host-memory budget; 0 = none
   int queue_limit = 64;              // PENDING jobs at most
+  double lease_seconds = 60;         // a task silent this long loses its lease
   int lease_expiry_limit = 3;        // leases a silent task may lose before its job fails
   double shutdown_grace_seconds = 30;
   std::string socket;         // the unix socket; empty: <state_dir>/quantd.sock

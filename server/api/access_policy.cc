@@ -37,10 +37,11 @@ class EntryReader {
 
   absl::StatusOr<Role> ReadRole() const {
     const auto it = entry_.find("role");
-    if (it == entry_.end()) return Error("'role' is missing (reader or admin)");
+    if (it == entry_.end()) return Error("'role' is missing (reader, admin or worker)");
     if (*it == "reader") return Role::kReader;
     if (*it == "admin") return Role::kAdmin;
-    return Error("'role' must be \"reader\" or \"admin\"");
+    if (*it == "worker") return Role::kWorker;
+    return Error("'role' must be \"reader\", \"admin\" or \"worker\"");
   }
 
   absl::StatusOr<std::vector<std::filesystem::path>> ReadRoots() const {
@@ -77,7 +78,17 @@ absl::StatusOr<uid_t> LookUpUser(const std::string& name) {
 
 }  // namespace
 
-const char* RoleName(Role role) { return role == Role::kAdmin ? "admin" : "reader"; }
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kAdmin:
+      return "admin";
+    case Role::kWorker:
+      return "worker";
+    case Role::kReader:
+      break;
+  }
+  return "reader";
+}
 
 std::filesystem::path ResolvePath(const std::filesystem::path& path) {
   std::error_code ec;

@@ -10,8 +10,8 @@
 //     {"tls_common_name": "trainer-01", "role": "admin", "allowed_roots": ["/models/shared"]}]}
 // Each entry names exactly one of uid, user (resolved to its uid at start), token_file (a
 // 0600 file read at start; see token_file.h) or tls_common_name (the CN of a client certificate
-// that --tls-client-ca verified), a role ("reader" or "admin") and optionally allowed_roots
-// (absolute directories, resolved at start).
+// that --tls-client-ca verified), a role ("reader", "admin" or "worker") and optionally
+// allowed_roots (absolute directories, resolved at start).
 //
 // Callers without an entry: the daemon's own uid and root are admins that may name any path; any
 // other uid that can open the socket (mode 0660: the socket's group) is a reader; the token of
@@ -34,9 +34,11 @@
 
 namespace quantd::api {
 
-enum class Role { kReader, kAdmin };
+// A worker (`quantd worker`) may call quantd.v1.WorkerService and nothing else; readers and
+// admins may not call it.
+enum class Role { kReader, kAdmin, kWorker };
 
-// "reader" or "admin".
+// "reader", "admin" or "worker".
 const char* RoleName(Role role);
 
 // What one caller may do.

@@ -29,6 +29,17 @@ absl::Status NotAuthenticated(const std::string& message) {
   return WithReason(absl::UnauthenticatedError(message), kNotAuthenticated);
 }
 
+constexpr char kWorkerOnly[] = "WORKER_ONLY";
+constexpr char kWorkerRole[] = "WORKER_ROLE";
+
+absl::Status CheckNotWorker(const Grant& grant, const char* method) {
+  if (grant.role != Role::kWorker) return absl::OkStatus();
+  return WithReason(absl::PermissionDeniedError(absl::StrCat(
+                        method, ": ", grant.caller,
+                        " has the worker role, which may call quantd.v1.WorkerService only")),
+                    kWorkerRole);
+}
+
 absl::Status CheckAdmin(const Grant& grant, const char* method) {
   if (grant.role == Role::kAdmin) return absl::OkStatus();
   return WithReason(
@@ -117,8 +128,22 @@ absl::StatusOr<Grant> Authorizer::Identify(const grpc::ServerContextBase& contex
       "--token-file) or a client certificate (quantctl --tls-cert/--tls-key)");
 }
 
-absl::Status Authorizer::AllowRead(const grpc::ServerContextBase& context) const {
-  return Identify(context).status();
+absl::Status Authorizer::AllowRead(const grpc::ServerContextBase& context,
+                                   const char* method) const {
+  ASSIGN_OR_RETURN(const Grant grant, Identify(context));
+  return CheckNotWorker(grant, method);
+}
+
+absl::StatusOr<Grant> Authorizer::AllowWorker(const grpc::ServerContextBase& context,
+                                              const char* method) const {
+  ASSIGN_OR_RETURN(Grant grant, Identify(context));
+  if (grant.role == Role::kWorker) return grant;
+  return WithReason(
+      absl::PermissionDeniedError(absl::StrCat("WorkerService.", method,
+                                               " needs the worker role; ", grant.caller, " is a",
+                                               grant.role == Role::kAdmin ? "n " : " ",
+                                               RoleName(grant.role))),
+      kWorkerOnly);
 }
 
 absl::StatusOr<std::optional<std::vector<std::string>>> Authorizer::AllowSubmit(

@@ -3,13 +3,15 @@
 // a verified TLS client certificate), asks the AccessPolicy for its grant and checks the role the
 // RPC needs and, for job paths, the caller's allowed roots.
 //
-// Readers may call GetJob, ListJobs, WatchJob and GetJobReport; SubmitJob, CancelJob, ResumeJob
-// and DeleteJob need the admin role, and an admin with allowed_roots may submit or change only
+// Readers may call GetJob, ListJobs, WatchJob, GetJobReport and ListWorkers; SubmitJob,
+// CancelJob, ResumeJob and DeleteJob need the admin role; WorkerService needs the worker role,
+// which may call nothing else, and an admin with allowed_roots may submit or change only
 // jobs whose paths all lie inside them. Health checking and reflection are gRPC's own services and
 // need no credentials (they reveal no job).
 //
 // Errors: UNAUTHENTICATED (reason NOT_AUTHENTICATED) when no caller is known, PERMISSION_DENIED
-// with reason ADMIN_ONLY (the role) or PATH_NOT_ALLOWED (a path, named by its spec field).
+// with reason ADMIN_ONLY or WORKER_ONLY (the role a call needs), WORKER_ROLE (a worker called
+// QuantService) or PATH_NOT_ALLOWED (a path, named by its spec field).
 #ifndef QUANTD_SERVER_API_AUTHORIZER_H_
 #define QUANTD_SERVER_API_AUTHORIZER_H_
 
@@ -35,8 +37,12 @@ class Authorizer {
   // None of the pointers is owned; `unix_listener` may be nullptr (no unix sockets).
   Authorizer(const AccessPolicy* policy, const UnixListener* unix_listener, JobSpecLookup job_spec);
 
-  // GetJob, ListJobs, WatchJob, GetJobReport: any known caller.
-  absl::Status AllowRead(const grpc::ServerContextBase& context) const;
+  // GetJob, ListJobs, WatchJob, GetJobReport, ListWorkers (`method`): any known caller but a
+  // worker.
+  absl::Status AllowRead(const grpc::ServerContextBase& context, const char* method) const;
+  // WorkerService's `method`: a worker only. Returns its grant.
+  absl::StatusOr<Grant> AllowWorker(const grpc::ServerContextBase& context,
+                                    const char* method) const;
   // SubmitJob: an admin whose allowed roots hold every path of `spec`. Returns the roots that
   // symbolic links inside the job's source may lead into (job::JobSpec::source_roots): the
   // caller's allowed roots, or nullopt for a caller that may name any path.

@@ -159,11 +159,6 @@ bool EndsWatch(v1::JobState state) {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 // One WatchJob stream. Snapshots come from the board; its listener runs on the publishing
 // thread while the board holds its listener mutex, so the listener only notes the change and,
 // when the stream is idle, sets an alarm whose callback (a gRPC thread) reads the board and
@@ -175,7 +170,7 @@ class QuantService::WatchReactor final : public grpc::ServerWriteReactor<v1::Job
       : service_(service), context_(context), job_id_(job_id) {
     absl::Status refused = CheckId(job_id_);
     if (refused.ok() && service_->authorizer_ != nullptr) {
-      refused = service_->authorizer_->AllowRead(*context);
+      refused = service_->authorizer_->AllowRead(*context, "WatchJob");
     }
     if (refused.ok() && !service_->AddWatch(this)) refused = ShuttingDown();
     if (!refused.ok()) {
@@ -318,23 +313,7 @@ grpc::ServerUnaryReactor* QuantService::Unary(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* QuantService::AsyncUnary(
     grpc::CallbackServerContext* context, const char* method,
     const std::function<absl::Status(const Finisher&)>& start) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const Finisher finish = [this, context, reactor, method](const absl::Status& status) {
-    const std::string reason = scheduler::ReasonOf(status);
-    if (!reason.empty()) context->AddTrailingMetadata(kReasonKey, reason);
-    Record(method, status.code());
-    reactor->Finish(ToGrpcStatus(status));
-  };
-  absl::Status refused;
-  try {
-    refused = start(finish);
-  } catch (const std::exception& e) {
-    refused = absl::InternalError(absl::StrCat(method, ": ", e.what()));
-  } catch (...) {
-    refused = absl::InternalError(absl::StrCat(method, ": unknown exception"));
-  }
-  if (!refused.ok()) finish(refused);
-  return reactor;
+  return StartUnaryCall(context, method, metrics_, start);
 }
 
 void QuantService::Record(const char* method, absl::StatusCode code) {
@@ -377,6 +356,33 @@ grpc::ServerUnaryReactor* QuantService::SubmitJob(grpc::CallbackServerContext* c
   });
 }
 
+grpc::ServerUnaryReactor* QuantService::ListWorkers(grpc::CallbackServerContext* context,
+                                                    const v1::ListWorkersRequest* /*request*/,
+                                                    v1::ListWorkersResponse* response) {
+  return AsyncUnary(context, "ListWorkers", [&](const Finisher& finish) -> absl::Status {
+    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context, "ListWorkers"));
+    scheduler_->ListWorkersAsync([finish, response](std::vector<scheduler::RemoteWorkerView> all) {
+      for (const scheduler::RemoteWorkerView& w : all) {
+        v1::WorkerInfo* info = response->add_workers();
+        info->set_name(w.name);
+        info->set_peer(w.peer);
+        for (const scheduler::RemoteDevice& d : w.devices) {
+          v1::WorkerDevice* device = info->add_devices();
+          device->set_name(d.name);
+          device->set_gpu(d.gpu);
+          device->set_memory_bytes(d.memory_bytes);
+        }
+        for (const std::string& task : w.tasks) info->add_tasks(task);
+        info->set_tasks_leased(w.tasks_leased);
+        *info->mutable_register_time() = scheduler::TimestampFromMs(w.registered_ms);
+        *info->mutable_last_seen_time() = scheduler::TimestampFromMs(w.last_seen_ms);
+      }
+      finish(absl::OkStatus());
+    });
+    return absl::OkStatus();
+  });
+}
+
 std::vector<job::ClaimedDir> QuantService::ClaimedDirs(const std::string& request_id) const {
   std::vector<job::ClaimedDir> claimed;
   bool more = true;
@@ -405,7 +411,7 @@ grpc::ServerUnaryReactor* QuantService::GetJob(grpc::CallbackServerContext* cont
                                                const v1::GetJobRequest* request,
                                                v1::Job* response) {
   return Unary(context, "GetJob", [&]() -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
+    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context, "GetJob"));
     if (absl::Status s = CheckId(request->id()); !s.ok()) return s;
     std::optional<v1::Job> job = scheduler_->board().Get(request->id());
     if (!job.has_value()) return JobNotFound(request->id());
@@ -418,7 +424,7 @@ grpc::ServerUnaryReactor* QuantService::ListJobs(grpc::CallbackServerContext* co
                                                  const v1::ListJobsRequest* request,
                                                  v1::ListJobsResponse* response) {
   return Unary(context, "ListJobs", [&]() -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
+    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context, "ListJobs"));
     if (!v1::JobState_IsValid(request->state())) {
       return InvalidRequest(absl::StrCat("state: unknown value ", request->state()));
     }
@@ -497,7 +503,9 @@ grpc::ServerUnaryReactor* QuantService::GetJobReport(grpc::CallbackServerContext
                                                      const v1::GetJobReportRequest* request,
                                                      v1::JobReport* response) {
   return AsyncUnary(context, "GetJobReport", [&](const Finisher& finish) -> absl::Status {
-    if (authorizer_ != nullptr) RETURN_IF_ERROR(authorizer_->AllowRead(*context));
+    if (authorizer_ != nullptr) {
+      RETURN_IF_ERROR(authorizer_->AllowRead(*context, "GetJobReport"));
+    }
     RETURN_IF_ERROR(CheckId(request->id()));
     if (request->worst() < 0) {
       return InvalidRequest(absl::StrCat("worst: must be >= 0, got ", request->worst()));

@@ -25,14 +25,12 @@
 #include "absl/synchronization/mutex.h"
 #include "quantd/v1/quantd.grpc.pb.h"
 #include "server/api/authorizer.h"
+#include "server/api/unary_call.h"
 #include "server/job/job_paths.h"
 #include "server/metrics/metrics.h"
 #include "server/scheduler/scheduler.h"
 
 namespace quantd::api {
-
-// The trailing-metadata key of the reason (quantd.proto).
-inline constexpr char kReasonKey[] = "quantd-reason";
 
 class QuantService final : public v1::QuantService::CallbackService {
  public:
@@ -64,15 +62,16 @@ class QuantService final : public v1::QuantService::CallbackService {
                                          const v1::GetJobReportRequest* request,
                                          v1::JobReport* response) override;
 
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
+                                        const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
+
   // Ends every open WatchJob stream with UNAVAILABLE (reason SHUTTING_DOWN) and refuses new
   // ones, so that the server's shutdown does not wait for them. Called before Server::Shutdown.
   void BeginShutdown();
 
  private:
   class WatchReactor;
-
-  // Completes a unary call: reason metadata, metrics, Finish. Callable from any thread, once.
-  using Finisher = std::function<void(const absl::Status&)>;
 
   // Runs `body` (exceptions become INTERNAL), records the outcome and finishes the call.
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* method,
@@ -101,9 +100,6 @@ class QuantService final : public v1::QuantService::CallbackService {
   std::set<WatchReactor*> watches_ ABSL_GUARDED_BY(watches_mu_);  // open WatchJob streams
   bool shutting_down_ ABSL_GUARDED_BY(watches_mu_) = false;       // BeginShutdown ran
 };
-
-// The absl::Status as a grpc::Status (same code and message).
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace quantd::api
 

@@ -137,6 +137,8 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions opt
       });
   server->service_ =
       std::make_unique<QuantService>(scheduler, metrics, server->authorizer_.get());
+  server->worker_service_ =
+      std::make_unique<WorkerService>(scheduler, metrics, server->authorizer_.get());
   grpc::ServerBuilder builder;
   RefuseSharedPorts(builder);
   LimitConnections(builder);
@@ -146,6 +148,7 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions opt
     builder.AddListeningPort(tcp[i], credentials, &bound_ports[i]);
   }
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->worker_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
     for (const std::string& address : tcp) {

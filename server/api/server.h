@@ -1,8 +1,9 @@
-// ApiServer: the gRPC server of `quantd serve`: QuantService, grpc.health.v1 (overall and
-// "quantd.v1.QuantService" SERVING while up) and server reflection, on any number of listen
-// addresses: "unix:/path/to.sock" (callers known by their uid, unix_listener.h) and "host:port"
-// (port 0 = the system picks one; callers known by a bearer token or a TLS client certificate).
-// Every QuantService call passes the Authorizer first (authorizer.h). Requests run on gRPC's own
+// ApiServer: the gRPC server of `quantd serve`: QuantService, WorkerService (remote workers),
+// grpc.health.v1 (overall and "quantd.v1.QuantService" SERVING while up) and server reflection, on
+// any number of listen addresses: "unix:/path/to.sock" (callers known by their uid,
+// unix_listener.h) and "host:port" (port 0 = the system picks one; callers known by a bearer token
+// or a TLS client certificate). Every call of both services passes the Authorizer first
+// (authorizer.h). Requests run on gRPC's own
 // callback threads; Start returns once every address is bound.
 #ifndef QUANTD_SERVER_API_SERVER_H_
 #define QUANTD_SERVER_API_SERVER_H_
@@ -19,6 +20,7 @@
 #include "server/api/authorizer.h"
 #include "server/api/quant_service.h"
 #include "server/api/unix_listener.h"
+#include "server/api/worker_service.h"
 #include "server/metrics/metrics.h"
 #include "server/scheduler/scheduler.h"
 
@@ -71,7 +73,8 @@ class ApiServer {
   AccessPolicy policy_;                         // the authorizer's grants
   std::unique_ptr<UnixListener> unix_listener_;  // the unix sockets; nullptr when none
   std::unique_ptr<Authorizer> authorizer_;      // the service's access checks
-  std::unique_ptr<QuantService> service_;       // the RPC handlers; outlives server_
+  std::unique_ptr<QuantService> service_;       // the RPC handlers; outlive server_
+  std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<grpc::Server> server_;        // nullptr after Shutdown
   std::vector<std::string> bound_;              // bound_addresses()
 };

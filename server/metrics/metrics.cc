@@ -163,6 +163,24 @@ class PrometheusMetrics final : public Metrics {
                        .Help("Size of the file system under the state dir or the unfinished "
                              "jobs' outputs.")
                        .Register(*registry_)),
+        workers_connected_(prometheus::BuildGauge()
+                               .Name("quantd_workers_connected")
+                               .Help("Remote workers registered with this daemon.")
+                               .Register(*registry_)),
+        worker_tasks_leased_(prometheus::BuildCounter()
+                                 .Name("quantd_worker_tasks_leased_total")
+                                 .Help("Tasks leased to a remote worker, by its name.")
+                                 .Register(*registry_)),
+        lease_expiries_(prometheus::BuildCounter()
+                            .Name("quantd_lease_expiries_total")
+                            .Help("Task leases lost because the task reported nothing for a "
+                                  "whole lease.")
+                            .Register(*registry_)),
+        stale_calls_(prometheus::BuildCounter()
+                         .Name("quantd_worker_stale_calls_total")
+                         .Help("Renewals, completions and failures of an attempt that had lost "
+                               "its lease, refused.")
+                         .Register(*registry_)),
         read_bytes_total_(read_bytes_.Add({})),
         written_bytes_total_(written_bytes_.Add({})),
         calibrated_tokens_total_(calibrated_tokens_.Add({})),
@@ -170,11 +188,14 @@ class PrometheusMetrics final : public Metrics {
         evaluated_tokens_total_(evaluated_tokens_.Add({})),
         queue_depth_value_(queue_depth_.Add({})),
         heartbeat_value_(heartbeat_.Add({})),
+        workers_connected_value_(workers_connected_.Add({})),
+        lease_expiries_total_(lease_expiries_.Add({})),
         heartbeat_time_(absl::Now()) {
     build_info_.Add({{"version", version}, {"cuda", cuda ? "true" : "false"}}).Set(1);
     start_time_.Add({}).Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
     heartbeat_value_.Set(absl::ToDoubleSeconds(heartbeat_time_ - absl::UnixEpoch()));
     for (const char* state : kJobStates) job_series_[state] = &jobs_.Add({{"state", state}});
+    for (const char* call : {"renew", "complete", "fail"}) stale_calls_.Add({{"call", call}});
   }
 
   // Starts the HTTP server (http_server.h) on `listen` and records the address it bound.
@@ -280,6 +301,20 @@ class PrometheusMetrics final : public Metrics {
     rpcs_.Add({{"method", method}, {"code", code}}).Increment();
   }
 
+  void SetWorkersConnected(int64_t workers) override {
+    workers_connected_value_.Set(static_cast<double>(workers));
+  }
+
+  void WorkerTaskLeased(const std::string& worker) override {
+    worker_tasks_leased_.Add({{"worker", worker}}).Increment();
+  }
+
+  void LeaseExpired() override { lease_expiries_total_.Increment(); }
+
+  void StaleWorkerCall(const std::string& call) override {
+    stale_calls_.Add({{"call", call}}).Increment();
+  }
+
   void SetDiskSpace(const std::string& dir, int64_t free_bytes, int64_t size_bytes) override {
     absl::MutexLock lock(&mu_);
     disk_free_.Add({{"dir", dir}}).Set(static_cast<double>(free_bytes));
@@ -328,6 +363,10 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Family<prometheus::Gauge>& heartbeat_;
   prometheus::Family<prometheus::Gauge>& disk_free_;
   prometheus::Family<prometheus::Gauge>& disk_size_;
+  prometheus::Family<prometheus::Gauge>& workers_connected_;
+  prometheus::Family<prometheus::Counter>& worker_tasks_leased_;
+  prometheus::Family<prometheus::Counter>& lease_expiries_;
+  prometheus::Family<prometheus::Counter>& stale_calls_;
   // The unlabelled series of the families above.
   prometheus::Counter& read_bytes_total_;
   prometheus::Counter& written_bytes_total_;
@@ -336,6 +375,8 @@ class PrometheusMetrics final : public Metrics {
   prometheus::Counter& evaluated_tokens_total_;
   prometheus::Gauge& queue_depth_value_;
   prometheus::Gauge& heartbeat_value_;
+  prometheus::Gauge& workers_connected_value_;
+  prometheus::Counter& lease_expiries_total_;
 
   // Guards job_series_, task_series_ and heartbeat_time_; makes each Set*/Clear* call atomic.
   mutable absl::Mutex mu_;

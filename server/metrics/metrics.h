@@ -30,6 +30,13 @@
 //                                                           last SetJobCounts (start until then)
 //   quantd_disk_free_bytes{dir}                             gauge: dir = state or output
 //   quantd_disk_size_bytes{dir}                             gauge: the same file systems' sizes
+//   quantd_workers_connected                                gauge: registered remote workers
+//   quantd_worker_tasks_leased_total{worker}                counter: tasks leased to a remote
+//                                                           worker (worker = its name)
+//   quantd_lease_expiries_total                             counter: task leases lost to silence
+//   quantd_worker_stale_calls_total{call}                   counter: renew | complete | fail calls
+//                                                           of an attempt that lost its lease,
+//                                                           refused
 //
 // Thread-safe: every method may be called from any thread.
 #ifndef QUANTD_SERVER_METRICS_METRICS_H_
@@ -88,6 +95,12 @@ class Metrics {
   virtual void SetDiskSpace(const std::string& dir, int64_t free_bytes, int64_t size_bytes) = 0;
   // Drops the series of `dir` (no unfinished job has an output to watch).
   virtual void ClearDiskSpace(const std::string& dir) = 0;
+
+  virtual void SetWorkersConnected(int64_t workers) = 0;
+  virtual void WorkerTaskLeased(const std::string& worker) = 0;
+  virtual void LeaseExpired() = 0;
+  // `call`: "renew", "complete" or "fail".
+  virtual void StaleWorkerCall(const std::string& call) = 0;
 
   // When SetJobCounts last ran (the scheduler's heartbeat); the creation time until then.
   virtual absl::Time scheduler_heartbeat() const = 0;

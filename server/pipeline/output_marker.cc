@@ -229,6 +229,40 @@ absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Claim(const std::str
       created_dir));
 }
 
+absl::StatusOr<std::unique_ptr<OutputMarker>> OutputMarker::Join(const std::string& field,
+                                                                 const std::string& dir,
+                                                                 const JobIdentity& job) {
+  absl::StatusOr<checkpoint::DirHandle> handle = checkpoint::DirHandle::Open(field, dir);
+  if (!handle.ok()) return absl::FailedPreconditionError(handle.status().message());
+  const std::string path = absl::StrCat(dir, "/", kFileName);
+  struct stat st;
+  absl::StatusOr<int> fd = handle->OpenRegularFile(kFileName, &st);
+  if (!fd.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": ", path, " cannot be read (", fd.status().message(),
+                     "); does this node mount the coordinator's storage at the same path?"));
+  }
+  absl::StatusOr<std::string> text = ReadMarker(*fd, path);
+  absl::StatusOr<MarkerContent> marker =
+      text.ok() ? ParseMarker(*text, path) : absl::StatusOr<MarkerContent>(text.status());
+  if (!marker.ok()) {
+    close(*fd);
+    return absl::FailedPreconditionError(absl::StrCat(field, ": ", marker.status().message()));
+  }
+  if (!(marker->job == job)) {
+    close(*fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": ", path, " names job ", marker->job.job_id, " of ", marker->job.store,
+        ", not job ", job.job_id, " of ", job.store,
+        "; does this node mount the coordinator's storage at the same path?"));
+  }
+  return std::unique_ptr<OutputMarker>(new OutputMarker(field, dir, *std::move(handle), *fd,
+                                                        std::move(marker->foreign),
+                                                        /*adopted=*/false,
+                                                        /*wrote_marker=*/false,
+                                                        /*created_dir=*/false));
+}
+
 OutputMarker::~OutputMarker() { close(fd_); }
 
 void OutputMarker::Withdraw() {

@@ -70,6 +70,13 @@ class OutputMarker {
                                                              const JobIdentity& job,
                                                              bool overwrite,
                                                              const OwnFiles& own = {});
+  // For a remote worker (`quantd worker`) of a job whose coordinator holds the claim: opens `dir`
+  // (absolute) and checks that its marker names `job`, without the lock (the coordinator holds
+  // it) and without writing anything. FailedPrecondition naming `field` and the directory when
+  // the marker is missing or names another job (not the same storage as the coordinator's).
+  static absl::StatusOr<std::unique_ptr<OutputMarker>> Join(const std::string& field,
+                                                            const std::string& dir,
+                                                            const JobIdentity& job);
   // Releases the lock; the file stays, so that a rerun of the job finds its claim.
   ~OutputMarker();
   OutputMarker(const OutputMarker&) = delete;

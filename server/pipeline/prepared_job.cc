@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -79,10 +80,8 @@ absl::StatusOr<std::vector<std::string>> NamesWritten(const Plan& plan, const ch
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
-                                                                StoredJob stored,
-                                                                const PlanLimits& limits,
-                                                                const StageRegistry& stages) {
+absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::LoadSource(
+    const JobSpec& spec, StoredJob stored, const PlanLimits& limits, const StageRegistry& stages) {
   std::unique_ptr<PreparedJob> job(new PreparedJob());
   job->stages_ = &stages;
   job->spec_ = spec;
@@ -123,6 +122,15 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
                      BuildPlan(job->spec_, *job->source_, job->inventory_, stages, limits));
   }
   base::ThreadBudgetCheck();
+  return job;
+}
+
+absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& spec,
+                                                                StoredJob stored,
+                                                                const PlanLimits& limits,
+                                                                const StageRegistry& stages) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PreparedJob> job,
+                   LoadSource(spec, std::move(stored), limits, stages));
   if (job->stored_.planned) {
     RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
     ASSIGN_OR_RETURN(job->changed_outputs_, FindChangedOutputs(job->stored_.tasks, stages));
@@ -145,6 +153,37 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
     if (opened != nullptr) job->stage_jobs_.emplace(std::string(stage->kind()), std::move(opened));
   }
   return job;
+}
+
+absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::OpenForWorker(
+    const JobSpec& spec, StoredJob stored, const std::vector<store::AmaxRow>& amax,
+    const PlanLimits& limits, const StageRegistry& stages) {
+  if (!stored.planned) return absl::FailedPreconditionError("the job has no stored plan yet");
+  ASSIGN_OR_RETURN(std::unique_ptr<PreparedJob> job,
+                   LoadSource(spec, std::move(stored), limits, stages));
+  RETURN_IF_ERROR(CheckPlanUnchanged(job->plan_, job->stored_.tasks));
+  for (const auto& [field, path, handle] :
+       {std::tuple{"output", &job->spec_.output, &job->output_dir_},
+        std::tuple{"materialize_bf16", &job->spec_.materialize_bf16,
+                   &job->materialize_bf16_dir_}}) {
+    if (path->empty()) continue;
+    ASSIGN_OR_RETURN(std::unique_ptr<OutputMarker> marker,
+                     OutputMarker::Join(field, *path, job->stored_.identity));
+    *handle = &marker->dir();
+    job->markers_.push_back(std::move(marker));
+  }
+  job->stored_tasks_ = job->stored_.tasks;
+  for (const store::AmaxRow& row : amax) {
+    if (row.kind == "input") job->input_amax_[row.module] = static_cast<float>(row.value);
+  }
+  return job;
+}
+
+void PreparedJob::NoteRecorded(const store::TaskRow& done) const {
+  if (done.state != store::TaskState::kDone || done.output_path.empty()) return;
+  absl::MutexLock lock(&completed_mu_);
+  completed_[{done.stage_kind, done.name}] =
+      RecordedOutput{done.output_path, done.output_bytes.value_or(0), done.output_sha256};
 }
 
 std::set<int64_t> PreparedJob::ChangedTaskIds() const {
@@ -344,7 +383,7 @@ std::optional<RecordedOutput> PreparedJob::RecordedOutputOf(std::string_view kin
 
 absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::TaskLease& lease,
                                        const store::TaskRow& task, const TaskOutput& output,
-                                       int64_t now_ms) const {
+                                       int64_t now_ms, bool written_here) const {
   const Stage* stage = stages_->Find(task.stage_kind);
   if (stage == nullptr) {
     return absl::UnimplementedError(
@@ -357,8 +396,7 @@ absl::Status PreparedJob::CompleteTask(store::JobStore& store, const store::Task
   if (!output.path.empty()) {
     absl::MutexLock lock(&completed_mu_);
     completed_[{task.stage_kind, task.name}] = RecordedOutput{
-        output.path, static_cast<int64_t>(output.bytes), output.sha256,
-        /*written_by_this_process=*/true};
+        output.path, static_cast<int64_t>(output.bytes), output.sha256, written_here};
   }
   return absl::OkStatus();
 }

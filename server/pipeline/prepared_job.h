@@ -75,6 +75,23 @@ class PreparedJob {
       const job::JobSpec& spec, StoredJob stored, const PlanLimits& limits = {},
       const StageRegistry& stages = BuiltinStages());
 
+  // A remote worker's view of a planned job (`quantd worker`): the source phase of Load without
+  // the store's part, from what the coordinator sent: `stored` (its stored plan, which must
+  // equal the plan built here from the source: the worker sees the same source), `amax` (the
+  // job's amax table). Joins the output directories the coordinator claimed
+  // (OutputMarker::Join) instead of claiming them, opens no stage job objects (the coordinator
+  // hands remote workers only jobs whose stages keep none: keeps_stage_state) and is never
+  // attached: its tasks run with RunTask and their results travel back to the coordinator.
+  static absl::StatusOr<std::unique_ptr<PreparedJob>> OpenForWorker(
+      const job::JobSpec& spec, StoredJob stored, const std::vector<store::AmaxRow>& amax,
+      const PlanLimits& limits = {}, const StageRegistry& stages = BuiltinStages());
+
+  // Whether some stage opened a job object (Stage::OpenJob): its state lives in this process.
+  bool keeps_stage_state() const { return !stage_jobs_.empty(); }
+  // A remote worker: `done`, a task the coordinator recorded DONE since OpenForWorker, is what
+  // StageContext::recorded_output answers for it. Thread-safe.
+  void NoteRecorded(const store::TaskRow& done) const;
+
   // The store phase (the store's thread), once per Load. `log` receives the planning summary and
   // the requeued outputs.
   absl::Status Attach(store::JobStore& store, int64_t now_ms,
@@ -88,10 +105,12 @@ class PreparedJob {
                                      std::function<void(uint64_t)> add_progress) const;
 
   // Marks the leased task DONE with `output` and its stage's Record, in one transaction
-  // (store::JobStore::CompleteTask).
+  // (store::JobStore::CompleteTask). `written_here`: a worker of this process ran the task, so
+  // the file it recorded was hashed by this process as it was written
+  // (RecordedOutput::written_by_this_process); false for a remote worker's.
   absl::Status CompleteTask(store::JobStore& store, const store::TaskLease& lease,
-                            const store::TaskRow& task, const TaskOutput& output,
-                            int64_t now_ms) const;
+                            const store::TaskRow& task, const TaskOutput& output, int64_t now_ms,
+                            bool written_here = true) const;
 
   // Removes the *.tmp files interrupted tasks left directly in the output directories, passing
   // over those that were there before quantd claimed the directory. Returns how many.
@@ -102,6 +121,12 @@ class PreparedJob {
 
  private:
   PreparedJob() = default;
+  // The source phase both Load and OpenForWorker begin with: opens the source (re-checking its
+  // path), builds the inventory and the plan.
+  static absl::StatusOr<std::unique_ptr<PreparedJob>> LoadSource(const job::JobSpec& spec,
+                                                                 StoredJob stored,
+                                                                 const PlanLimits& limits,
+                                                                 const StageRegistry& stages);
   absl::Status PlanJob(store::JobStore& store, int64_t now_ms,
                        const std::function<void(const std::string&)>& log);
   // The job object stage `kind` opened; nullptr when it opened none.

@@ -29,6 +29,8 @@ absl::Status Scheduler::Impl::Dispatch(ActiveJob& job) {
   if (job.stop != Stop::kNone || job.failure.has_value() || job.tasks == nullptr) {
     return absl::OkStatus();
   }
+  FailIfNoWorker(job);
+  if (job.failure.has_value()) return absl::OkStatus();
   while (true) {
     // A leased task that waits for a device goes first; new tasks are leased only while a worker
     // of the job is free and nothing waits.
@@ -67,6 +69,16 @@ absl::Status Scheduler::Impl::Dispatch(ActiveJob& job) {
   }
 }
 
+absl::Status Scheduler::Impl::ClockStage(ActiveJob& job, const store::TaskRow& task) {
+  if (job.stage_clock.count(task.stage_id) != 0) return absl::OkStatus();
+  const int64_t now = clock_.NowMs();
+  ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));
+  for (const store::StageProgress& p : stages) {
+    if (p.stage_id == task.stage_id) job.stage_clock[p.stage_id] = {now, p.bytes_done};
+  }
+  return absl::OkStatus();
+}
+
 int Scheduler::Impl::PlaceTask(const ActiveJob& job, const compute::DeviceRequirement& req) const {
   for (int w : job.workers) {
     if (slots_[w].busy) continue;
@@ -88,12 +100,7 @@ absl::Status Scheduler::Impl::StartTask(ActiveJob& job, int worker, store::TaskR
                                         store::TaskLease lease,
                                         const compute::DeviceRequirement& req) {
   const int64_t now = clock_.NowMs();
-  if (job.stage_clock.count(task.stage_id) == 0) {
-    ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job.id));
-    for (const store::StageProgress& p : stages) {
-      if (p.stage_id == task.stage_id) job.stage_clock[p.stage_id] = {now, p.bytes_done};
-    }
-  }
+  RETURN_IF_ERROR(ClockStage(job, task));
   Work work;
   work.job_id = job.id;
   work.worker = worker;

@@ -113,6 +113,7 @@ void Scheduler::Impl::Kick() {
     return;
   }
   OnStoreOk();
+  ServeRemoteWaiters();
   MaybeEndLoop(/*force=*/false);
 }
 

@@ -41,13 +41,17 @@ class JobTasks {
       std::function<void(uint64_t)> add_progress) const = 0;
   // Marks the leased task DONE in `store` with its output and whatever its stage records, in one
   // transaction (on the strand). FailedPrecondition when the lease is no longer this process's.
+  // `written_here`: a local worker ran it (false: a remote worker's result).
   virtual absl::Status Complete(store::JobStore& store, const store::TaskLease& lease,
                                 const store::TaskRow& task, const pipeline::TaskOutput& output,
-                                int64_t now_ms) const = 0;
+                                int64_t now_ms, bool written_here) const = 0;
   // What the task needs from its device (the strand places it by this).
   virtual compute::DeviceRequirement Requirement(const store::TaskRow& task) const = 0;
   // Removes the *.tmp files interrupted tasks left in the output; returns how many.
   virtual absl::StatusOr<int> SweepTmpFiles() const = 0;
+  // Whether remote workers may run the job's tasks: they open the job from its stored spec, so
+  // only a job whose stages keep no state between tasks in this process.
+  virtual bool RunsRemotely() const { return true; }
 };
 
 // A source read by JobPlanner::Load, waiting for the strand to attach it to the store.

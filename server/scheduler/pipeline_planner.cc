@@ -20,14 +20,15 @@ class PipelineTasks final : public JobTasks {
   }
   absl::Status Complete(store::JobStore& store, const store::TaskLease& lease,
                         const store::TaskRow& task, const pipeline::TaskOutput& output,
-                        int64_t now_ms) const override {
-    return job_->CompleteTask(store, lease, task, output, now_ms);
+                        int64_t now_ms, bool written_here) const override {
+    return job_->CompleteTask(store, lease, task, output, now_ms, written_here);
   }
   // The stage stated it when it planned the task; the store keeps it on the task row.
   compute::DeviceRequirement Requirement(const store::TaskRow& task) const override {
     return task.requirement;
   }
   absl::StatusOr<int> SweepTmpFiles() const override { return job_->SweepTmpFiles(); }
+  bool RunsRemotely() const override { return !job_->keeps_stage_state(); }
 
  private:
   std::unique_ptr<pipeline::PreparedJob> job_;  // shared read-only by the workers

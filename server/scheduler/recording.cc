@@ -71,7 +71,8 @@ absl::Status Scheduler::Impl::Record(const Result& result) {
   if (output.ok()) {
     // The completion and the stage's record commit in one transaction; completing a task again
     // records nothing twice.
-    absl::Status completed = work.tasks->Complete(*store_, work.lease, task, *output, now);
+    absl::Status completed =
+        work.tasks->Complete(*store_, work.lease, task, *output, now, work.remote.empty());
     if (absl::IsFailedPrecondition(completed)) {  // the store gave the task to someone else
       Log(job.id, "task_late", absl::StrCat(TaskLabel(task), ": ", completed.message()));
       return absl::OkStatus();
@@ -155,6 +156,7 @@ absl::Status Scheduler::Impl::RenewAndExpireLeases() {
       // store requeues it below) and is asked to stop; a result it still returns is ignored.
       if (!f.returned && now - f.work.run->heartbeat_ms.load() > options_.lease_ms) {
         f.work.run->cancel.store(true);
+        if (options_.metrics != nullptr) options_.metrics->LeaseExpired();
         const int expiries = ++job->lease_expiries[f.work.task.id];
         const std::string label = TaskLabel(f.work.task);
         if (expiries >= options_.lease_expiry_limit) {

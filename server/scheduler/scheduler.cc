@@ -50,7 +50,6 @@ absl::Status Scheduler::Impl::Init() {
                    ParsePlanningStall(getenv("QUANTD_TEST_PLANNING_STALL")));
   if (stall.has_value()) planner_ = StallingPlanner(planner_, *stall);
   owner_ = absl::StrCat("quantd:", getpid());
-  if (options_.devices.empty()) return absl::InvalidArgumentError("no devices to run tasks on");
   {
     absl::MutexLock lock(&report_mu_);
     ASSIGN_OR_RETURN(report_store_, store::JobStore::OpenReadOnly(store_->db().path()));
@@ -163,6 +162,7 @@ void Scheduler::Impl::At(int64_t at_ms, std::function<void()> fn) {
 }
 
 void Scheduler::Impl::OnLeaseTimer() {
+  ForgetSilentWorkers();
   if (absl::Status s = RenewAndExpireLeases(); !s.ok()) {
     OnStoreError(s, "renewing leases");
   } else {
@@ -216,6 +216,8 @@ void Scheduler::Impl::MaybeEndLoop(bool force) {
 
 void Scheduler::Impl::EndLoop(const absl::Status& status) {
   ended_ = true;
+  for (RemoteWaiter& waiter : remote_waiters_) waiter.done(ShuttingDown());
+  remote_waiters_.clear();
   // Tasks still running stop at their next check; their leases go back to PENDING now (this
   // process will not record them), which is what a crash would leave too.
   for (auto& [id, job] : active_) {
@@ -378,6 +380,29 @@ void Scheduler::ResumeAsync(int64_t job_id, JobDone done) {
 void Scheduler::DeleteAsync(int64_t job_id, store::DeletePrecondition precondition,
                             std::function<void(absl::Status)> done) {
   impl_->Delete(job_id, precondition, std::move(done));
+}
+void Scheduler::RegisterWorkerAsync(const std::string& name, const std::string& peer,
+                                    std::vector<RemoteDevice> devices,
+                                    std::function<void(absl::StatusOr<RemoteRegistration>)> done) {
+  impl_->RegisterWorker(name, peer, std::move(devices), std::move(done));
+}
+void Scheduler::LeaseRemoteAsync(
+    const std::string& worker_id, int device, int64_t wait_ms, std::set<int64_t> open_jobs,
+    std::function<void(absl::StatusOr<std::optional<RemoteLease>>)> done) {
+  impl_->LeaseRemote(worker_id, device, wait_ms, std::move(open_jobs), std::move(done));
+}
+void Scheduler::RenewRemoteAsync(const std::string& worker_id, int64_t task_id, int attempt,
+                                 uint64_t bytes_done,
+                                 std::function<void(absl::StatusOr<bool>)> done) {
+  impl_->RenewRemote(worker_id, task_id, attempt, bytes_done, std::move(done));
+}
+void Scheduler::CompleteRemoteAsync(const std::string& worker_id, int64_t task_id, int attempt,
+                                    absl::StatusOr<pipeline::TaskOutput> output,
+                                    std::function<void(absl::Status)> done) {
+  impl_->CompleteRemote(worker_id, task_id, attempt, std::move(output), std::move(done));
+}
+void Scheduler::ListWorkersAsync(std::function<void(std::vector<RemoteWorkerView>)> done) {
+  impl_->ListWorkers(std::move(done));
 }
 void Scheduler::ReportAsync(int64_t job_id, int worst,
                             std::function<void(absl::StatusOr<v1::JobReport>)> done) {

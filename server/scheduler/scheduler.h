@@ -51,6 +51,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,7 @@
 #include "server/compute/device.h"
 #include "server/job/job_spec.h"
 #include "server/metrics/metrics.h"
+#include "server/pipeline/stage.h"
 #include "server/scheduler/clock.h"
 #include "server/scheduler/job_board.h"
 #include "server/scheduler/job_planner.h"
@@ -69,7 +72,8 @@
 namespace quantd::scheduler {
 
 struct SchedulerOptions {
-  // One worker per entry: "cpu" or "cuda:N". The same name may repeat (two CPU workers).
+  // One worker per entry: "cpu" or "cuda:N". The same name may repeat (two CPU workers). Empty:
+  // no local worker, tasks run on remote workers only (quantd serve --devices none).
   std::vector<std::string> devices = {"cpu"};
   int cpu_threads = 0;      // threads per CPU kernel call; 0 = all cores
   int queue_limit = 64;     // PENDING jobs at most; SubmitJob beyond it is ResourceExhausted
@@ -107,6 +111,57 @@ struct SchedulerOptions {
       open_device;
 };
 
+// Remote workers (`quantd worker`, api/worker_service.h) lease tasks through the commands below,
+// on the same strand, store and leases as the local workers: a remote lease is an attempt in the
+// job's in-flight set whose heartbeat is the worker's renewal, it expires as a local one does
+// (lease_ms, lease_expiry_limit), and its result is recorded by the same code. The attempt number
+// is the fencing token: a renewal, completion or failure whose (worker, task, attempt) is not the
+// job's current in-flight attempt is FailedPrecondition with reason LEASE_LOST, changes nothing,
+// is logged ("task_late") and counted (quantd_worker_stale_calls_total). Registrations live in
+// memory only: after a restart a worker's calls get NotFound (reason WORKER_UNKNOWN) and it
+// registers again. Remote workers take tasks of jobs whose stages keep no state between tasks
+// (JobTasks::RunsRemotely); a coordinator without local workers fails the other jobs (reason
+// NO_WORKER).
+
+// A device of a remote worker, as it registered it.
+struct RemoteDevice {
+  std::string name;  // "cpu", "cuda:N" on the worker's host
+  bool gpu = false;
+  int64_t memory_bytes = 0;
+};
+
+// A task leased to a remote worker: enough to open its job from the stored spec and run it.
+struct RemoteLease {
+  int64_t job_id = 0;
+  store::TaskRow task;  // task.attempt is the fencing token
+  int64_t job_created_ms = 0;  // a job id may be given again after a delete
+  // Set unless the worker said it holds the job already:
+  bool job_included = false;
+  std::string job_store;  // with job_id and job_created_ms: pipeline::JobIdentity
+  std::string spec_json;  // the job's stored spec
+  std::string work_dir;
+  std::vector<store::AmaxRow> input_amax;  // kind "input"
+  // The job's stored plan as it is now (DONE tasks with their outputs).
+  std::vector<store::TaskRow> tasks;
+};
+
+// What Register answers a remote worker.
+struct RemoteRegistration {
+  std::string worker_id;  // sent with every later call
+  int64_t lease_ms = 0;   // a task silent this long loses its lease
+};
+
+// A registered remote worker, for `quantctl workers`.
+struct RemoteWorkerView {
+  std::string name;
+  std::string peer;
+  std::vector<RemoteDevice> devices;
+  std::vector<std::string> tasks;  // "job 3: quantize model-00001-of-00002.safetensors"
+  int64_t tasks_leased = 0;
+  int64_t registered_ms = 0;
+  int64_t last_seen_ms = 0;
+};
+
 class Scheduler {
  public:
   // Takes the store, requeues the leases a dead process left behind, resumes the jobs that were
@@ -132,6 +187,25 @@ class Scheduler {
   // busy strand does not delay it, and building it does not delay them.
   void ReportAsync(int64_t job_id, int worst,
                    std::function<void(absl::StatusOr<v1::JobReport>)> done);
+
+  // Remote workers (see above). `done` runs on the strand and must not block.
+  // Registers worker `name` (replacing an earlier registration of the same name).
+  void RegisterWorkerAsync(const std::string& name, const std::string& peer,
+                           std::vector<RemoteDevice> devices,
+                           std::function<void(absl::StatusOr<RemoteRegistration>)> done);
+  // Leases a task that fits the worker's device `device`, waiting up to wait_ms for one; nullopt
+  // when none came. `open_jobs`: jobs the worker holds already (their spec is not sent again).
+  void LeaseRemoteAsync(const std::string& worker_id, int device, int64_t wait_ms,
+                        std::set<int64_t> open_jobs,
+                        std::function<void(absl::StatusOr<std::optional<RemoteLease>>)> done);
+  // The task's heartbeat; answers whether the task should stop (its job is stopping).
+  void RenewRemoteAsync(const std::string& worker_id, int64_t task_id, int attempt,
+                        uint64_t bytes_done, std::function<void(absl::StatusOr<bool>)> done);
+  // Records the attempt's result as a local worker's (recording.cc); `output` is the stage's.
+  void CompleteRemoteAsync(const std::string& worker_id, int64_t task_id, int attempt,
+                           absl::StatusOr<pipeline::TaskOutput> output,
+                           std::function<void(absl::Status)> done);
+  void ListWorkersAsync(std::function<void(std::vector<RemoteWorkerView>)> done);
 
   // The same commands, waiting for their answer (quantd run and tests).
   // Creates a PENDING job (the spec was validated by the caller). Idempotent on request_id: the

@@ -97,7 +97,8 @@ std::string TaskLabel(const store::TaskRow& task);
 
 struct Work {
   int64_t job_id = 0;
-  int worker = 0;  // index into workers_
+  int worker = 0;      // index into workers_; -1 for a remote worker's
+  std::string remote;  // the remote worker's id; "" for a local worker's
   store::TaskRow task;
   store::TaskLease lease;
   int64_t reserved_bytes = 0;              // device memory reserved for it
@@ -132,6 +133,20 @@ class Scheduler::Impl {
                                            const std::function<bool(const v1::Job&)>& poll)
       ABSL_LOCKS_EXCLUDED(state_mu_);
   bool serving() const { return serving_.load(); }
+
+  // remote_workers.cc: the commands of Scheduler's remote-worker API.
+  void RegisterWorker(const std::string& name, const std::string& peer,
+                      std::vector<RemoteDevice> devices,
+                      std::function<void(absl::StatusOr<RemoteRegistration>)> done);
+  void LeaseRemote(const std::string& worker_id, int device, int64_t wait_ms,
+                   std::set<int64_t> open_jobs,
+                   std::function<void(absl::StatusOr<std::optional<RemoteLease>>)> done);
+  void RenewRemote(const std::string& worker_id, int64_t task_id, int attempt, uint64_t bytes_done,
+                   std::function<void(absl::StatusOr<bool>)> done);
+  void CompleteRemote(const std::string& worker_id, int64_t task_id, int attempt,
+                      absl::StatusOr<pipeline::TaskOutput> output,
+                      std::function<void(absl::Status)> done);
+  void ListWorkers(std::function<void(std::vector<RemoteWorkerView>)> done);
 
  private:
   // Why a running job stops before finishing.
@@ -277,6 +292,45 @@ class Scheduler::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   void OnStoreOk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
 
+  // --- remote_workers.cc: remote workers (scheduler.h)
+  struct RemoteWorker {
+    std::string id;    // handed out by Register, sent with every call
+    std::string name;  // as it registered (metrics label, `quantctl workers`)
+    std::string peer;  // the address it registered from
+    std::vector<RemoteDevice> devices;
+    int64_t registered_ms = 0;
+    int64_t last_seen_ms = 0;   // its last call
+    int64_t tasks_leased = 0;
+  };
+  // A Lease call waiting for a task.
+  struct RemoteWaiter {
+    std::string worker_id;
+    int device = 0;
+    int64_t deadline_ms = 0;
+    std::set<int64_t> open_jobs;
+    std::function<void(absl::StatusOr<std::optional<RemoteLease>>)> done;
+  };
+  // The registered worker `id`; NotFound (reason WORKER_UNKNOWN) for none. Marks it seen.
+  absl::StatusOr<RemoteWorker*> SeeWorker(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Leases the oldest running job's next task that fits the worker's device; nullopt for none.
+  absl::StatusOr<std::optional<RemoteLease>> LeaseFor(RemoteWorker& worker, int device,
+                                                      const std::set<int64_t>& open_jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Answers the waiting Lease calls that a task now fits or whose wait ended (from Kick).
+  void ServeRemoteWaiters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // The in-flight attempt of remote worker `worker_id` on task `task_id` with `attempt` (not yet
+  // returned); nullptr when there is none (the fencing: logged and counted under `call`).
+  InFlight* FindRemoteAttempt(const std::string& worker_id, int64_t task_id, int attempt,
+                              const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Forgets workers silent for three leases (lease timer) and refreshes the connected gauge.
+  void ForgetSilentWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // A job that no worker of this process can run fails (reason NO_WORKER).
+  void FailIfNoWorker(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // Notes when this process began the task's stage (the progress rate's base).
+  absl::Status ClockStage(ActiveJob& job, const store::TaskRow& task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+
   // --- snapshots.cc: the board and metrics
   absl::StatusOr<v1::Job> Snapshot(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   absl::Status Publish(int64_t job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
@@ -324,6 +378,9 @@ class Scheduler::Impl {
   std::map<std::string, int64_t> started_ ABSL_GUARDED_BY(on_strand_);  // tasks per stage kind
   std::set<int64_t> kill_when_done_ ABSL_GUARDED_BY(on_strand_);  // test hook: task ids
   std::map<std::string, std::deque<double>> busy_window_ ABSL_GUARDED_BY(on_strand_);
+  std::map<std::string, RemoteWorker> remote_workers_ ABSL_GUARDED_BY(on_strand_);  // by id
+  std::deque<RemoteWaiter> remote_waiters_ ABSL_GUARDED_BY(on_strand_);  // Lease calls, oldest first
+  uint64_t next_worker_ ABSL_GUARDED_BY(on_strand_) = 1;  // for RemoteWorker::id
 
   mutable absl::Mutex report_mu_;  // guards report_store_
   // A read-only connection to store_'s database for DoReport; null once the loop ended (reports

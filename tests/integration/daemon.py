@@ -30,11 +30,15 @@ MAX_SOCKET_PATH = 100  # bytes; a unix socket address holds 107 (and quantd bind
 
 
 class Daemon:
-    """One `quantd serve --devices cpu` (one CPU worker) on a state dir; start() may run again
-    after the process ended, on the same state dir."""
+    """One `quantd serve --devices cpu` (one CPU worker; `devices` says otherwise, "none" for a
+    coordinator of remote workers) on a state dir; start() may run again after the process ended,
+    on the same state dir."""
 
-    def __init__(self, binary, state_dir, *extra, env=None, socket_path=None):
+    def __init__(self, binary, state_dir, *extra, env=None, socket_path=None, devices="cpu",
+                 metrics_listen="none"):
         self.binary = str(binary)
+        self.devices = devices
+        self.metrics_listen = metrics_listen  # "127.0.0.1:0": info["metrics_listen"] has the port
         self.state_dir = Path(state_dir)
         self.extra = [str(a) for a in extra]
         self.env = dict(env or {})  # e.g. {"QUANTD_TEST_KILL_AT": "quantize:2:mid"}
@@ -55,8 +59,8 @@ class Daemon:
         # addresses are overridden.
         listen = [] if "--listen" in self.extra else ["--listen", "none"]
         return [self.binary, "serve", "--state-dir", str(self.state_dir),
-                "--socket", str(self.socket_path), *listen, "--metrics-listen", "none",
-                "--devices", "cpu", *self.extra]
+                "--socket", str(self.socket_path), *listen, "--metrics-listen", self.metrics_listen,
+                "--devices", self.devices, *self.extra]
 
     @property
     def ready_file(self):

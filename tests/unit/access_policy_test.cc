@@ -107,6 +107,23 @@ TEST_F(AccessPolicyTest, TokensMatchExactly) {
   EXPECT_FALSE(policy->ForToken("").has_value());
 }
 
+TEST_F(AccessPolicyTest, WorkerTokensAndCertificatesHaveTheWorkerRole) {
+  const std::string worker = Write("worker.token", "a-token-for-remote-workers");
+  auto policy = LoadConfig(R"({"callers": [
+      {"token_file": ")" + worker + R"(", "role": "worker"},
+      {"tls_common_name": "node-07", "role": "worker"}]})");
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  const std::optional<Grant> grant = policy->ForToken("a-token-for-remote-workers");
+  ASSERT_TRUE(grant.has_value());
+  EXPECT_EQ(grant->role, Role::kWorker);
+  EXPECT_EQ(grant->caller, "the token of " + worker);
+  EXPECT_FALSE(grant->any_path);
+  EXPECT_EQ(policy->ForCertificate("node-07").role, Role::kWorker);
+  EXPECT_STREQ(RoleName(Role::kWorker), "worker");
+  EXPECT_STREQ(RoleName(Role::kAdmin), "admin");
+  EXPECT_STREQ(RoleName(Role::kReader), "reader");
+}
+
 TEST_F(AccessPolicyTest, EntriesByUidUserAndCommonName) {
   fs::create_directories(dir_ + "/models/alice");
   auto policy = LoadConfig(R"({"callers": [
@@ -138,9 +155,10 @@ TEST_F(AccessPolicyTest, ConfigErrorsNameTheFileAndEntry) {
        file + ": callers[0]: must name exactly one of uid, user, token_file, tls_common_name"},
       {R"({"callers": [{"uid": 1, "user": "root", "role": "admin"}]})",
        file + ": callers[0]: must name exactly one of uid, user, token_file, tls_common_name"},
-      {R"({"callers": [{"uid": 1}]})", file + ": callers[0]: 'role' is missing (reader or admin)"},
+      {R"({"callers": [{"uid": 1}]})",
+       file + ": callers[0]: 'role' is missing (reader, admin or worker)"},
       {R"({"callers": [{"uid": 1, "role": "root"}]})",
-       file + ": callers[0]: 'role' must be \"reader\" or \"admin\""},
+       file + ": callers[0]: 'role' must be \"reader\", \"admin\" or \"worker\""},
       {R"({"callers": [{"uid": -1, "role": "admin"}]})",
        file + ": callers[0]: 'uid' must be a non-negative integer"},
       {R"({"callers": [{"uid": 1, "role": "admin", "allowed_roots": ["models"]}]})",

@@ -387,6 +387,10 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
   m->AddTaskFigure("quantd_evaluated_tokens_total", 8);
   m->RpcHandled("WatchJob", "CANCELLED");
   m->SetDiskSpace("state", 1 << 30, 1LL << 40);
+  m->SetWorkersConnected(2);
+  m->WorkerTaskLeased("node-07");
+  m->LeaseExpired();
+  m->StaleWorkerCall("complete");
   const std::string text = m->Exposition();
   // Every family of the header has samples now.
   for (const char* family :
@@ -398,7 +402,8 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
         "quantd_calibration_layer_seconds", "quantd_evaluated_tokens_total",
         "quantd_rpc_requests_total", "quantd_process_start_time_seconds",
         "quantd_scheduler_heartbeat_timestamp_seconds", "quantd_disk_free_bytes",
-        "quantd_disk_size_bytes"}) {
+        "quantd_disk_size_bytes", "quantd_workers_connected", "quantd_worker_tasks_leased_total",
+        "quantd_lease_expiries_total", "quantd_worker_stale_calls_total"}) {
     EXPECT_TRUE(HasLine(text, absl::StrCat("# TYPE ", family, " ", "counter")) ||
                 HasLine(text, absl::StrCat("# TYPE ", family, " ", "gauge")) ||
                 HasLine(text, absl::StrCat("# TYPE ", family, " ", "histogram")))
@@ -419,4 +424,31 @@ TEST(MetricsTest, PromtoolAcceptsEveryFamily) {
 }
 
 }  // namespace
+
+TEST(MetricsTest, RemoteWorkerMetricsCountWhatTheSchedulerReports) {
+  std::unique_ptr<Metrics> m = Metrics::Create("9.9.9", false);
+  std::string text = m->Exposition();
+  // The refused calls exist at 0 before the first one.
+  for (const char* call : {"renew", "complete", "fail"}) {
+    EXPECT_TRUE(HasLine(text, absl::StrCat("quantd_worker_stale_calls_total{call=\"", call,
+                                           "\"} 0")))
+        << text;
+  }
+  EXPECT_TRUE(HasLine(text, "quantd_workers_connected 0")) << text;
+  m->SetWorkersConnected(3);
+  m->WorkerTaskLeased("w1");
+  m->WorkerTaskLeased("w1");
+  m->WorkerTaskLeased("w2");
+  m->LeaseExpired();
+  m->StaleWorkerCall("complete");
+  m->StaleWorkerCall("complete");
+  text = m->Exposition();
+  EXPECT_TRUE(HasLine(text, "quantd_workers_connected 3")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_tasks_leased_total{worker=\"w1\"} 2")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_tasks_leased_total{worker=\"w2\"} 1")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_lease_expiries_total 1")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_stale_calls_total{call=\"complete\"} 2")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_stale_calls_total{call=\"renew\"} 0")) << text;
+}
+
 }  // namespace quantd::metrics

@@ -21,6 +21,7 @@
 #include "client/progress_view.h"
 #include "client/report_view.h"
 #include "client/spec_flags.h"
+#include "client/workers_view.h"
 #include "server/job/progress.h"
 #include "tests/unit/test_dirs.h"
 
@@ -203,6 +204,40 @@ TEST(ProgressViewTest, PlainPrintsOnlyChangedLines) {
                    // A stopped job's state comes after its final stage lines.
                    "quantize   [###.................]  13/48 tasks  150.0/805.3 GB\n",
                    "last error: paused by request\n", "job 7 PAUSED\n"));
+}
+
+TEST(WorkersViewTest, OneRowPerWorkerWithDevicesTasksAndAge) {
+  EXPECT_EQ(FormatWorkers(v1::ListWorkersResponse(), absl::FromUnixSeconds(1000)),
+            "no remote workers\n");
+  v1::ListWorkersResponse r;
+  v1::WorkerInfo* a = r.add_workers();
+  a->set_name("node-01");
+  a->set_peer("ipv4:10.0.0.5:4100");
+  v1::WorkerDevice* d = a->add_devices();
+  d->set_name("cuda:0");
+  d->set_gpu(true);
+  d->set_memory_bytes(int64_t{80} << 30);
+  d = a->add_devices();
+  d->set_name("cuda:1");
+  d->set_gpu(true);
+  d->set_memory_bytes(int64_t{3} << 29);
+  a->add_tasks("job 3: quantize model-00001-of-00004.safetensors");
+  a->set_tasks_leased(12);
+  a->mutable_last_seen_time()->set_seconds(993);
+  v1::WorkerInfo* b = r.add_workers();
+  b->set_name("n2");
+  b->set_peer("ipv4:10.0.0.6:4100");
+  d = b->add_devices();
+  d->set_name("cpu");
+  d->set_memory_bytes(int64_t{64} << 30);
+  b->mutable_last_seen_time()->set_seconds(1000);
+  EXPECT_EQ(FormatWorkers(r, absl::FromUnixSeconds(1000)),
+            "NAME     ADDRESS             DEVICES                            "
+            "TASK                                              LEASED  LAST SEEN\n"
+            "node-01  ipv4:10.0.0.5:4100  cuda:0 (80 GiB), cuda:1 (1.5 GiB)  "
+            "job 3: quantize model-00001-of-00004.safetensors  12        7 s ago\n"
+            "n2       ipv4:10.0.0.6:4100  cpu (64 GiB)                       "
+            "-                                                 0         0 s ago\n");
 }
 
 TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {

@@ -148,7 +148,7 @@ class FakeTasks final : public JobTasks {
   }
   absl::Status Complete(store::JobStore& store, const store::TaskLease& lease,
                         const store::TaskRow& /*task*/, const pipeline::TaskOutput& output,
-                        int64_t now_ms) const override {
+                        int64_t now_ms, bool /*written_here*/) const override {
     return store.CompleteTask(lease, output.path, static_cast<int64_t>(output.bytes),
                               output.sha256, now_ms);
   }
@@ -832,6 +832,121 @@ TEST_F(SchedulerFakeClockTest, AJobWhosePlanningCrashesTwiceFailsPlanningCrashed
   // A resume plans it once more.
   ASSERT_TRUE(s->Resume(id).ok());
   EXPECT_EQ(WaitStopped(*s, id).state(), v1::SUCCEEDED);
+}
+
+// Remote workers (issue 22 item 2): the attempt number fences renewals and results. A remote
+// attempt that goes silent loses its lease like a local one; its late renewal and completion are
+// refused (LEASE_LOST) and change nothing; the new attempt's completion is recorded once.
+template <typename T>
+T Await(const std::function<void(std::function<void(T)>)>& call) {
+  std::promise<T> promise;
+  call([&promise](T value) { promise.set_value(std::move(value)); });
+  return promise.get_future().get();
+}
+
+TEST_F(SchedulerFakeClockTest, ARemoteAttemptThatLostItsLeaseIsFencedOff) {
+  stages_.Plan({"a"});
+  auto s = Start({});  // no local worker: a coordinator of remote workers only
+  const int64_t id = Submit(*s);
+  WaitFor(*s, id, [](const v1::Job& j) { return j.stages_size() > 0; });
+  const std::vector<RemoteDevice> cpu = {{"cpu", false, 16 * kGiB}};
+  auto reg = [&](const std::string& name) {
+    return Await<absl::StatusOr<RemoteRegistration>>([&](auto done) {
+      s->RegisterWorkerAsync(name, "peer-" + name, cpu, done);
+    });
+  };
+  auto lease = [&](const std::string& worker, std::set<int64_t> open_jobs) {
+    return Await<absl::StatusOr<std::optional<RemoteLease>>>([&](auto done) {
+      s->LeaseRemoteAsync(worker, 0, 0, open_jobs, done);
+    });
+  };
+  auto renew = [&](const std::string& worker, int64_t task, int attempt) {
+    return Await<absl::StatusOr<bool>>([&](auto done) {
+      s->RenewRemoteAsync(worker, task, attempt, 50, done);
+    });
+  };
+  auto complete = [&](const std::string& worker, int64_t task, int attempt, std::string path) {
+    pipeline::TaskOutput out;
+    out.path = std::move(path);
+    out.bytes = 7;
+    out.sha256 = std::string(64, 'a');
+    return Await<absl::Status>([&](auto done) {
+      s->CompleteRemoteAsync(worker, task, attempt, std::move(out), done);
+    });
+  };
+  const absl::StatusOr<RemoteRegistration> w1 = reg("w1");
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  EXPECT_EQ(w1->lease_ms, kLeaseMs);
+  const auto first = lease(w1->worker_id, {});
+  ASSERT_TRUE(first.ok() && first->has_value()) << first.status();
+  const RemoteLease& l1 = **first;
+  EXPECT_EQ(l1.job_id, id);
+  EXPECT_EQ(l1.task.name, "a");
+  EXPECT_EQ(l1.task.attempt, 1);
+  EXPECT_TRUE(l1.job_included);
+  EXPECT_EQ(l1.work_dir, dir_ + "/state.db.work/job-" + std::to_string(id));
+  ASSERT_EQ(l1.tasks.size(), 1u);
+  // Nothing else to lease.
+  const auto none = lease(w1->worker_id, {id});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+
+  // The wrong attempt, an unknown worker: refused.
+  EXPECT_EQ(ReasonOf(renew(w1->worker_id, l1.task.id, 2).status()), "LEASE_LOST");
+  EXPECT_EQ(ReasonOf(renew("no-such-worker", l1.task.id, 1).status()), "WORKER_UNKNOWN");
+  const absl::StatusOr<bool> renewed = renew(w1->worker_id, l1.task.id, 1);
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_FALSE(*renewed);  // the job is not stopping
+
+  // w1 goes silent: 8 timer periods take its lease (the 4th) and requeue the task once the stored
+  // lease lapsed (the 7th), before the worker itself is forgotten (after three leases).
+  for (int i = 0; i < 8; ++i) {
+    clock_.Advance(kLeaseMs / 3);
+    Sync(*s);
+  }
+  const absl::StatusOr<RemoteRegistration> w2 = reg("w2");
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  // A job the worker holds is not sent again; its creation time always is (ids may be reused).
+  const auto second = lease(w2->worker_id, {id});
+  ASSERT_TRUE(second.ok() && second->has_value()) << second.status();
+  EXPECT_EQ((*second)->task.attempt, 2);
+  EXPECT_EQ((*second)->job_created_ms, l1.job_created_ms);
+  EXPECT_FALSE((*second)->job_included);
+
+  // The silent attempt returns: its renewal and its completion change nothing.
+  const std::string out = dir_ + "/out/a.safetensors";
+  EXPECT_EQ(ReasonOf(renew(w1->worker_id, l1.task.id, 1).status()), "LEASE_LOST");
+  const absl::Status late = complete(w1->worker_id, l1.task.id, 1, out + ".late");
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReasonOf(late), "LEASE_LOST");
+  EXPECT_EQ(late.message(),
+            "task " + std::to_string(l1.task.id) +
+                " attempt 1 no longer holds its lease (it expired, or the job stopped); the "
+                "result is not recorded");
+  // A path outside the job's output is refused; the attempt keeps its lease.
+  EXPECT_EQ(ReasonOf(complete(w2->worker_id, l1.task.id, 2, "/etc/passwd")), "INVALID_REQUEST");
+  EXPECT_TRUE(complete(w2->worker_id, l1.task.id, 2, out).ok());
+  // Recorded once: a repeated completion is refused too.
+  EXPECT_EQ(ReasonOf(complete(w2->worker_id, l1.task.id, 2, out)), "LEASE_LOST");
+  EXPECT_EQ(WaitStopped(*s, id).state(), v1::SUCCEEDED);
+  const std::vector<RemoteWorkerView> views =
+      Await<std::vector<RemoteWorkerView>>([&](auto done) { s->ListWorkersAsync(done); });
+  ASSERT_EQ(views.size(), 2u);
+  EXPECT_EQ(views[0].name, "w1");
+  EXPECT_EQ(views[0].tasks_leased, 1);
+  EXPECT_EQ(views[1].name, "w2");
+  EXPECT_EQ(views[1].peer, "peer-w2");
+  EXPECT_EQ(views[1].tasks_leased, 1);
+  EXPECT_TRUE(views[1].tasks.empty());
+  s->Shutdown(std::chrono::seconds(0));
+  auto store = OpenStore();
+  auto tasks = store->ListTasks(id);
+  ASSERT_TRUE(tasks.ok()) << tasks.status();
+  ASSERT_EQ(tasks->size(), 1u);
+  EXPECT_EQ((*tasks)[0].state, store::TaskState::kDone);
+  EXPECT_EQ((*tasks)[0].attempt, 2);
+  EXPECT_EQ((*tasks)[0].output_path, out);
+  EXPECT_EQ(*store->CountEvents(id, "task_done"), 1);
 }
 
 }  // namespace

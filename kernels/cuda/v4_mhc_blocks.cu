@@ -43,6 +43,14 @@ __global__ void HcCollapseKernel(const float* pre, const float* streams, int64_t
   }
 }
 
+// One item per stream element (token, stream, column).
+__global__ void AddToStreamsKernel(const float* e, int64_t tokens, int64_t hc, int64_t d,
+                                   float* x) {
+  for (int64_t item = FirstItem(); item < tokens * hc * d; item += ItemStride()) {
+    x[item] = e[item / (hc * d) * d + item % d] + x[item];
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchHcScaleMixes(const float* streams, int64_t tokens, int64_t width, float eps,
@@ -69,6 +77,14 @@ cudaError_t LaunchHcCollapse(const float* pre, const float* streams, int64_t tok
   if (items <= 0) return cudaSuccess;
   HcCollapseKernel<<<GridFor(items, launch), kThreads, 0, launch.stream>>>(pre, streams, tokens,
                                                                             hc, d, round_bf16, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddToStreams(const float* e, int64_t tokens, int64_t hc, int64_t d, float* x,
+                               const Launch& launch) {
+  const int64_t items = tokens * hc * d;
+  if (items <= 0) return cudaSuccess;
+  AddToStreamsKernel<<<GridFor(items, launch), kThreads, 0, launch.stream>>>(e, tokens, hc, d, x);
   return cudaGetLastError();
 }
 

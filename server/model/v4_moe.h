@@ -107,7 +107,12 @@ void AddRows(const float* out, const int64_t* rows, int64_t n, int64_t d, float*
              const HostThreads& threads);
 
 // y[tokens, d] = MoE(x) for the ffn-normed input x [tokens, d] (model dtype) of the tokens
-// `token_ids` (used by hash layers). Output in the model dtype.
+// `token_ids` (host; used by hash layers), over ctx's ops: x and y in their memory. Output in
+// the model dtype.
+absl::Status MoeBlock(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
+                      const float* x, int64_t tokens, const int32_t* token_ids, float* y);
+
+// MoeBlock with x and y in host memory.
 absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
                         const float* x, int64_t tokens, const int32_t* token_ids, float* y);
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/formats.h"
+#include "kernels/v4_row_math.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_attention_sparse.h"
@@ -54,28 +54,6 @@ absl::Status CheckCompressor(const std::string& prefix, const V4CompressorWeight
   return CheckVector(prefix, "norm.weight", w.norm, width);
 }
 
-// Rows [begin, end) of NormalizeHeads.
-void NormalizeHeadRows(bool official, float eps, float* q, int64_t begin, int64_t end,
-                       int64_t dim) {
-  for (int64_t r = begin; r < end; ++r) {
-    float* v = q + r * dim;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < dim; ++i)
-      sum += official ? formats::RoundToBf16(v[i] * v[i]) : v[i] * v[i];
-    float mean = sum / static_cast<float>(dim);
-    float scale;
-    if (official) {
-      mean = formats::RoundToBf16(mean);
-      scale = formats::RoundToBf16(1.0f / std::sqrt(formats::RoundToBf16(mean + eps)));
-    } else {
-      scale = 1.0f / std::sqrt(mean + eps);
-    }
-    for (int64_t i = 0; i < dim; ++i)
-      v[i] = official ? formats::RoundToBf16(v[i] * scale) : v[i] * scale;
-  }
-}
-
-
 }  // namespace
 
 absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
@@ -98,7 +76,7 @@ absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
 void NormalizeHeads(const ForwardContext& ctx, float eps, float* q, int64_t rows, int64_t dim) {
   const bool official = ctx.numerics == Numerics::kOfficial;
   ParallelRows(ctx.threads, rows, 6 * dim, [&](int, int64_t begin, int64_t end) {
-    NormalizeHeadRows(official, eps, q, begin, end, dim);
+    for (int64_t r = begin; r < end; ++r) v4math::NormalizeHead(official, eps, q + r * dim, dim);
   });
 }
 

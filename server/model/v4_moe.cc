@@ -165,16 +165,6 @@ absl::StatusOr<MoeWeights> LoadMoe(const V4Checkpoint& ckpt, kernels::Backend& b
   return w;
 }
 
-float SqrtSoftplus(float x) { return std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x))); }
-
-float ClampedSwiglu(float g, float u, float limit) {
-  if (limit > 0.0f) {
-    g = std::min(g, limit);
-    u = std::clamp(u, -limit, limit);
-  }
-  return g / (1.0f + std::exp(-g)) * u;
-}
-
 Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
               const int32_t* token_ids, const HostThreads& threads) {
   const int64_t experts = config.n_routed_experts, topk = config.num_experts_per_tok;

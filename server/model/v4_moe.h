@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/v4_row_math.h"
 #include "server/model/v4_config.h"
 #include "server/model/v4_linear.h"
 #include "server/model/v4_weights.h"
@@ -72,8 +73,9 @@ struct Routing {
   std::vector<float> weights;    // [tokens, topk]
 };
 
-// sqrtsoftplus(x) = sqrt(softplus(x)), softplus with torch's threshold (x > 20: x).
-float SqrtSoftplus(float x);
+// sqrtsoftplus(x) = sqrt(softplus(x)), softplus with torch's threshold (x > 20: x)
+// (kernels/v4_row_math.h, shared with the CUDA router).
+using v4math::SqrtSoftplus;
 
 // Routes tokens given their router logits [tokens, experts] (fp32): hash layers take
 // tid2eid[token_ids[t]], the others the top-k of score + bias (ties to the lower id). Tokens
@@ -81,8 +83,9 @@ float SqrtSoftplus(float x);
 Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
               const int32_t* token_ids, const HostThreads& threads = {});
 
-// SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp.
-float ClampedSwiglu(float g, float u, float limit);
+// SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp
+// (kernels/v4_row_math.h, shared with the CUDA kernel).
+using v4math::ClampedSwiglu;
 
 // The steps of MoeForward between its GEMMs (public so that their CUDA twins can be tested
 // against them). The rows routed to each expert, in token order, with their routing weights.

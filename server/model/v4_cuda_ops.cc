@@ -72,28 +72,24 @@ class CudaForwardOps final : public ForwardOps {
 
   std::string placement() const override { return d_.device->name(); }
 
-  // Takes over the values LoadLinear decoded on this device (LinearWeight::host.dense), or
-  // copies the host view here when they were decoded elsewhere (the CPU, read in place); the
-  // host copies are dropped.
+  // Keeps the values LoadLinear decoded on this device (LinearWeight::decoded), or copies them
+  // here when they were decoded elsewhere (the CPU, read in place), dropping the host copy.
   absl::Status Place(LinearWeight& w) const override {
     RETURN_IF_ERROR(UseDevice(d_));
     const size_t bytes = static_cast<size_t>(w.view.rows * w.view.cols) *
                          (w.view.type == kernels::FloatType::kBF16 ? 2 : 4);
-    checkpoint::DenseWeight& decoded = w.host.dense;
-    kernels::Buffer values;
-    if (decoded.holder.data() != nullptr && decoded.tensor.data == decoded.holder.data() &&
-        decoded.tensor.type == w.view.type && decoded.bytes == bytes &&
-        IsMemoryOf(d_, decoded.holder.data())) {
-      values = std::move(decoded.holder);
-    } else {
-      ASSIGN_OR_RETURN(values, d_.device->backend().Allocate(bytes));
-      RETURN_IF_ERROR(CopyToDevice(w.view.data, bytes, values.data(), w.module));
+    checkpoint::DenseWeight& decoded = w.decoded;
+    if (decoded.holder.data() != nullptr && w.view.data == decoded.holder.data() &&
+        decoded.bytes == bytes && IsMemoryOf(d_, decoded.holder.data())) {
+      return absl::OkStatus();
     }
+    ASSIGN_OR_RETURN(kernels::Buffer values, d_.device->backend().Allocate(bytes));
+    RETURN_IF_ERROR(CopyToDevice(w.view.data, bytes, values.data(), w.module));
     w.view.data = values.data();
-    w.host = checkpoint::HostWeight();
-    w.host.dense.tensor = w.view;
-    w.host.dense.bytes = bytes;
-    w.host.dense.holder = std::move(values);
+    decoded = checkpoint::DenseWeight();
+    decoded.tensor = w.view;
+    decoded.bytes = bytes;
+    decoded.holder = std::move(values);
     w.copy = std::vector<uint8_t>();
     return absl::OkStatus();
   }

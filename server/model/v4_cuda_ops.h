@@ -11,9 +11,11 @@
 // The NVFP4 W4A4 activation quantization runs on a host copy (kernels/nvfp4_fake_quant.h has no
 // device kernel), bit-identical to the host's.
 //
-// The observer sees host copies (each observed product copies its input to the host). Routed
-// experts are decoded one at a time by the device's dequant kernels (RoutedExperts with the
-// device's backend) into reused device buffers. Where indexer scores tie at the top-k boundary,
+// The observer sees host copies (each observed product copies its input to the host). Weights
+// are decoded on the device (LoadLinear with its backend) and stay there. A routed expert stays
+// in its stored form in the mapped source until a token reaches it: then its stored bytes are
+// copied over and decoded by the dequant kernels (kernels/cuda/dequant.cu) into the previous
+// expert's device buffers, one expert at a time as on the host. Where indexer scores tie at the top-k boundary,
 // the device picks the lower entry ids (LaunchSelectTopEntries' total order), the host
 // libstdc++'s selection. The ops are used by one thread at a time (the worker owning the device).
 #ifndef QUANTD_SERVER_MODEL_V4_CUDA_OPS_H_

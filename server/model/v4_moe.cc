@@ -21,11 +21,11 @@ absl::StatusOr<ExpertWeights> LoadExpert(const V4Checkpoint& ckpt, kernels::Back
   const int64_t d = ckpt.config.hidden_size;
   ExpertWeights e;
   ASSIGN_OR_RETURN(e.w1, LoadLinear(ckpt, backend, prefix + "w1", inter, d,
-                                    std::move(previous.w1.host.dense.holder)));
+                                    std::move(previous.w1.decoded.holder)));
   ASSIGN_OR_RETURN(e.w2, LoadLinear(ckpt, backend, prefix + "w2", d, inter,
-                                    std::move(previous.w2.host.dense.holder)));
+                                    std::move(previous.w2.decoded.holder)));
   ASSIGN_OR_RETURN(e.w3, LoadLinear(ckpt, backend, prefix + "w3", inter, d,
-                                    std::move(previous.w3.host.dense.holder)));
+                                    std::move(previous.w3.decoded.holder)));
   return e;
 }
 

@@ -26,10 +26,10 @@ struct ExpertWeights {
 };
 
 // A layer's routed experts kept in their stored form (FP8 / MXFP4 / NVFP4 bytes and scales in the
-// mapped source): MoeForward decodes each one into host memory right before its products and
-// drops it after them, so a forward holds one decoded expert at a time instead of all of them
-// (at DeepSeek-V4-Pro size 384 experts are 51.5 GB in BF16, one is 132 MB). The checkpoint and
-// the backend must outlive it. Decode is thread-safe.
+// mapped source): the MoE decodes each one with the backend (into host or device memory) right
+// before its products and drops it after them, so a forward holds one decoded expert at a time
+// instead of all of them (at DeepSeek-V4-Pro size 384 experts are 51.5 GB in BF16, one is
+// 132 MB). The checkpoint and the backend must outlive it. Decode is thread-safe.
 class RoutedExperts {
  public:
   RoutedExperts() = default;

@@ -87,8 +87,8 @@ Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, 
 // (kernels/v4_row_math.h, shared with the CUDA kernel).
 using v4math::ClampedSwiglu;
 
-// The steps of MoeForward between its GEMMs (public so that their CUDA twins can be tested
-// against them). The rows routed to each expert, in token order, with their routing weights.
+// The host ops' MoE steps between the GEMMs (public: the oracle their CUDA kernels are tested
+// against). The rows routed to each expert, in token order, with their routing weights.
 struct ExpertRows {
   std::vector<std::vector<int64_t>> tokens;  // [experts][rows routed to the expert]
   std::vector<std::vector<float>> weights;   // the same shape: the rows' routing weights

@@ -111,6 +111,40 @@ QUANTD_HD void SplitSinkhorn(const float* mixes, const float* scale, const float
   }
 }
 
+// Channel c of window w's compressed entry, over one sequence's kv and score rows
+// [seq_len, coff*width] and ape [ratio, coff*width] (coff = 2 when ratio == 4): the softmax over
+// the window's slots of (score + ape) weighting kv, in slot order (expf). Slots: with ratio 4 and
+// w > 0, first the previous window's `ratio` tokens in channel c (the overlap), then the window's
+// own tokens in channel width + c (ratio 4) or c.
+QUANTD_HD float PoolWindowChannel(const float* kv, const float* score, const float* ape,
+                                  int64_t ratio, int64_t width, int64_t w, int64_t c) {
+  const bool overlap = ratio == 4;
+  const int64_t stride = overlap ? 2 * width : width;
+  const int64_t previous = overlap && w > 0 ? ratio : 0;  // slots of the previous window
+  const int64_t slots = previous + ratio;
+  const int64_t current = overlap ? width + c : c;
+  // Slot s's element of the kv / score rows and of ape.
+  const auto at = [&](int64_t s) {
+    return s < previous ? ((w - 1) * ratio + s) * stride + c
+                        : (w * ratio + s - previous) * stride + current;
+  };
+  const auto ape_at = [&](int64_t s) {
+    return s < previous ? s * stride + c : (s - previous) * stride + current;
+  };
+  float max = -INFINITY;
+  for (int64_t s = 0; s < slots; ++s) {
+    const float v = score[at(s)] + ape[ape_at(s)];
+    max = v > max ? v : max;
+  }
+  float sum = 0.0f;
+  for (int64_t s = 0; s < slots; ++s) sum += expf(score[at(s)] + ape[ape_at(s)] - max);
+  float acc = 0.0f;
+  for (int64_t s = 0; s < slots; ++s) {
+    acc += kv[at(s)] * (expf(score[at(s)] + ape[ape_at(s)] - max) / sum);
+  }
+  return acc;
+}
+
 }  // namespace quantd::v4math
 
 #endif  // QUANTD_KERNELS_V4_ROW_MATH_H_

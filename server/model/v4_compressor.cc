@@ -1,50 +1,18 @@
 #include "server/model/v4_compressor.h"
 
-#include <cmath>
-#include <limits>
-
+#include "kernels/v4_row_math.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
 
-// The largest window: ratio 4 with overlap has 8 slots, ratio 128 has 128.
-constexpr int64_t kMaxSlots = 128;
-
 // Windows [begin, end) of PoolCompressorWindows.
 void PoolWindows(const float* kv, const float* score, const float* ape, int64_t ratio,
                  int64_t width, int64_t begin, int64_t end, float* out) {
-  const bool overlap = ratio == 4;
-  const int64_t stride = overlap ? 2 * width : width;
-  float slot_kv[kMaxSlots];
-  float slot_score[kMaxSlots];
   for (int64_t w = begin; w < end; ++w) {
     for (int64_t c = 0; c < width; ++c) {
-      int64_t slots = 0;
-      if (overlap && w > 0) {  // the previous window's tokens, first half of the channels
-        for (int64_t j = 0; j < ratio; ++j) {
-          const int64_t row = (w - 1) * ratio + j;
-          slot_kv[slots] = kv[row * stride + c];
-          slot_score[slots++] = score[row * stride + c] + ape[j * stride + c];
-        }
-      }
-      const int64_t current = overlap ? width + c : c;
-      for (int64_t j = 0; j < ratio; ++j) {
-        const int64_t row = w * ratio + j;
-        slot_kv[slots] = kv[row * stride + current];
-        slot_score[slots++] = score[row * stride + current] + ape[j * stride + current];
-      }
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < slots; ++s) max = slot_score[s] > max ? slot_score[s] : max;
-      float sum = 0.0f;
-      for (int64_t s = 0; s < slots; ++s) {
-        slot_score[s] = std::exp(slot_score[s] - max);
-        sum += slot_score[s];
-      }
-      float acc = 0.0f;
-      for (int64_t s = 0; s < slots; ++s) acc += slot_kv[s] * (slot_score[s] / sum);
-      out[w * width + c] = acc;
+      out[w * width + c] = v4math::PoolWindowChannel(kv, score, ape, ratio, width, w, c);
     }
   }
 }

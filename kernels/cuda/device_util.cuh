@@ -173,10 +173,6 @@ __device__ __forceinline__ void StoreDense16(void* data, FloatType type, int64_t
   }
 }
 
-// The logistic function as the CPU blocks write it, 1 / (1 + exp(-x)), with CUDA's expf (within
-// 2 ulp, where the host's expf is within 1): not bit-exact with the host.
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // Hands a thread's smallest bad index (kNoBad: none) to the host.
 __device__ __forceinline__ void ReportBad(DeviceResults* results, unsigned long long bad) {
   if (bad != kNoBad) atomicMin(&results->first_bad, bad);

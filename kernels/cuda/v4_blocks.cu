@@ -4,6 +4,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/v4_blocks.h"
 #include "kernels/formats.h"
+#include "kernels/v4_row_math.h"
 
 namespace quantd::kernels::cuda {
 namespace {
@@ -17,12 +18,7 @@ __global__ void RmsNormKernel(const float* x, int64_t n, const float* weight, fl
   __shared__ float scale;
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * n;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * n;
-  if (threadIdx.x == 0) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-    const float mean = static_cast<float>(sum / static_cast<double>(n));
-    scale = 1.0f / sqrtf(mean + eps);
-  }
+  if (threadIdx.x == 0) scale = v4math::RsqrtMeanSquare(xr, n, eps);
   __syncthreads();
   for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
     const float v = weight[c] * (xr[c] * scale);
@@ -40,13 +36,8 @@ __global__ void RopeKernel(const float* cos_table, const float* sin_table, int64
     const int64_t i = item % pairs;
     const int64_t rh = item / pairs;  // row * heads + head
     const int64_t p = positions[rh / heads];
-    float* v = x + rh * head_dim + first;
-    const float c = cos_table[p * pairs + i];
     const float s = inverse ? -sin_table[p * pairs + i] : sin_table[p * pairs + i];
-    const float a = v[2 * i];
-    const float b = v[2 * i + 1];
-    v[2 * i] = a * c - b * s;
-    v[2 * i + 1] = a * s + b * c;
+    v4math::RotatePair(cos_table[p * pairs + i], s, x + rh * head_dim + first + 2 * i);
   }
 }
 
@@ -87,57 +78,17 @@ __global__ void SimulateActKernel(float* x, int64_t rows, int64_t cols, int64_t 
 
 __global__ void ClampedSwigluKernel(float* g, const float* u, int64_t n, float limit) {
   for (int64_t i = FirstItem(); i < n; i += ItemStride()) {
-    float gi = g[i], ui = u[i];
-    if (limit > 0.0f) {
-      gi = gi < limit ? gi : limit;
-      ui = ui < -limit ? -limit : (ui > limit ? limit : ui);
-    }
-    g[i] = gi / (1.0f + expf(-gi)) * ui;
+    g[i] = v4math::ClampedSwiglu(g[i], u[i], limit);
   }
 }
 
-// One thread per token, the CPU's SplitSinkhorn step by step.
+// One thread per token: the shared SplitSinkhorn (kernels/v4_row_math.h).
 __global__ void SplitSinkhornKernel(const float* mixes, const float* scale, const float* base,
                                     int64_t tokens, int64_t hc, int64_t iters, float eps,
-                                    float* pre_out, float* post_out, float* comb_out) {
+                                    float* pre, float* post, float* comb) {
   for (int64_t t = FirstItem(); t < tokens; t += ItemStride()) {
-    const float* m = mixes + t * (2 + hc) * hc;
-    float* pre = pre_out + t * hc;
-    float* post = post_out + t * hc;
-    float* comb = comb_out + t * hc * hc;
-    for (int64_t j = 0; j < hc; ++j) {
-      pre[j] = Sigmoid(m[j] * scale[0] + base[j]) + eps;
-      post[j] = 2.0f * Sigmoid(m[hc + j] * scale[1] + base[hc + j]);
-    }
-    for (int64_t j = 0; j < hc; ++j) {
-      float* row = comb + j * hc;
-      float max = -INFINITY;
-      for (int64_t k = 0; k < hc; ++k) {
-        row[k] = m[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-        max = row[k] > max ? row[k] : max;
-      }
-      float sum = 0.0f;
-      for (int64_t k = 0; k < hc; ++k) {
-        row[k] = expf(row[k] - max);
-        sum += row[k];
-      }
-      for (int64_t k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
-    }
-    // Columns once, then (iters - 1) times rows and columns, as the CPU does for any iters.
-    for (int64_t i = 0; i < (iters > 1 ? iters : 1); ++i) {
-      if (i > 0) {
-        for (int64_t j = 0; j < hc; ++j) {
-          float sum = 0.0f;
-          for (int64_t k = 0; k < hc; ++k) sum += comb[j * hc + k];
-          for (int64_t k = 0; k < hc; ++k) comb[j * hc + k] /= sum + eps;
-        }
-      }
-      for (int64_t k = 0; k < hc; ++k) {
-        float sum = 0.0f;
-        for (int64_t j = 0; j < hc; ++j) sum += comb[j * hc + k];
-        for (int64_t j = 0; j < hc; ++j) comb[j * hc + k] /= sum + eps;
-      }
-    }
+    v4math::SplitSinkhorn(mixes + t * (2 + hc) * hc, scale, base, hc, iters, eps, pre + t * hc,
+                          post + t * hc, comb + t * hc * hc);
   }
 }
 

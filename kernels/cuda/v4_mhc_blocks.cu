@@ -2,6 +2,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/v4_mhc_blocks.h"
 #include "kernels/formats.h"
+#include "kernels/v4_row_math.h"
 
 namespace quantd::kernels::cuda {
 namespace {
@@ -12,11 +13,7 @@ using formats::RoundToBf16;
 __global__ void HcScaleMixesKernel(const float* streams, int64_t tokens, int64_t width, float eps,
                                    float* mixes, int64_t mix_width) {
   for (int64_t t = FirstItem(); t < tokens; t += ItemStride()) {
-    const float* x = streams + t * width;
-    double sum = 0.0;
-    for (int64_t i = 0; i < width; ++i) sum += static_cast<double>(x[i]) * x[i];
-    const float mean = static_cast<float>(sum / static_cast<double>(width));
-    const float r = 1.0f / sqrtf(mean + eps);
+    const float r = v4math::RsqrtMeanSquare(streams + t * width, width, eps);
     float* m = mixes + t * mix_width;
     for (int64_t i = 0; i < mix_width; ++i) m[i] *= r;
   }
@@ -26,7 +23,7 @@ __global__ void HcScaleMixesKernel(const float* streams, int64_t tokens, int64_t
 __global__ void HcHeadPreKernel(const float* mixes, const float* scale, const float* base,
                                 int64_t tokens, int64_t hc, float eps, float* pre) {
   for (int64_t item = FirstItem(); item < tokens * hc; item += ItemStride()) {
-    pre[item] = Sigmoid(mixes[item] * scale[0] + base[item % hc]) + eps;
+    pre[item] = v4math::Sigmoid(mixes[item] * scale[0] + base[item % hc]) + eps;
   }
 }
 
@@ -40,6 +37,14 @@ __global__ void HcCollapseKernel(const float* pre, const float* streams, int64_t
     float acc = 0.0f;
     for (int64_t j = 0; j < hc; ++j) acc += pre[t * hc + j] * st[j * d + c];
     y[item] = round_bf16 ? RoundToBf16(acc) : acc;
+  }
+}
+
+// One item per stream element (token, stream, column).
+__global__ void AddToStreamsKernel(const float* e, int64_t tokens, int64_t hc, int64_t d,
+                                   float* x) {
+  for (int64_t item = FirstItem(); item < tokens * hc * d; item += ItemStride()) {
+    x[item] = e[item / (hc * d) * d + item % d] + x[item];
   }
 }
 
@@ -69,6 +74,14 @@ cudaError_t LaunchHcCollapse(const float* pre, const float* streams, int64_t tok
   if (items <= 0) return cudaSuccess;
   HcCollapseKernel<<<GridFor(items, launch), kThreads, 0, launch.stream>>>(pre, streams, tokens,
                                                                             hc, d, round_bf16, y);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddToStreams(const float* e, int64_t tokens, int64_t hc, int64_t d, float* x,
+                               const Launch& launch) {
+  const int64_t items = tokens * hc * d;
+  if (items <= 0) return cudaSuccess;
+  AddToStreamsKernel<<<GridFor(items, launch), kThreads, 0, launch.stream>>>(e, tokens, hc, d, x);
   return cudaGetLastError();
 }
 

@@ -36,6 +36,11 @@ cudaError_t LaunchHcHeadPre(const float* mixes, const float* scale, const float*
 cudaError_t LaunchHcCollapse(const float* pre, const float* streams, int64_t tokens, int64_t hc,
                              int64_t d, bool round_bf16, float* y, const Launch& launch);
 
+// The MTP block's input (RunMtp): x[t, j, :] = e[t, :] + x[t, j, :] over x [tokens, hc, d] and
+// e [tokens, d]; bit-exact (one float addition per element).
+cudaError_t LaunchAddToStreams(const float* e, int64_t tokens, int64_t hc, int64_t d, float* x,
+                               const Launch& launch);
+
 }  // namespace quantd::kernels::cuda
 
 #endif  // QUANTD_KERNELS_CUDA_V4_MHC_BLOCKS_H_

@@ -2,6 +2,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/v4_moe_blocks.h"
 #include "kernels/formats.h"
+#include "kernels/v4_row_math.h"
 
 namespace quantd::kernels::cuda {
 namespace {
@@ -12,10 +13,7 @@ using formats::RoundToBf16;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 constexpr int kWarpSize = 32;
 
-// SqrtSoftplus (v4_moe.cc): sqrt(x > 20 ? x : log1p(exp(x))).
-__device__ __forceinline__ float SqrtSoftplus(float x) {
-  return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-}
+using v4math::SqrtSoftplus;
 
 // Whether expert (a, ia) ranks before (b, ib): the CPU's partial_sort comparator. Keys are never
 // NaN (SelectionKey), so this is a strict total order over distinct ids.

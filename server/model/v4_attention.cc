@@ -6,11 +6,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/formats.h"
+#include "kernels/v4_row_math.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_attention_sparse.h"
 #include "server/model/v4_compressor.h"
+#include "server/model/v4_forward_ops.h"
 #include "server/model/v4_indexer.h"
 #include "server/model/v4_mhc.h"
 #include "server/model/v4_parallel.h"
@@ -53,90 +54,6 @@ absl::Status CheckCompressor(const std::string& prefix, const V4CompressorWeight
   return CheckVector(prefix, "norm.weight", w.norm, width);
 }
 
-// Rows [begin, end) of NormalizeHeads.
-void NormalizeHeadRows(bool official, float eps, float* q, int64_t begin, int64_t end,
-                       int64_t dim) {
-  for (int64_t r = begin; r < end; ++r) {
-    float* v = q + r * dim;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < dim; ++i)
-      sum += official ? formats::RoundToBf16(v[i] * v[i]) : v[i] * v[i];
-    float mean = sum / static_cast<float>(dim);
-    float scale;
-    if (official) {
-      mean = formats::RoundToBf16(mean);
-      scale = formats::RoundToBf16(1.0f / std::sqrt(formats::RoundToBf16(mean + eps)));
-    } else {
-      scale = 1.0f / std::sqrt(mean + eps);
-    }
-    for (int64_t i = 0; i < dim; ++i)
-      v[i] = official ? formats::RoundToBf16(v[i] * scale) : v[i] * scale;
-  }
-}
-
-
-void ObserveKv(const ForwardContext& ctx, const std::string& module, const float* kv, int64_t rows,
-               int64_t cols) {
-  if (ctx.observer == nullptr || rows == 0) return;
-  KvCacheInput input;
-  input.module = &module;
-  input.kv = kv;
-  input.rows = rows;
-  input.cols = cols;
-  ctx.observer->OnKvCache(input);
-}
-
-// The official KV simulation: FP8 with a power-of-two scale per 64 nope columns, in place on
-// rows of width `dim` whose last `rope_dim` values stay as they are. Errors name `module`.
-absl::Status SimulateKvFp8(const ForwardContext& ctx, const std::string& module, float* kv,
-                           int64_t rows, int64_t dim, int64_t rope_dim) {
-  absl::Status s = SimulateFp8Act(kv, rows, dim - rope_dim, dim, kKvQuantBlock, ctx.threads);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(module, ": ", s.message()));
-  return s;
-}
-
-// wo_a: per group g, u[:, g] = o[:, g] · wo_a[g]^T; the official code runs it as a BF16 einsum
-// on the dequantised weight, without activation simulation.
-absl::Status GroupedOutputA(const ForwardContext& ctx, const V4Config& config,
-                            const LinearWeight& wo_a, const float* o, int64_t tokens, float* u) {
-  const int64_t groups = config.o_groups;
-  const int64_t rank = config.o_lora_rank;
-  const int64_t width = wo_a.in_features();  // H*D / groups
-  if (ctx.observer != nullptr) {
-    LinearInput input;
-    input.module = &wo_a.module;
-    input.x = o;
-    input.rows = tokens;
-    input.cols = groups * width;
-    input.ld = groups * width;
-    ctx.observer->OnLinearInput(input);
-  }
-  std::vector<float> slice(static_cast<size_t>(tokens * width));
-  std::vector<float> part(static_cast<size_t>(tokens * rank));
-  const size_t weight_bytes = wo_a.view.type == kernels::FloatType::kBF16 ? 2 : 4;
-  for (int64_t g = 0; g < groups; ++g) {
-    ParallelRows(ctx.threads, tokens, width, [&](int, int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const float* src = o + t * groups * width + g * width;
-        std::copy(src, src + width, slice.data() + t * width);
-      }
-    });
-    kernels::DenseTensor x{slice.data(), kernels::FloatType::kF32, tokens, width};
-    kernels::DenseTensor w = wo_a.view;
-    w.data = static_cast<const char*>(wo_a.view.data) + g * rank * width * weight_bytes;
-    w.rows = rank;
-    RETURN_IF_ERROR(ctx.gemm->MatMulNT(x, w, part.data(), /*accumulate=*/false));
-    ParallelRows(ctx.threads, tokens, rank, [&](int, int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        std::copy(part.data() + t * rank, part.data() + (t + 1) * rank,
-                  u + t * groups * rank + g * rank);
-      }
-    });
-  }
-  ToModelDtype(ctx, u, tokens * groups * rank);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
@@ -159,7 +76,7 @@ absl::Status CheckOfficialShapes(const V4Config& config, int64_t ratio) {
 void NormalizeHeads(const ForwardContext& ctx, float eps, float* q, int64_t rows, int64_t dim) {
   const bool official = ctx.numerics == Numerics::kOfficial;
   ParallelRows(ctx.threads, rows, 6 * dim, [&](int, int64_t begin, int64_t end) {
-    NormalizeHeadRows(official, eps, q, begin, end, dim);
+    for (int64_t r = begin; r < end; ++r) v4math::NormalizeHead(official, eps, q + r * dim, dim);
   });
 }
 
@@ -211,10 +128,9 @@ absl::Status ValidateAttentionWeights(const V4Config& config, int64_t layer,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
-                                                    const V4Config& config, int64_t layer,
-                                                    const V4AttentionWeights& weights,
-                                                    const AttentionBatch& batch) {
+absl::Status AttentionBlock(const ForwardContext& ctx, const V4Config& config, int64_t layer,
+                            const V4AttentionWeights& weights, const AttentionBatch& batch,
+                            float* out) {
   RETURN_IF_ERROR(ValidateAttentionWeights(config, layer, weights));
   if (batch.x == nullptr || batch.sequences <= 0 || batch.seq_len <= 0 || ctx.gemm == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -222,6 +138,7 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
         batch.seq_len, " tokens", batch.x == nullptr ? " without data" : "",
         ctx.gemm == nullptr ? " without a Gemm" : ""));
   }
+  const ForwardOps& ops = OpsOf(ctx);
   const bool official = ctx.numerics == Numerics::kOfficial;
   const int64_t ratio = config.CompressRatio(layer);
   if (official) RETURN_IF_ERROR(CheckOfficialShapes(config, ratio));
@@ -237,37 +154,43 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
   for (int64_t r = 0; r < tokens; ++r) positions[r] = r % seq_len;
 
   // q: wq_a -> q_norm -> wq_b -> per-head RMS -> RoPE.
-  std::vector<float> qr(static_cast<size_t>(tokens * config.q_lora_rank));
-  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wq_a, batch.x, tokens, qr.data()));
-  RmsNorm(ctx, qr.data(), tokens, config.q_lora_rank, weights.q_norm, eps, qr.data());
-  std::vector<float> q(static_cast<size_t>(tokens * heads * dim));
-  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wq_b, qr.data(), tokens, q.data()));
-  NormalizeHeads(ctx, eps, q.data(), tokens * heads, dim);
-  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim, ctx.threads);
-  ToModelDtype(ctx, q.data(), static_cast<int64_t>(q.size()));
+  ASSIGN_OR_RETURN(OpArray<float> qr,
+                   AllocateArray<float>(ops, tokens * config.q_lora_rank, prefix + "qr"));
+  RETURN_IF_ERROR(ops.Linear(ctx, weights.wq_a, batch.x, tokens, qr.data(),
+                             LinearOutput::kModelDtype, {}));
+  RETURN_IF_ERROR(
+      ops.RmsNorm(ctx, qr.data(), tokens, config.q_lora_rank, weights.q_norm, eps, qr.data()));
+  ASSIGN_OR_RETURN(OpArray<float> q, AllocateArray<float>(ops, tokens * heads * dim, prefix + "q"));
+  RETURN_IF_ERROR(
+      ops.Linear(ctx, weights.wq_b, qr.data(), tokens, q.data(), LinearOutput::kModelDtype, {}));
+  RETURN_IF_ERROR(ops.NormalizeHeads(ctx, eps, q.data(), tokens * heads, dim));
+  RETURN_IF_ERROR(ops.Rope(ctx, rope, positions, /*inverse=*/false, q.data(), tokens, heads, dim));
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, q.data(), q.size()));
 
   // The window K=V: wkv -> kv_norm -> RoPE -> (official) FP8 simulation of the nope dims.
-  std::vector<float> kv(static_cast<size_t>(tokens * dim));
-  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wkv, batch.x, tokens, kv.data()));
-  RmsNorm(ctx, kv.data(), tokens, dim, weights.kv_norm, eps, kv.data());
-  ApplyRope(rope, positions.data(), /*inverse=*/false, kv.data(), tokens, 1, dim, ctx.threads);
-  ToModelDtype(ctx, kv.data(), tokens * dim);
-  ObserveKv(ctx, prefix + "kv", kv.data(), tokens, dim);
+  ASSIGN_OR_RETURN(OpArray<float> kv, AllocateArray<float>(ops, tokens * dim, prefix + "kv"));
+  RETURN_IF_ERROR(
+      ops.Linear(ctx, weights.wkv, batch.x, tokens, kv.data(), LinearOutput::kModelDtype, {}));
+  RETURN_IF_ERROR(ops.RmsNorm(ctx, kv.data(), tokens, dim, weights.kv_norm, eps, kv.data()));
+  RETURN_IF_ERROR(ops.Rope(ctx, rope, positions, /*inverse=*/false, kv.data(), tokens, 1, dim));
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, kv.data(), tokens * dim));
+  RETURN_IF_ERROR(ops.ObserveKv(ctx, prefix + "kv", kv.data(), tokens, dim));
   if (official) {
-    RETURN_IF_ERROR(SimulateKvFp8(ctx, prefix + "kv", kv.data(), tokens, dim, rope_dim));
+    RETURN_IF_ERROR(ops.SimulateKvFp8(ctx, prefix + "kv", kv.data(), tokens, dim, rope_dim));
   }
 
   // Compressed entries, and the indexer's picks among them (CSA).
-  std::vector<float> compressed;
+  OpArray<float> compressed;
   IndexerPicks picks;
   const int64_t entries = ratio == 0 ? 0 : seq_len / ratio;
   if (ratio != 0) {
     ASSIGN_OR_RETURN(compressed,
                      RunCompressor(ctx, *weights.compressor, ratio, dim, eps, rope, batch));
-    ObserveKv(ctx, prefix + "compressor", compressed.data(), batch.sequences * entries, dim);
-    if (official) {
-      RETURN_IF_ERROR(SimulateKvFp8(ctx, prefix + "compressor", compressed.data(),
-                                    batch.sequences * entries, dim, rope_dim));
+    RETURN_IF_ERROR(ops.ObserveKv(ctx, prefix + "compressor", compressed.data(),
+                                  batch.sequences * entries, dim));
+    if (official && entries > 0) {
+      RETURN_IF_ERROR(ops.SimulateKvFp8(ctx, prefix + "compressor", compressed.data(),
+                                        batch.sequences * entries, dim, rope_dim));
     }
   }
   if (ratio == 4) {
@@ -275,33 +198,55 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
                      RunIndexer(ctx, config, *weights.indexer, ratio, rope, batch, qr.data()));
   }
 
-  std::vector<float> o(static_cast<size_t>(tokens * heads * dim));
+  ASSIGN_OR_RETURN(const OpArray<float> sink,
+                   UploadArray(ops, weights.attn_sink, prefix + "attn_sink"));
+  ASSIGN_OR_RETURN(OpArray<float> o, AllocateArray<float>(ops, tokens * heads * dim, prefix + "o"));
   for (int64_t b = 0; b < batch.sequences; ++b) {
     kernels::SparseAttentionArgs in;
     in.q = q.data() + b * seq_len * heads * dim;
     in.kv = kv.data() + b * seq_len * dim;
     in.compressed = entries > 0 ? compressed.data() + b * entries * dim : nullptr;
     in.entries = entries;
-    if (ratio == 4) {
+    if (ratio == 4 && picks.k > 0) {
       in.picks = picks.entries.data() + b * seq_len * picks.k;
       in.picks_per_query = picks.k;
     }
-    in.sink = weights.attn_sink.data();
+    in.sink = sink.data();
     in.seq_len = seq_len;
     in.heads = heads;
     in.head_dim = dim;
     in.window = config.sliding_window;
     in.ratio = ratio;
-    RETURN_IF_ERROR(SparseAttention(ctx, in, o.data() + b * seq_len * heads * dim));
+    RETURN_IF_ERROR(ops.SparseAttention(ctx, in, o.data() + b * seq_len * heads * dim));
   }
-  ApplyRope(rope, positions.data(), /*inverse=*/true, o.data(), tokens, heads, dim, ctx.threads);
-  ToModelDtype(ctx, o.data(), static_cast<int64_t>(o.size()));
+  RETURN_IF_ERROR(ops.Rope(ctx, rope, positions, /*inverse=*/true, o.data(), tokens, heads, dim));
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, o.data(), o.size()));
 
-  std::vector<float> u(static_cast<size_t>(tokens * config.o_groups * config.o_lora_rank));
-  RETURN_IF_ERROR(GroupedOutputA(ctx, config, weights.wo_a, o.data(), tokens, u.data()));
-  std::vector<float> out(static_cast<size_t>(tokens * config.hidden_size));
-  RETURN_IF_ERROR(ApplyLinear(ctx, weights.wo_b, u.data(), tokens, out.data()));
-  return out;
+  ASSIGN_OR_RETURN(
+      OpArray<float> u,
+      AllocateArray<float>(ops, tokens * config.o_groups * config.o_lora_rank, prefix + "u"));
+  RETURN_IF_ERROR(ops.GroupedOutputA(ctx, config, weights.wo_a, o.data(), tokens, u.data()));
+  return ops.Linear(ctx, weights.wo_b, u.data(), tokens, out, LinearOutput::kModelDtype, {});
+}
+
+absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
+                                                    const V4Config& config, int64_t layer,
+                                                    const V4AttentionWeights& weights,
+                                                    const AttentionBatch& batch) {
+  const ForwardOps& ops = OpsOf(ctx);
+  const int64_t tokens = std::max<int64_t>(batch.sequences * batch.seq_len, 0);
+  const int64_t d = config.hidden_size;
+  AttentionBatch on_ops = batch;
+  OpArray<float> x;
+  if (batch.x != nullptr && tokens > 0) {
+    ASSIGN_OR_RETURN(x, AllocateArray<float>(ops, tokens * d, "attention input"));
+    RETURN_IF_ERROR(ops.CopyIn(batch.x, static_cast<size_t>(tokens * d) * sizeof(float), x.data(),
+                               "attention input"));
+    on_ops.x = x.data();
+  }
+  ASSIGN_OR_RETURN(OpArray<float> out, AllocateArray<float>(ops, tokens * d, "attention output"));
+  RETURN_IF_ERROR(AttentionBlock(ctx, config, layer, weights, on_ops, out.data()));
+  return DownloadArray(ops, out.data(), tokens * d, "attention output");
 }
 
 }  // namespace quantd::model

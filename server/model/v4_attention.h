@@ -103,6 +103,12 @@ absl::StatusOr<std::vector<float>> AttentionForward(const ForwardContext& ctx,
                                                     const V4AttentionWeights& weights,
                                                     const AttentionBatch& batch);
 
+// AttentionForward over ctx's ops (v4_forward_ops.h): batch.x and out [tokens, hidden_size] in
+// their memory.
+absl::Status AttentionBlock(const ForwardContext& ctx, const V4Config& config, int64_t layer,
+                            const V4AttentionWeights& weights, const AttentionBatch& batch,
+                            float* out);
+
 }  // namespace quantd::model
 
 #endif  // QUANTD_SERVER_MODEL_V4_ATTENTION_H_

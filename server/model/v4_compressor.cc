@@ -1,51 +1,18 @@
 #include "server/model/v4_compressor.h"
 
-#include <cmath>
-#include <limits>
-
+#include "kernels/v4_row_math.h"
 #include "server/base/status_macros.h"
-#include "server/model/v4_mhc.h"
 #include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
 
-// The largest window: ratio 4 with overlap has 8 slots, ratio 128 has 128.
-constexpr int64_t kMaxSlots = 128;
-
 // Windows [begin, end) of PoolCompressorWindows.
 void PoolWindows(const float* kv, const float* score, const float* ape, int64_t ratio,
                  int64_t width, int64_t begin, int64_t end, float* out) {
-  const bool overlap = ratio == 4;
-  const int64_t stride = overlap ? 2 * width : width;
-  float slot_kv[kMaxSlots];
-  float slot_score[kMaxSlots];
   for (int64_t w = begin; w < end; ++w) {
     for (int64_t c = 0; c < width; ++c) {
-      int64_t slots = 0;
-      if (overlap && w > 0) {  // the previous window's tokens, first half of the channels
-        for (int64_t j = 0; j < ratio; ++j) {
-          const int64_t row = (w - 1) * ratio + j;
-          slot_kv[slots] = kv[row * stride + c];
-          slot_score[slots++] = score[row * stride + c] + ape[j * stride + c];
-        }
-      }
-      const int64_t current = overlap ? width + c : c;
-      for (int64_t j = 0; j < ratio; ++j) {
-        const int64_t row = w * ratio + j;
-        slot_kv[slots] = kv[row * stride + current];
-        slot_score[slots++] = score[row * stride + current] + ape[j * stride + current];
-      }
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < slots; ++s) max = slot_score[s] > max ? slot_score[s] : max;
-      float sum = 0.0f;
-      for (int64_t s = 0; s < slots; ++s) {
-        slot_score[s] = std::exp(slot_score[s] - max);
-        sum += slot_score[s];
-      }
-      float acc = 0.0f;
-      for (int64_t s = 0; s < slots; ++s) acc += slot_kv[s] * (slot_score[s] / sum);
-      out[w * width + c] = acc;
+      out[w * width + c] = v4math::PoolWindowChannel(kv, score, ape, ratio, width, w, c);
     }
   }
 }
@@ -59,33 +26,38 @@ void PoolCompressorWindows(const float* kv, const float* score, const float* ape
   });
 }
 
-absl::StatusOr<std::vector<float>> RunCompressor(const ForwardContext& ctx,
-                                                 const V4CompressorWeights& w, int64_t ratio,
-                                                 int64_t width, float eps, const RopeTable& rope,
-                                                 const AttentionBatch& batch) {
+absl::StatusOr<OpArray<float>> RunCompressor(const ForwardContext& ctx,
+                                             const V4CompressorWeights& w, int64_t ratio,
+                                             int64_t width, float eps, const RopeTable& rope,
+                                             const AttentionBatch& batch) {
+  const ForwardOps& ops = OpsOf(ctx);
   const int64_t tokens = batch.sequences * batch.seq_len;
   const int64_t projected = w.wkv.out_features();  // coff * width
-  std::vector<float> kv(static_cast<size_t>(tokens * projected));
-  std::vector<float> score(kv.size());
-  RETURN_IF_ERROR(ApplyLinear(ctx, w.wkv, batch.x, tokens, kv.data(), LinearOutput::kFloat32));
-  RETURN_IF_ERROR(ApplyLinear(ctx, w.wgate, batch.x, tokens, score.data(), LinearOutput::kFloat32));
+  ASSIGN_OR_RETURN(OpArray<float> kv,
+                   AllocateArray<float>(ops, tokens * projected, w.wkv.module + " output"));
+  ASSIGN_OR_RETURN(OpArray<float> score,
+                   AllocateArray<float>(ops, tokens * projected, w.wgate.module + " output"));
+  RETURN_IF_ERROR(
+      ops.Linear(ctx, w.wkv, batch.x, tokens, kv.data(), LinearOutput::kFloat32, {}));
+  RETURN_IF_ERROR(
+      ops.Linear(ctx, w.wgate, batch.x, tokens, score.data(), LinearOutput::kFloat32, {}));
 
   const int64_t windows = batch.seq_len / ratio;
   const int64_t entries = batch.sequences * windows;
-  std::vector<float> out(static_cast<size_t>(entries * width));
-  for (int64_t b = 0; b < batch.sequences; ++b) {
-    const int64_t first = b * batch.seq_len * projected;
-    PoolCompressorWindows(kv.data() + first, score.data() + first, w.ape.data(), batch.seq_len,
-                          ratio, width, out.data() + b * windows * width, ctx.threads);
-  }
-  ToModelDtype(ctx, out.data(), entries * width);  // official: kv.to(bf16) before the norm
-  RmsNorm(ctx, out.data(), entries, width, w.norm, eps, out.data());
+  ASSIGN_OR_RETURN(OpArray<float> out,
+                   AllocateArray<float>(ops, entries * width, w.wkv.module + " entries"));
+  if (entries == 0) return out;
+  RETURN_IF_ERROR(ops.PoolCompressor(ctx, kv.data(), score.data(), w.ape, batch.sequences,
+                                     batch.seq_len, ratio, width, out.data()));
+  // official: kv.to(bf16) before the norm
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, out.data(), entries * width));
+  RETURN_IF_ERROR(ops.RmsNorm(ctx, out.data(), entries, width, w.norm, eps, out.data()));
 
   std::vector<int64_t> positions(static_cast<size_t>(entries));
   for (int64_t e = 0; e < entries; ++e) positions[e] = (e % windows) * ratio;
-  ApplyRope(rope, positions.data(), /*inverse=*/false, out.data(), entries, /*heads=*/1, width,
-            ctx.threads);
-  ToModelDtype(ctx, out.data(), entries * width);
+  RETURN_IF_ERROR(
+      ops.Rope(ctx, rope, positions, /*inverse=*/false, out.data(), entries, /*heads=*/1, width));
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, out.data(), entries * width));
   return out;
 }
 

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/model/v4_attention.h"
+#include "server/model/v4_forward_ops.h"
 #include "server/model/v4_linear.h"
 #include "server/model/v4_parallel.h"
 #include "server/model/v4_rope.h"
@@ -35,13 +36,14 @@ void PoolCompressorWindows(const float* kv, const float* score, const float* ape
                            int64_t ratio, int64_t width, float* out,
                            const HostThreads& threads = {});
 
-// Projection, pooling, norm and RoPE for every sequence of `batch`: entries
-// [batch.sequences * (batch.seq_len / ratio), width], sequence-major. `rope` covers positions
-// up to seq_len. The projections' inputs go to ctx.observer under w.wkv.module / w.wgate.module.
-absl::StatusOr<std::vector<float>> RunCompressor(const ForwardContext& ctx,
-                                                 const V4CompressorWeights& w, int64_t ratio,
-                                                 int64_t width, float eps, const RopeTable& rope,
-                                                 const AttentionBatch& batch);
+// Projection, pooling, norm and RoPE for every sequence of `batch` over ctx's ops (batch.x and
+// the result in their memory): entries [batch.sequences * (batch.seq_len / ratio), width],
+// sequence-major. `rope` covers positions up to seq_len. The projections' inputs go to
+// ctx.observer under w.wkv.module / w.wgate.module.
+absl::StatusOr<OpArray<float>> RunCompressor(const ForwardContext& ctx,
+                                             const V4CompressorWeights& w, int64_t ratio,
+                                             int64_t width, float eps, const RopeTable& rope,
+                                             const AttentionBatch& batch);
 
 }  // namespace quantd::model
 

@@ -16,9 +16,7 @@ absl::Status LaunchStatus(cudaError_t error, const std::string& what) {
   return absl::InternalError(message);
 }
 
-absl::StatusOr<DeviceForwardContext> MakeDeviceForwardContext(compute::Device& device,
-                                                              Numerics numerics,
-                                                              Observer* observer) {
+absl::StatusOr<DeviceForwardContext> MakeDeviceForwardContext(compute::Device& device) {
   DeviceForwardContext ctx;
   if (device.kind() != compute::DeviceKind::kCuda || device.gemm() == nullptr ||
       !compute::ParseDeviceName(device.name(), &ctx.cuda_index) || ctx.cuda_index < 0) {
@@ -26,9 +24,6 @@ absl::StatusOr<DeviceForwardContext> MakeDeviceForwardContext(compute::Device& d
         "the device forward of DeepSeek-V4 needs a CUDA device with cuBLAS, not ", device.name()));
   }
   ctx.device = &device;
-  ctx.gemm = device.gemm();
-  ctx.numerics = numerics;
-  ctx.observer = observer;
   int sms = 0;
   cudaError_t e = cudaSetDevice(ctx.cuda_index);
   if (e == cudaSuccess) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "kernels/formats.h"
 #include "server/base/status_macros.h"
@@ -12,12 +13,6 @@
 #include "server/model/v4_parallel.h"
 
 namespace quantd::model {
-namespace {
-
-// Queries per score GEMM: bounds the [queries * n_heads, entries] dot-product block.
-constexpr int64_t kQueryChunk = 64;
-
-}  // namespace
 
 void HadamardRows(float* x, int64_t rows, int64_t n) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(n));
@@ -111,62 +106,44 @@ absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Confi
                                         const V4IndexerWeights& w, int64_t ratio,
                                         const RopeTable& rope, const AttentionBatch& batch,
                                         const float* qr) {
+  const ForwardOps& ops = OpsOf(ctx);
   const bool official = ctx.numerics == Numerics::kOfficial;
   const int64_t seq_len = batch.seq_len;
   const int64_t tokens = batch.sequences * seq_len;
   const int64_t heads = config.index_n_heads;
   const int64_t dim = config.index_head_dim;
 
-  std::vector<float> q(static_cast<size_t>(tokens * heads * dim));
-  RETURN_IF_ERROR(ApplyLinear(ctx, w.wq_b, qr, tokens, q.data()));
+  ASSIGN_OR_RETURN(OpArray<float> q,
+                   AllocateArray<float>(ops, tokens * heads * dim, w.wq_b.module + " output"));
+  RETURN_IF_ERROR(ops.Linear(ctx, w.wq_b, qr, tokens, q.data(), LinearOutput::kModelDtype, {}));
   std::vector<int64_t> positions(static_cast<size_t>(tokens));
   for (int64_t r = 0; r < tokens; ++r) positions[r] = r % seq_len;
-  ApplyRope(rope, positions.data(), /*inverse=*/false, q.data(), tokens, heads, dim, ctx.threads);
-  ToModelDtype(ctx, q.data(), static_cast<int64_t>(q.size()));
+  RETURN_IF_ERROR(ops.Rope(ctx, rope, positions, /*inverse=*/false, q.data(), tokens, heads, dim));
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, q.data(), q.size()));
 
-  ASSIGN_OR_RETURN(std::vector<float> keys,
+  ASSIGN_OR_RETURN(OpArray<float> keys,
                    RunCompressor(ctx, w.compressor, ratio, dim, config.rms_norm_eps, rope, batch));
   const int64_t entries = seq_len / ratio;
   if (official) {
-    RETURN_IF_ERROR(SimulateIndexerFp4(q.data(), tokens * heads, dim, ctx.threads));
-    RETURN_IF_ERROR(SimulateIndexerFp4(keys.data(), batch.sequences * entries, dim, ctx.threads));
-  }
-
-  std::vector<float> weights(static_cast<size_t>(tokens * heads));
-  RETURN_IF_ERROR(ApplyLinear(ctx, w.weights_proj, batch.x, tokens, weights.data()));
-  const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
-  if (official) {
-    const float scale = static_cast<float>(std::pow(static_cast<double>(dim), -0.5) *
-                                           std::pow(static_cast<double>(heads), -0.5));
-    for (float& v : weights) v = formats::RoundToBf16(v * scale);
-  } else {
-    for (float& v : weights) v *= head_scale;
-  }
-
-  IndexerPicks picks;
-  picks.k = std::min(config.index_topk, entries);
-  picks.entries.assign(static_cast<size_t>(tokens * picks.k), -1);
-  if (picks.k == 0) return picks;
-
-  std::vector<float> dots(static_cast<size_t>(kQueryChunk * heads * entries));
-  std::vector<float> scores(static_cast<size_t>(kQueryChunk * entries));
-  for (int64_t b = 0; b < batch.sequences; ++b) {
-    const float* seq_keys = keys.data() + b * entries * dim;
-    for (int64_t t0 = 0; t0 < seq_len; t0 += kQueryChunk) {
-      const int64_t queries = std::min(kQueryChunk, seq_len - t0);
-      const float* seq_q = q.data() + (b * seq_len + t0) * heads * dim;
-      RETURN_IF_ERROR(ctx.gemm->Sgemm(
-          IndexerDotsProduct(seq_q, seq_keys, queries * heads, entries, dim, dots.data())));
-      // Queries are independent: each thread scores and selects its own.
-      ParallelRows(ctx.threads, queries, 4 * heads * entries, [&](int, int64_t i0, int64_t i1) {
-        IndexerScores(ctx.numerics, dots.data() + i0 * heads * entries,
-                      weights.data() + (b * seq_len + t0 + i0) * heads, i1 - i0, heads, dim,
-                      entries, t0 + i0, ratio, scores.data() + i0 * entries);
-        SelectTopEntries(scores.data() + i0 * entries, t0 + i0, i1 - i0, entries, ratio, picks.k,
-                         picks.entries.data() + (b * seq_len + t0 + i0) * picks.k);
-      });
+    RETURN_IF_ERROR(
+        ops.SimulateIndexerFp4(ctx, q.data(), tokens * heads, dim, w.wq_b.module + " output"));
+    if (batch.sequences * entries > 0) {
+      RETURN_IF_ERROR(ops.SimulateIndexerFp4(ctx, keys.data(), batch.sequences * entries, dim,
+                                             w.compressor.wkv.module + " entries"));
     }
   }
+
+  ASSIGN_OR_RETURN(OpArray<float> weights,
+                   AllocateArray<float>(ops, tokens * heads, w.weights_proj.module + " output"));
+  RETURN_IF_ERROR(ops.Linear(ctx, w.weights_proj, batch.x, tokens, weights.data(),
+                             LinearOutput::kModelDtype, {}));
+  IndexerPicks picks;
+  picks.k = std::min(config.index_topk, entries);
+  ASSIGN_OR_RETURN(picks.entries,
+                   AllocateArray<int32_t>(ops, tokens * picks.k, w.wq_b.module + " picks"));
+  RETURN_IF_ERROR(ops.IndexerTopK(ctx, config, q.data(), keys.data(), weights.data(),
+                                  batch.sequences, seq_len, ratio, picks.k, w.wq_b.module,
+                                  picks.entries.data()));
   return picks;
 }
 

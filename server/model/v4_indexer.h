@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "server/model/v4_attention.h"
 #include "server/model/v4_config.h"
+#include "server/model/v4_forward_ops.h"
 #include "server/model/v4_linear.h"
 #include "server/model/v4_rope.h"
 
@@ -66,12 +67,13 @@ void IndexerScores(Numerics numerics, const float* dots, const float* weights, i
 void SelectTopEntries(const float* scores, int64_t first_position, int64_t queries, int64_t entries,
                       int64_t ratio, int64_t k, int32_t* picks);
 
-// The indexer's picks for every token of `batch`: [tokens, k] with k = min(index_topk,
-// seq_len / ratio); entry ids index the token's own sequence. `qr` is the q_norm output
-// [tokens, q_lora_rank]; `rope` covers positions up to seq_len.
+// The indexer's picks for every token of `batch`, over ctx's ops (batch.x, `qr` and the picks
+// in their memory): [tokens, k] with k = min(index_topk, seq_len / ratio); entry ids index the
+// token's own sequence. `qr` is the q_norm output [tokens, q_lora_rank]; `rope` covers positions
+// up to seq_len.
 struct IndexerPicks {
   int64_t k = 0;
-  std::vector<int32_t> entries;  // [tokens, k], -1 for none
+  OpArray<int32_t> entries;  // [tokens, k], -1 for none
 };
 absl::StatusOr<IndexerPicks> RunIndexer(const ForwardContext& ctx, const V4Config& config,
                                         const V4IndexerWeights& w, int64_t ratio,

@@ -7,10 +7,31 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 #include "server/base/status_macros.h"
-#include "server/model/v4_device_forward.h"
+#include "server/model/v4_forward_ops.h"
 
 namespace quantd::model {
 namespace {
+
+// Makes the linears of `w` readable by `ops` (on a device: moved there).
+absl::Status PlaceCompressor(const ForwardOps& ops, V4CompressorWeights& w) {
+  RETURN_IF_ERROR(ops.Place(w.wkv));
+  return ops.Place(w.wgate);
+}
+
+absl::Status PlaceBlock(const ForwardOps& ops, V4LayerWeights& w) {
+  V4AttentionWeights& a = w.attn;
+  for (LinearWeight* l : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &w.moe.gate,
+                          &w.moe.shared.w1, &w.moe.shared.w2, &w.moe.shared.w3}) {
+    RETURN_IF_ERROR(ops.Place(*l));
+  }
+  if (a.compressor) RETURN_IF_ERROR(PlaceCompressor(ops, *a.compressor));
+  if (a.indexer) {
+    RETURN_IF_ERROR(ops.Place(a.indexer->wq_b));
+    RETURN_IF_ERROR(ops.Place(a.indexer->weights_proj));
+    RETURN_IF_ERROR(PlaceCompressor(ops, a.indexer->compressor));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<HyperConnectionWeights> LoadHyperConnection(const V4Checkpoint& ckpt,
                                                            const std::string& prefix,
@@ -88,6 +109,9 @@ absl::StatusOr<V4LayerWeights> LoadBlock(const V4Checkpoint& ckpt, const std::st
   ASSIGN_OR_RETURN(w.attn, LoadAttention(ckpt, device.backend(), p, layer));
   if (alive) alive();
   ASSIGN_OR_RETURN(w.moe, LoadMoe(ckpt, device.backend(), p, c.IsHashLayer(layer), alive));
+  ASSIGN_OR_RETURN(const std::shared_ptr<ForwardOps> ops, MakeForwardOps(device));
+  RETURN_IF_ERROR(PlaceBlock(*ops, w));
+  w.placed = ops->placement();
   return w;
 }
 
@@ -99,6 +123,9 @@ absl::StatusOr<V4HeadWeights> LoadHeadWeights(const V4Checkpoint& ckpt, compute:
   ASSIGN_OR_RETURN(w.hc_head, LoadHyperConnection(ckpt, prefix + "hc_head_", c.hc_mult, 1));
   ASSIGN_OR_RETURN(w.norm, LoadFloats(ckpt, prefix + "norm.weight", {c.hidden_size}));
   ASSIGN_OR_RETURN(w.head, LoadLinear(ckpt, device.backend(), "head", c.vocab_size, c.hidden_size));
+  ASSIGN_OR_RETURN(const std::shared_ptr<ForwardOps> ops, MakeForwardOps(device));
+  RETURN_IF_ERROR(ops->Place(w.head));
+  w.placed = ops->placement();
   return w;
 }
 
@@ -126,11 +153,58 @@ absl::Status EmbedRows(const V4Checkpoint& ckpt, const std::vector<int32_t>& ids
   return absl::OkStatus();
 }
 
-// FailedPrecondition for the host-only entries when ctx runs on a CUDA device.
-absl::Status CheckHostContext(const ForwardContext& ctx, const char* what) {
-  if (ctx.device == nullptr) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, " runs on the host; the device forward covers the decoder layers"));
+// FailedPrecondition unless `what`'s weights, placed for `placed`, are where ctx's ops run.
+absl::Status CheckPlaced(const ForwardContext& ctx, const std::string& what,
+                         const std::string& placed) {
+  const std::string runs = OpsOf(ctx).placement();
+  if (placed == runs) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " is loaded for ", placed,
+                                                    ", the forward context runs on ", runs));
+}
+
+// A V4Activations like `in` (sizes and token ids) with the streams at `streams` (ops memory).
+absl::StatusOr<V4Activations> ActivationsFrom(const ForwardOps& ops, const V4Activations& in,
+                                              const float* streams, int64_t n,
+                                              std::vector<int32_t> ids) {
+  V4Activations out;
+  out.sequences = in.sequences;
+  out.seq_len = in.seq_len;
+  out.hc_mult = in.hc_mult;
+  out.hidden_size = in.hidden_size;
+  out.token_ids = std::move(ids);
+  ASSIGN_OR_RETURN(out.streams, DownloadArray(ops, streams, n, "output streams"));
+  return out;
+}
+
+// RunLayer over the ops, the input streams (`in`'s shape, its token ids) in their memory.
+absl::StatusOr<V4Activations> RunBlock(const ForwardContext& ctx, const V4Config& config,
+                                       const V4LayerWeights& layer, const V4Activations& in,
+                                       const OpArray<float>& streams) {
+  const ForwardOps& ops = OpsOf(ctx);
+  const int64_t tokens = in.tokens(), d = config.hidden_size;
+  const int64_t n = tokens * config.hc_mult * d;
+  ASSIGN_OR_RETURN(const OpArray<float> x, AllocateArray<float>(ops, tokens * d, "layer input"));
+  ASSIGN_OR_RETURN(OpHcMix mix,
+                   ops.HcPre(ctx, config, layer.hc_attn, streams.data(), tokens, x.data()));
+  RETURN_IF_ERROR(ops.RmsNorm(ctx, x.data(), tokens, d, layer.attn_norm, config.rms_norm_eps,
+                              x.data()));
+  ASSIGN_OR_RETURN(const OpArray<float> attn,
+                   AllocateArray<float>(ops, tokens * d, "attention output"));
+  RETURN_IF_ERROR(AttentionBlock(ctx, config, layer.layer, layer.attn,
+                                 {x.data(), in.sequences, in.seq_len}, attn.data()));
+  ASSIGN_OR_RETURN(const OpArray<float> mid, AllocateArray<float>(ops, n, "attention streams"));
+  RETURN_IF_ERROR(
+      ops.HcPost(ctx, config, mix, attn.data(), streams.data(), tokens, mid.data()));
+
+  ASSIGN_OR_RETURN(mix, ops.HcPre(ctx, config, layer.hc_ffn, mid.data(), tokens, x.data()));
+  RETURN_IF_ERROR(
+      ops.RmsNorm(ctx, x.data(), tokens, d, layer.ffn_norm, config.rms_norm_eps, x.data()));
+  const OpArray<float>& ffn = attn;  // the attention output is spent: reuse its memory
+  RETURN_IF_ERROR(
+      MoeBlock(ctx, config, layer.moe, x.data(), tokens, in.token_ids.data(), ffn.data()));
+  ASSIGN_OR_RETURN(const OpArray<float> out, AllocateArray<float>(ops, n, "output streams"));
+  RETURN_IF_ERROR(ops.HcPost(ctx, config, mix, ffn.data(), mid.data(), tokens, out.data()));
+  return ActivationsFrom(ops, in, out.data(), n, in.token_ids);
 }
 
 }  // namespace
@@ -149,25 +223,20 @@ absl::Status CheckActivations(const V4Config& c, const V4Activations& a) {
 
 absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numerics numerics,
                                                   Observer* observer) {
-  if (device.kind() == compute::DeviceKind::kCuda) {
-    ForwardContext ctx;
-    ASSIGN_OR_RETURN(ctx.device, OpenDeviceForward(device, numerics));
-    ctx.gemm = device.gemm();
-    ctx.numerics = numerics;
-    ctx.observer = observer;
-    return ctx;
-  }
-  if (!device.host_visible() || device.gemm() == nullptr) {
+  if (device.gemm() == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the DeepSeek-V4 forward runs its non-GEMM blocks on the host; device ",
-                     device.name(), " is not host-visible"));
+        absl::StrCat("the DeepSeek-V4 forward needs matrix products; device ", device.name(),
+                     " has no Gemm"));
   }
   ForwardContext ctx;
+  ASSIGN_OR_RETURN(ctx.ops, MakeForwardOps(device));
   ctx.gemm = device.gemm();
   ctx.numerics = numerics;
   ctx.observer = observer;
-  ctx.threads.count = device.host_threads();
-  ctx.threads.pool = device.host_pool();
+  if (device.host_visible()) {
+    ctx.threads.count = device.host_threads();
+    ctx.threads.pool = device.host_pool();
+  }
   return ctx;
 }
 
@@ -179,45 +248,16 @@ absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " is outside [0, ", c.num_hidden_layers, ")"));
   }
-  ASSIGN_OR_RETURN(V4LayerWeights w,
-                   LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device, alive));
-  if (device.kind() != compute::DeviceKind::kCuda) return w;
-  V4LayerWeights resident;
-  resident.layer = layer;
-  ASSIGN_OR_RETURN(resident.device, MakeLayerResident(device, c, std::move(w)));
-  return resident;
+  return LoadBlock(ckpt, absl::StrCat("layers.", layer, "."), layer, device, alive);
 }
 
 absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config& config,
                                        const V4LayerWeights& layer, const V4Activations& in) {
-  if (ctx.device != nullptr || layer.device != nullptr) {
-    return RunDeviceLayer(ctx, config, layer, in);
-  }
   RETURN_IF_ERROR(CheckActivations(config, in));
-  const int64_t tokens = in.tokens(), d = config.hidden_size;
-  std::vector<float> x(static_cast<size_t>(tokens * d));
-  HcMix mix;
-  RETURN_IF_ERROR(HcPre(ctx, config, layer.hc_attn, in.streams.data(), tokens, x.data(), &mix));
-  RmsNorm(ctx, x.data(), tokens, d, layer.attn_norm, config.rms_norm_eps, x.data());
-  ASSIGN_OR_RETURN(std::vector<float> attn, AttentionForward(ctx, config, layer.layer, layer.attn,
-                                                             {x.data(), in.sequences, in.seq_len}));
-  std::vector<float> mid(in.streams.size());
-  HcPost(ctx, config, mix, attn.data(), in.streams.data(), tokens, mid.data());
-
-  RETURN_IF_ERROR(HcPre(ctx, config, layer.hc_ffn, mid.data(), tokens, x.data(), &mix));
-  RmsNorm(ctx, x.data(), tokens, d, layer.ffn_norm, config.rms_norm_eps, x.data());
-  std::vector<float> ffn(static_cast<size_t>(tokens * d));
-  RETURN_IF_ERROR(
-      MoeForward(ctx, config, layer.moe, x.data(), tokens, in.token_ids.data(), ffn.data()));
-  V4Activations out;
-  out.sequences = in.sequences;
-  out.seq_len = in.seq_len;
-  out.hc_mult = in.hc_mult;
-  out.hidden_size = in.hidden_size;
-  out.token_ids = in.token_ids;
-  out.streams.resize(in.streams.size());
-  HcPost(ctx, config, mix, ffn.data(), mid.data(), tokens, out.streams.data());
-  return out;
+  RETURN_IF_ERROR(CheckPlaced(ctx, absl::StrCat("layer ", layer.layer), layer.placed));
+  ASSIGN_OR_RETURN(const OpArray<float> streams,
+                   UploadArray(OpsOf(ctx), in.streams, "input streams"));
+  return RunBlock(ctx, config, layer, in, streams);
 }
 
 void EmbeddingRows(const uint8_t* table, int64_t d, const int32_t* ids, int64_t tokens,
@@ -265,16 +305,23 @@ absl::StatusOr<V4HeadWeights> LoadHead(const V4Checkpoint& ckpt, compute::Device
 absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
                          const V4HeadWeights& head, const V4Activations& acts,
                          std::vector<float>* hidden, std::vector<float>* logits) {
-  RETURN_IF_ERROR(CheckHostContext(ctx, "HeadForward"));
   RETURN_IF_ERROR(CheckActivations(config, acts));
+  RETURN_IF_ERROR(CheckPlaced(ctx, "the head", head.placed));
+  const ForwardOps& ops = OpsOf(ctx);
   const int64_t tokens = acts.tokens(), d = config.hidden_size;
-  hidden->resize(static_cast<size_t>(tokens * d));
-  RETURN_IF_ERROR(HcHead(ctx, config, head.hc_head, acts.streams.data(), tokens, hidden->data()));
-  RmsNorm(ctx, hidden->data(), tokens, d, head.norm, config.rms_norm_eps, hidden->data());
+  ASSIGN_OR_RETURN(const OpArray<float> streams, UploadArray(ops, acts.streams, "head streams"));
+  ASSIGN_OR_RETURN(const OpArray<float> y, AllocateArray<float>(ops, tokens * d, "hidden state"));
+  RETURN_IF_ERROR(ops.HcHead(ctx, config, head.hc_head, streams.data(), tokens, y.data()));
+  RETURN_IF_ERROR(
+      ops.RmsNorm(ctx, y.data(), tokens, d, head.norm, config.rms_norm_eps, y.data()));
+  ASSIGN_OR_RETURN(*hidden, DownloadArray(ops, y.data(), tokens * d, "hidden state"));
   if (logits == nullptr) return absl::OkStatus();
-  logits->resize(static_cast<size_t>(tokens * config.vocab_size));
-  return ApplyLinear(ctx, head.head, hidden->data(), tokens, logits->data(),
-                     LinearOutput::kFloat32);
+  const int64_t n = tokens * config.vocab_size;
+  ASSIGN_OR_RETURN(const OpArray<float> out, AllocateArray<float>(ops, n, "logits"));
+  RETURN_IF_ERROR(
+      ops.Linear(ctx, head.head, y.data(), tokens, out.data(), LinearOutput::kFloat32, {}));
+  ASSIGN_OR_RETURN(*logits, DownloadArray(ops, out.data(), n, "logits"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& device) {
@@ -288,6 +335,9 @@ absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& 
   ASSIGN_OR_RETURN(w.hnorm, LoadFloats(ckpt, p + "hnorm.weight", {d}));
   ASSIGN_OR_RETURN(w.block, LoadBlock(ckpt, p, c.num_hidden_layers, device, {}));
   ASSIGN_OR_RETURN(w.head, LoadHeadWeights(ckpt, device, p));
+  ASSIGN_OR_RETURN(const std::shared_ptr<ForwardOps> ops, MakeForwardOps(device));
+  RETURN_IF_ERROR(ops->Place(w.e_proj));
+  RETURN_IF_ERROR(ops->Place(w.h_proj));
   return w;
 }
 
@@ -295,36 +345,39 @@ absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoi
                                      const V4MtpWeights& mtp, const V4Activations& h,
                                      std::vector<int32_t> next_ids) {
   const V4Config& c = ckpt.config;
-  RETURN_IF_ERROR(CheckHostContext(ctx, "RunMtp"));
   RETURN_IF_ERROR(CheckActivations(c, h));
+  RETURN_IF_ERROR(CheckPlaced(ctx, "the MTP block", mtp.block.placed));
+  const ForwardOps& ops = OpsOf(ctx);
   const int64_t tokens = h.tokens(), d = c.hidden_size, hc = c.hc_mult;
   if (static_cast<int64_t>(next_ids.size()) != tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("RunMtp: ", next_ids.size(), " next-token ids for ", tokens, " tokens"));
   }
-  std::vector<float> e(static_cast<size_t>(tokens * d)), ep(e.size());
-  RETURN_IF_ERROR(EmbedRows(ckpt, next_ids, e.data(), d, 1, ctx.threads));
-  RmsNorm(ctx, e.data(), tokens, d, mtp.enorm, c.rms_norm_eps, e.data());
-  RETURN_IF_ERROR(ApplyLinear(ctx, mtp.e_proj, e.data(), tokens, ep.data()));
+  std::vector<float> embedded(static_cast<size_t>(tokens * d));
+  RETURN_IF_ERROR(EmbedRows(ckpt, next_ids, embedded.data(), d, 1, ctx.threads));
+  ASSIGN_OR_RETURN(const OpArray<float> e, UploadArray(ops, embedded, "MTP embedding"));
+  ASSIGN_OR_RETURN(const OpArray<float> ep, AllocateArray<float>(ops, tokens * d, "MTP e_proj"));
+  RETURN_IF_ERROR(ops.RmsNorm(ctx, e.data(), tokens, d, mtp.enorm, c.rms_norm_eps, e.data()));
+  RETURN_IF_ERROR(
+      ops.Linear(ctx, mtp.e_proj, e.data(), tokens, ep.data(), LinearOutput::kModelDtype, {}));
   // hnorm and h_proj act on each stream: [tokens * hc, d] rows.
-  std::vector<float> hn(h.streams.size());
-  RmsNorm(ctx, h.streams.data(), tokens * hc, d, mtp.hnorm, c.rms_norm_eps, hn.data());
-  V4Activations x;
-  x.sequences = h.sequences;
-  x.seq_len = h.seq_len;
-  x.hc_mult = hc;
-  x.hidden_size = d;
-  x.streams.resize(h.streams.size());
-  RETURN_IF_ERROR(ApplyLinear(ctx, mtp.h_proj, hn.data(), tokens * hc, x.streams.data()));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < hc; ++j) {
-      float* row = x.streams.data() + (t * hc + j) * d;
-      for (int64_t i = 0; i < d; ++i) row[i] = ep[t * d + i] + row[i];
-    }
-  }
-  ToModelDtype(ctx, x.streams.data(), tokens * hc * d);
-  x.token_ids = std::move(next_ids);
-  return RunLayer(ctx, c, mtp.block, x);
+  const int64_t n = static_cast<int64_t>(h.streams.size());
+  ASSIGN_OR_RETURN(const OpArray<float> hs, UploadArray(ops, h.streams, "MTP streams"));
+  ASSIGN_OR_RETURN(const OpArray<float> hn, AllocateArray<float>(ops, n, "MTP hnorm"));
+  RETURN_IF_ERROR(
+      ops.RmsNorm(ctx, hs.data(), tokens * hc, d, mtp.hnorm, c.rms_norm_eps, hn.data()));
+  ASSIGN_OR_RETURN(const OpArray<float> x, AllocateArray<float>(ops, n, "MTP block input"));
+  RETURN_IF_ERROR(ops.Linear(ctx, mtp.h_proj, hn.data(), tokens * hc, x.data(),
+                             LinearOutput::kModelDtype, {}));
+  RETURN_IF_ERROR(ops.AddToStreams(ep.data(), tokens, hc, d, x.data()));
+  RETURN_IF_ERROR(ops.ToModelDtype(ctx, x.data(), n));
+  V4Activations in;
+  in.sequences = h.sequences;
+  in.seq_len = h.seq_len;
+  in.hc_mult = hc;
+  in.hidden_size = d;
+  in.token_ids = std::move(next_ids);
+  return RunBlock(ctx, c, mtp.block, in, x);
 }
 
 }  // namespace quantd::model

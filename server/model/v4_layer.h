@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,8 +28,6 @@
 
 namespace quantd::model {
 
-struct V4DeviceLayerWeights;  // v4_device_weights.h (CUDA builds)
-
 struct V4LayerWeights {
   int64_t layer = 0;               // index; num_hidden_layers is the MTP block
   HyperConnectionWeights hc_attn;  // hc_attn_{fn,base,scale}
@@ -37,19 +36,18 @@ struct V4LayerWeights {
   std::vector<float> ffn_norm;     // ffn_norm.weight [d]
   V4AttentionWeights attn;         // attn.*
   MoeWeights moe;                  // ffn.*
-  // LoadLayer on a CUDA device: the weights resident there, and only `layer` above is set.
-  std::shared_ptr<const V4DeviceLayerWeights> device;
+  std::string placed = "host";     // ForwardOps::placement() of the ops that placed them
 };
 
-// A forward context on `device`: its Gemm, the numerics and the observer (may be nullptr). On a
-// CUDA device RunLayer runs whole layers there (v4_device_forward.h); HeadForward and RunMtp,
-// which run on the host, refuse such a context. FailedPrecondition for another device whose
-// buffers are not host-visible.
+// A forward context on `device`: its ops (v4_forward_ops.h: the host's, or a CUDA device's),
+// its Gemm, the numerics and the observer (may be nullptr). RunLayer, HeadForward and RunMtp run
+// on its ops. FailedPrecondition for a device without a Gemm or of another kind.
 absl::StatusOr<ForwardContext> MakeForwardContext(compute::Device& device, Numerics numerics,
                                                   Observer* observer);
 
 // Decodes the weights of main layer `layer` (0 <= layer < num_hidden_layers) with the device's
-// kernels; on a CUDA device they stay resident there (V4LayerWeights::device). Errors name the
+// kernels, placed for its ops (on a CUDA device the linears stay resident there; the routed
+// experts stay in their stored form, decoded per expert by the forward). Errors name the
 // tensor. `alive` (may be empty) is called after the attention weights and after each routed
 // expert: a long load's sign of life for the task that runs it.
 absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer,
@@ -60,8 +58,9 @@ absl::StatusOr<V4LayerWeights> LoadLayer(const V4Checkpoint& ckpt, int64_t layer
 // values for a model with `config`'s hc_mult and hidden_size.
 absl::Status CheckActivations(const V4Config& config, const V4Activations& a);
 
-// Runs one layer over a batch, on ctx's device. InvalidArgument when `in` does not match the
-// config; FailedPrecondition when the weights were loaded on another device than ctx's.
+// Runs one layer over a batch, on ctx's ops. InvalidArgument when `in` does not match the
+// config; FailedPrecondition when the weights were placed for other ops (loaded on another
+// device than ctx's).
 absl::StatusOr<V4Activations> RunLayer(const ForwardContext& ctx, const V4Config& config,
                                        const V4LayerWeights& layer, const V4Activations& in);
 
@@ -82,12 +81,13 @@ struct V4HeadWeights {
   HyperConnectionWeights hc_head;  // hc_head_{fn,base,scale}
   std::vector<float> norm;         // norm.weight [d]
   LinearWeight head;               // head.weight [vocab, d]
+  std::string placed = "host";     // ForwardOps::placement() of the ops that placed it
 };
 absl::StatusOr<V4HeadWeights> LoadHead(const V4Checkpoint& ckpt, compute::Device& device);
 
 // The final hidden state norm(hc_head(streams)) [tokens, d] (model dtype) and, when `logits`
-// is not null, the float32 logits [tokens, vocab] of every position. On the host only
-// (FailedPrecondition for a CUDA context).
+// is not null, the float32 logits [tokens, vocab] of every position, on ctx's ops
+// (FailedPrecondition for weights placed for other ops).
 absl::Status HeadForward(const ForwardContext& ctx, const V4Config& config,
                          const V4HeadWeights& head, const V4Activations& acts,
                          std::vector<float>* hidden, std::vector<float>* logits);
@@ -109,8 +109,8 @@ absl::StatusOr<V4MtpWeights> LoadMtp(const V4Checkpoint& ckpt, compute::Device& 
 // seq_len], the ids of the tokens that follow each position (the caller shifts them):
 //   x[t, j] = e_proj(enorm(embed(next_ids[t]))) + h_proj(hnorm(h[t, j])) for every stream j,
 // then the decoder block. Returns the block's output streams (their token ids are next_ids);
-// HeadForward with mtp.head gives the MTP logits. On the host only (FailedPrecondition for a CUDA
-// context).
+// HeadForward with mtp.head gives the MTP logits. On ctx's ops (FailedPrecondition for weights
+// placed for other ops).
 absl::StatusOr<V4Activations> RunMtp(const ForwardContext& ctx, const V4Checkpoint& ckpt,
                                      const V4MtpWeights& mtp, const V4Activations& h,
                                      std::vector<int32_t> next_ids);

@@ -21,11 +21,10 @@
 
 namespace quantd::model {
 
-struct DeviceForwardContext;  // v4_device_context.h (CUDA builds)
+class ForwardOps;  // v4_forward_ops.h
 
-// Where and how one forward runs. Host memory throughout (the CPU device), except that on a CUDA
-// device (`device` set) RunLayer runs the whole layer there (v4_device_forward.h); the blocks
-// below take host contexts only.
+// Where and how one forward runs: the ops (host or device), the Gemm, the numerics, the
+// observer. ApplyLinear and ToModelDtype below are the host ops' (host memory).
 struct ForwardContext {
   kernels::Gemm* gemm = nullptr;  // the device's matrix products
   Numerics numerics = Numerics::kOfficial;
@@ -35,11 +34,10 @@ struct ForwardContext {
   // Calibration only (calibrate_all_experts): the observer also sees every routed expert's
   // w1/w3/w2 inputs for the tokens not routed to it (w2: unweighted only); outputs unchanged.
   bool observe_all_experts = false;
-  // MakeForwardContext on a CUDA device: where RunLayer runs (with this context's gemm, numerics,
-  // observer and observe_all_experts, taken at each call); nullptr on the host.
-  std::shared_ptr<DeviceForwardContext> device;
-  // Called after every product on the host (each expert's, each projection's): the running
-  // task's sign of life, so a long batch keeps its lease. May be empty.
+  // The operations the forward runs on (MakeForwardContext: the device's); nullptr: the host ops.
+  std::shared_ptr<ForwardOps> ops;
+  // Called after every product (each expert's, each projection's): the running task's sign of
+  // life, so a long batch keeps its lease. May be empty.
   std::function<void()> alive;
   // When set, MoeForward adds the seconds it spends decoding routed experts (the caller's
   // timing; one forward at a time per counter).

@@ -1,22 +1,14 @@
 #include "server/model/v4_mhc.h"
 
-#include <cmath>
-
+#include "kernels/v4_row_math.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_parallel.h"
 
 namespace quantd::model {
 namespace {
 
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-// 1 / sqrt(mean(x^2) + eps) over n values, the sum in double.
-float RsqrtMeanSquare(const float* x, int64_t n, float eps) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
-  const float mean = static_cast<float>(sum / static_cast<double>(n));
-  return 1.0f / std::sqrt(mean + eps);
-}
+using v4math::RsqrtMeanSquare;
+using v4math::Sigmoid;
 
 // x · fn^T for every token, times its rsqrt: mixes [tokens, rows of fn].
 absl::Status Mixes(const ForwardContext& ctx, const V4Config& config, const std::vector<float>& fn,
@@ -56,47 +48,6 @@ void Collapse(const ForwardContext& ctx, const V4Config& config, const float* pr
 }
 
 }  // namespace
-
-void SplitSinkhorn(const float* mixes, const float* scale, const float* base, int64_t hc,
-                   int64_t iters, float eps, float* pre, float* post, float* comb) {
-  for (int64_t j = 0; j < hc; ++j) {
-    pre[j] = Sigmoid(mixes[j] * scale[0] + base[j]) + eps;
-    post[j] = 2.0f * Sigmoid(mixes[hc + j] * scale[1] + base[hc + j]);
-  }
-  for (int64_t j = 0; j < hc; ++j) {
-    float* row = comb + j * hc;
-    float max = -INFINITY;
-    for (int64_t k = 0; k < hc; ++k) {
-      row[k] = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-      max = row[k] > max ? row[k] : max;
-    }
-    float sum = 0.0f;
-    for (int64_t k = 0; k < hc; ++k) {
-      row[k] = std::exp(row[k] - max);
-      sum += row[k];
-    }
-    for (int64_t k = 0; k < hc; ++k) row[k] = row[k] / sum + eps;
-  }
-  auto normalize_columns = [&] {
-    for (int64_t k = 0; k < hc; ++k) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < hc; ++j) sum += comb[j * hc + k];
-      for (int64_t j = 0; j < hc; ++j) comb[j * hc + k] /= sum + eps;
-    }
-  };
-  auto normalize_rows = [&] {
-    for (int64_t j = 0; j < hc; ++j) {
-      float sum = 0.0f;
-      for (int64_t k = 0; k < hc; ++k) sum += comb[j * hc + k];
-      for (int64_t k = 0; k < hc; ++k) comb[j * hc + k] /= sum + eps;
-    }
-  };
-  normalize_columns();
-  for (int64_t i = 1; i < iters; ++i) {
-    normalize_rows();
-    normalize_columns();
-  }
-}
 
 absl::Status HcPre(const ForwardContext& ctx, const V4Config& config,
                    const HyperConnectionWeights& w, const float* streams, int64_t tokens, float* y,

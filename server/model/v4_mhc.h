@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/v4_row_math.h"
 #include "server/model/v4_config.h"
 #include "server/model/v4_linear.h"
 
@@ -31,14 +32,8 @@ struct HcMix {
   std::vector<float> comb;  // [tokens, hc, hc]: comb[j][k] weighs input stream j into output k
 };
 
-// hc_split_sinkhorn for one token: mixes [(2+hc)*hc] (already times rsqrt) -> pre [hc],
-// post [hc], comb [hc*hc]:
-//   pre = sigmoid(mix[0:hc] * scale[0] + base[0:hc]) + eps
-//   post = 2 * sigmoid(mix[hc:2hc] * scale[1] + base[hc:2hc])
-//   comb = softmax_k(mix[2hc + hc*j + k] * scale[2] + base[...]) + eps
-//   comb /= colsum + eps; (iters - 1) times { comb /= rowsum + eps; comb /= colsum + eps }
-void SplitSinkhorn(const float* mixes, const float* scale, const float* base, int64_t hc,
-                   int64_t iters, float eps, float* pre, float* post, float* comb);
+// hc_split_sinkhorn for one token (kernels/v4_row_math.h, shared with the CUDA kernel).
+using v4math::SplitSinkhorn;
 
 // hc_pre: streams [tokens, hc, d] -> the sub-block input y [tokens, d] (model dtype) and the
 // mix. mixes = (streams_flat · fn^T) * rsqrt(mean(streams_flat^2) + rms_norm_eps).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/v4_row_math.h"
 #include "server/model/v4_config.h"
 #include "server/model/v4_linear.h"
 #include "server/model/v4_weights.h"
@@ -25,10 +26,10 @@ struct ExpertWeights {
 };
 
 // A layer's routed experts kept in their stored form (FP8 / MXFP4 / NVFP4 bytes and scales in the
-// mapped source): MoeForward decodes each one into host memory right before its products and
-// drops it after them, so a forward holds one decoded expert at a time instead of all of them
-// (at DeepSeek-V4-Pro size 384 experts are 51.5 GB in BF16, one is 132 MB). The checkpoint and
-// the backend must outlive it. Decode is thread-safe.
+// mapped source): the MoE decodes each one with the backend (into host or device memory) right
+// before its products and drops it after them, so a forward holds one decoded expert at a time
+// instead of all of them (at DeepSeek-V4-Pro size 384 experts are 51.5 GB in BF16, one is
+// 132 MB). The checkpoint and the backend must outlive it. Decode is thread-safe.
 class RoutedExperts {
  public:
   RoutedExperts() = default;
@@ -72,8 +73,9 @@ struct Routing {
   std::vector<float> weights;    // [tokens, topk]
 };
 
-// sqrtsoftplus(x) = sqrt(softplus(x)), softplus with torch's threshold (x > 20: x).
-float SqrtSoftplus(float x);
+// sqrtsoftplus(x) = sqrt(softplus(x)), softplus with torch's threshold (x > 20: x)
+// (kernels/v4_row_math.h, shared with the CUDA router).
+using v4math::SqrtSoftplus;
 
 // Routes tokens given their router logits [tokens, experts] (fp32): hash layers take
 // tid2eid[token_ids[t]], the others the top-k of score + bias (ties to the lower id). Tokens
@@ -81,11 +83,12 @@ float SqrtSoftplus(float x);
 Routing Route(const V4Config& config, const MoeWeights& w, const float* logits, int64_t tokens,
               const int32_t* token_ids, const HostThreads& threads = {});
 
-// SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp.
-float ClampedSwiglu(float g, float u, float limit);
+// SwiGLU with the clamp: silu(min(g, limit)) * clamp(u, -limit, limit); limit 0: no clamp
+// (kernels/v4_row_math.h, shared with the CUDA kernel).
+using v4math::ClampedSwiglu;
 
-// The steps of MoeForward between its GEMMs (public so that their CUDA twins can be tested
-// against them). The rows routed to each expert, in token order, with their routing weights.
+// The host ops' MoE steps between the GEMMs (public: the oracle their CUDA kernels are tested
+// against). The rows routed to each expert, in token order, with their routing weights.
 struct ExpertRows {
   std::vector<std::vector<int64_t>> tokens;  // [experts][rows routed to the expert]
   std::vector<std::vector<float>> weights;   // the same shape: the rows' routing weights
@@ -107,7 +110,12 @@ void AddRows(const float* out, const int64_t* rows, int64_t n, int64_t d, float*
              const HostThreads& threads);
 
 // y[tokens, d] = MoE(x) for the ffn-normed input x [tokens, d] (model dtype) of the tokens
-// `token_ids` (used by hash layers). Output in the model dtype.
+// `token_ids` (host; used by hash layers), over ctx's ops: x and y in their memory. Output in
+// the model dtype.
+absl::Status MoeBlock(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
+                      const float* x, int64_t tokens, const int32_t* token_ids, float* y);
+
+// MoeBlock with x and y in host memory.
 absl::Status MoeForward(const ForwardContext& ctx, const V4Config& config, const MoeWeights& w,
                         const float* x, int64_t tokens, const int32_t* token_ids, float* y);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels/v4_row_math.h"
 #include "server/model/v4_parallel.h"
 
 namespace quantd::model {
@@ -81,12 +82,8 @@ void ApplyRope(const RopeTable& table, const int64_t* positions, bool inverse, f
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + (r * heads + h) * head_dim + first;
         for (int64_t i = 0; i < pairs; ++i) {
-          const float c = table.cos(p, i);
-          const float s = inverse ? -table.sin(p, i) : table.sin(p, i);
-          const float a = v[2 * i];
-          const float b = v[2 * i + 1];
-          v[2 * i] = a * c - b * s;
-          v[2 * i + 1] = a * s + b * c;
+          v4math::RotatePair(table.cos(p, i), inverse ? -table.sin(p, i) : table.sin(p, i),
+                             v + 2 * i);
         }
       }
     }

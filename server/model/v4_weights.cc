@@ -90,7 +90,7 @@ absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend
                    checkpoint::ToBackend(backend, scales->data, scales->size, 1, &scales_holder));
   src.data = static_cast<const uint8_t*>(data);
   src.scales = static_cast<const uint8_t*>(scale_bytes);
-  checkpoint::DenseWeight& dense = w->host.dense;
+  checkpoint::DenseWeight& dense = w->decoded;
   dense.bytes = static_cast<size_t>(elements) * sizeof(float);
   if (spare.size() >= dense.bytes) {
     dense.holder = std::move(spare);
@@ -102,10 +102,7 @@ absl::Status LoadNvfp4Linear(const V4Checkpoint& ckpt, kernels::Backend& backend
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("tensor ", weight_name, ": ", s.message()));
   }
-  ASSIGN_OR_RETURN(w->host.data,
-                   checkpoint::ToHost(backend, dense.holder.data(), dense.bytes, &w->host.staging));
   w->view = dense.tensor;
-  w->view.data = w->host.data;
   ReleasePages(ckpt, *weight);
   ReleasePages(ckpt, *scales);
   return absl::OkStatus();
@@ -175,12 +172,12 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
   w.quantized_source = m.format == checkpoint::TensorFormat::kFp8BlockE8m0 ||
                        m.format == checkpoint::TensorFormat::kFp8BlockF32 ||
                        m.format == checkpoint::TensorFormat::kMxfp4;
-  ASSIGN_OR_RETURN(w.host, checkpoint::DecodeWeightToHost(backend, source, std::move(spare)));
-  w.view = w.host.dense.tensor;
-  w.view.data = w.host.data;
-  if (w.host.data == source.weight->data) {  // read in place from the mapped shard
-    const auto* bytes = static_cast<const uint8_t*>(w.host.data);
-    w.copy.assign(bytes, bytes + w.host.dense.bytes);
+  ASSIGN_OR_RETURN(w.decoded, checkpoint::DecodeWeightRows(backend, source, 0, m.out_features,
+                                                           std::move(spare)));
+  w.view = w.decoded.tensor;
+  if (w.view.data == source.weight->data) {  // read in place from the mapped shard
+    const auto* bytes = static_cast<const uint8_t*>(w.view.data);
+    w.copy.assign(bytes, bytes + w.decoded.bytes);
     w.view.data = w.copy.data();
   }
   checkpoint::ReleaseSource(*ckpt.dir, source);

@@ -1,5 +1,5 @@
 // Reading DeepSeek-V4 weights for the forward from a source checkpoint: linear layers decoded
-// from FP8-block / MXFP4 by the device's kernels (checkpoint/source_weight.h DecodeWeightToHost),
+// from FP8-block / MXFP4 by the device's kernels (checkpoint/source_weight.h DecodeWeightRows),
 // small parameters (norms, mHC, sinks, biases, tid2eid) converted to float32 / int32. Every
 // tensor's dtype and shape are checked against the config; errors name the tensor.
 #ifndef QUANTD_SERVER_MODEL_V4_WEIGHTS_H_
@@ -35,11 +35,12 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(
 // own output read back.
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const checkpoint::DirHandle& dir);
 
-// A linear layer's weight [out, in], dense and readable from host memory: BF16 for FP8-block,
-// MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources and for NVFP4 (ModelOpt or
-// compressed-tensors, as quantd writes them: e2m1 * weight_scale * weight_scale_2 is exact in
-// float32, not in BF16). It owns its values: the source pages are released once loaded, so
-// memory holds only the layers the caller keeps.
+// A linear layer's weight [out, in], dense, in the memory of the backend that decoded it (host
+// memory for a CPU backend; a CUDA backend's device memory, with no host copy): BF16 for
+// FP8-block, MXFP4 and BF16 sources (the decode is exact), F32 for F32 sources and for NVFP4
+// (ModelOpt or compressed-tensors, as quantd writes them: e2m1 * weight_scale * weight_scale_2 is
+// exact in float32, not in BF16). It owns its values: the source pages are released once loaded,
+// so memory holds only the layers the caller keeps.
 struct LinearWeight {
   std::string module;             // official name: "layers.3.attn.wq_a"
   bool quantized_source = false;  // FP8 or MXFP4 on disk: `official` FP8-simulates its input
@@ -47,9 +48,9 @@ struct LinearWeight {
   // NVFP4 fake-quantized with it (kernels/nvfp4_fake_quant.h) in both numerics, as the runtime
   // quantizes it. 0 for every other weight, W4A16 NVFP4 included (weights only).
   float input_scale = 0.0f;
-  checkpoint::HostWeight host;    // the decoded values (or the source bytes read in place)
-  std::vector<uint8_t> copy;      // BF16/F32 values copied out of the mapped source, else empty
-  kernels::DenseTensor view;      // host view of the values: host.data or copy
+  checkpoint::DenseWeight decoded;  // the decoded values (or the source bytes read in place)
+  std::vector<uint8_t> copy;        // BF16/F32 values copied out of the mapped source, else empty
+  kernels::DenseTensor view;        // the values: decoded.tensor.data or copy
 
   int64_t out_features() const { return view.rows; }
   int64_t in_features() const { return view.cols; }

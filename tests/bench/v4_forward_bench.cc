@@ -17,8 +17,9 @@
 // non-GEMM, tokens/s, and the non-GEMM and whole-layer speed-ups.
 //
 // --table cuda (needs CUDA device 0) runs every layer of the small4 model whole on the device
-// (LoadLayer / RunLayer on cuda:0, server/model/v4_layer_cuda.h): per layer the load seconds
-// (decode on the device, kept there), the run seconds (best of 3 after a warm-up), tokens/s, and
+// (LoadLayer / RunLayer on cuda:0, the CUDA ops of server/model/v4_cuda_ops.h): per layer the
+// load seconds (decode on the device, kept there; routed experts decoded per expert in the run),
+// the run seconds (best of 3 after a warm-up), tokens/s, and
 // the TFLOP/s of its products over the run and over the time inside cuBLAS, against the cuBLAS
 // peak of the same run (BF16 8192^3 for official numerics, whose products take BF16 operands;
 // float32 4096^3 for math).

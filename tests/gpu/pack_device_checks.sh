@@ -22,7 +22,8 @@ pack="${2:-device-pack/checks.tar.xz}"
 binaries=(
   tests/cuda_backend_test tests/gemm_test tests/v4_cuda_blocks_test tests/backend_test
   tests/device_test tests/v4_cuda_moe_test tests/v4_cuda_attention_test tests/v4_cuda_cast_test
-  tests/v4_cuda_layer_test tests/bench/quantd_kernels_bench tests/bench/quantd_v4_forward_bench
+  tests/v4_cuda_ops_test tests/v4_cuda_layer_test tests/bench/quantd_kernels_bench
+  tests/bench/quantd_v4_forward_bench
 )
 # Provided by the device machine's own system or driver, or too large to carry (cuBLAS, which
 # quantd loads with dlopen; run_device_checks.sh finds the machine's own): never packed. The CUDA

@@ -25,9 +25,11 @@
 #                  blocks, the backend-agnostic kernel tests and the device seam, the V4 router,
 #                  MoE combine, compressor pooling, mHC pre/head and embedding CUDA blocks, the
 #                  V4 attention CUDA blocks (sparse attention, indexer)
-#   cuda_layer     v4_cuda_cast_test (the device forward's own kernels: q head norm, BF16 steps)
-#                  and v4_cuda_layer_test: whole decoder layers on the device against the CPU
-#                  forward (prints each layer's worst relative difference)
+#   cuda_layer     v4_cuda_cast_test (the device forward's own kernels: q head norm, BF16 steps),
+#                  v4_cuda_ops_test (the CUDA ops against the host ops, op by op) and
+#                  v4_cuda_layer_test: the one forward graph on the CUDA ops against the host ops,
+#                  whole decoder layers, the head and the MTP block (prints each layer's worst
+#                  relative difference)
 #   forward_cuda   quantd_v4_forward_bench --table cuda: whole layers of the small4 model on the
 #                  device, tokens/s and TFLOP/s against the cuBLAS peak of the same run
 #   forward_cublas quantd_v4_forward_bench --table cublas: the forward's products on cuBLAS
@@ -92,7 +94,8 @@ unit_cuda() {
 }
 
 cuda_layer() {
-  "$build/tests/v4_cuda_cast_test" --gtest_brief=1 && "$build/tests/v4_cuda_layer_test"
+  "$build/tests/v4_cuda_cast_test" --gtest_brief=1 &&
+    "$build/tests/v4_cuda_ops_test" --gtest_brief=1 && "$build/tests/v4_cuda_layer_test"
 }
 if [[ "${QUANTD_DEVICE_CHECKS:-full}" == short ]]; then
   step unit_cuda 120 unit_cuda

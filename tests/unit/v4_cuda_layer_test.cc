@@ -1,7 +1,8 @@
-// One whole DeepSeek-V4 decoder layer on a CUDA device (MakeForwardContext / LoadLayer / RunLayer
-// on cuda:0, server/model/v4_layer_cuda.h) against the host forward on the tiny fixture: every
-// layer kind (0: hash routing + sliding window only, 1: CSA with the indexer, 2: HCA), both
-// numerics, the same input streams on both sides.
+// The DeepSeek-V4 forward on the CUDA ops (MakeForwardContext / LoadLayer / RunLayer /
+// HeadForward / RunMtp on cuda:0, server/model/v4_cuda_ops.h) against the same graph on the host
+// ops, on the tiny fixture: every layer kind (0: hash routing + sliding window only, 1: CSA with
+// the indexer, 2: HCA), both numerics, the same input streams on both sides; then the head and
+// the MTP block.
 // Compares the output streams and what the observer saw (module names, calls, rows, expert ids,
 // routing weights, max |x| of every linear input and KV cache). Skips without a CUDA device;
 // builds without CUDA have no device forward and skip as well.
@@ -25,7 +26,7 @@
 // fp32 difference): at most 1% of the tokens; (2) in the CSA layer, indexer scores that tie
 // exactly at the top-k boundary (exact zeros where every indexer head's relu is 0; BF16-equal
 // official scores), where the device picks the lower entry ids and the host libstdc++'s
-// selection (v4_attention_cuda.h). Only a query with more visible entries than picks
+// selection (v4_cuda_ops.h). Only a query with more visible entries than picks
 // ((position + 1) / 4 > k) can meet (2); at most 30% of the tokens may (57 of the 280 tokens
 // here tie at the boundary, in both numerics, counted on the host), and the modules after
 // the attention (wo_a, wo_b, ffn.*) are then compared only where no such token differed. A bug
@@ -45,9 +46,7 @@
 #include "tests/unit/v4_tiny_checkpoint.h"
 
 #if QUANTD_HAVE_CUDA_HEADERS
-#include "server/model/v4_device_context.h"
-#include "server/model/v4_device_weights.h"
-#include "server/model/v4_layer_cuda.h"
+#include "server/model/v4_cuda_ops.h"
 #include "tests/unit/v4_cuda_test_util.h"
 #endif
 
@@ -196,10 +195,11 @@ TEST_F(V4CudaLayerTest, EveryLayerKindMatchesTheHostInBothNumerics) {
       auto want = RunLayer(*host_ctx, c, *host_weights, *acts);
       ASSERT_TRUE(want.ok()) << want.status();
 
-      // Decoded by the CUDA backend and resident on the device.
+      // Decoded by the CUDA backend and resident on the device (the routed experts decoded per
+      // expert by the forward).
       auto device_weights = LoadLayer(*ckpt_, l, *cuda_);
       ASSERT_TRUE(device_weights.ok()) << device_weights.status();
-      ASSERT_NE(device_weights->device, nullptr);
+      EXPECT_EQ(device_weights->placed, "cuda:0");
       auto got = RunLayer(*device_ctx, c, *device_weights, *acts);
       ASSERT_TRUE(got.ok()) << got.status();
 
@@ -232,59 +232,77 @@ TEST_F(V4CudaLayerTest, EveryLayerKindMatchesTheHostInBothNumerics) {
   }
 }
 
-// Weights decoded on the host are copied over (UploadLayer's other path); mixed host and device
-// contexts and weights are refused, and so are bad inputs.
-TEST_F(V4CudaLayerTest, TakesHostDecodedWeightsAndRejectsBadInput) {
-  EXPECT_EQ(MakeDeviceForwardContext(*device_, Numerics::kOfficial, nullptr).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  {
-    auto host_ctx = MakeForwardContext(*device_, Numerics::kOfficial, nullptr);
-    auto cuda_ctx = MakeForwardContext(*cuda_, Numerics::kOfficial, nullptr);
+// The head and the MTP block run on the device too: the final hidden state and the logits
+// within the layer's bound of the host's (the head's hc mix goes through expf as hc_pre's
+// does, v4_mhc_blocks.h).
+TEST_F(V4CudaLayerTest, HeadAndMtpMatchTheHost) {
+  const V4Config& c = ckpt_->config;
+  for (Numerics numerics : {Numerics::kOfficial, Numerics::kMath}) {
+    SCOPED_TRACE(NumericsName(numerics));
+    const double tol = Tolerance(numerics);
+    auto host_ctx = MakeForwardContext(*device_, numerics, nullptr);
+    auto cuda_ctx = MakeForwardContext(*cuda_, numerics, nullptr);
     ASSERT_TRUE(host_ctx.ok() && cuda_ctx.ok());
-    auto on_device = LoadLayer(*ckpt_, 0, *cuda_);
-    auto on_host = LoadLayer(*ckpt_, 0, *device_);
-    ASSERT_TRUE(on_device.ok() && on_host.ok());
     auto acts = Embed(*ckpt_, ids_, kSequences, kSeqLen);
     ASSERT_TRUE(acts.ok()) << acts.status();
-    EXPECT_EQ(RunLayer(*host_ctx, ckpt_->config, *on_device, *acts).status().code(),
-              absl::StatusCode::kFailedPrecondition);
-    EXPECT_EQ(RunLayer(*cuda_ctx, ckpt_->config, *on_host, *acts).status().code(),
-              absl::StatusCode::kFailedPrecondition);
-    auto head = LoadHead(*ckpt_, *cuda_);
-    ASSERT_TRUE(head.ok()) << head.status();
-    std::vector<float> hidden;
-    EXPECT_EQ(HeadForward(*cuda_ctx, ckpt_->config, *head, *acts, &hidden, nullptr).code(),
-              absl::StatusCode::kFailedPrecondition);
+    auto host_head = LoadHead(*ckpt_, *device_);
+    auto cuda_head = LoadHead(*ckpt_, *cuda_);
+    ASSERT_TRUE(host_head.ok() && cuda_head.ok());
+    std::vector<float> want_hidden, want_logits, got_hidden, got_logits;
+    ASSERT_TRUE(
+        HeadForward(*host_ctx, c, *host_head, *acts, &want_hidden, &want_logits).ok());
+    auto head = HeadForward(*cuda_ctx, c, *cuda_head, *acts, &got_hidden, &got_logits);
+    ASSERT_TRUE(head.ok()) << head;
+    double worst = 0.0;
+    EXPECT_TRUE(TokensBeyond(got_hidden, want_hidden, c.hidden_size, tol, &worst).empty())
+        << worst;
+    EXPECT_TRUE(TokensBeyond(got_logits, want_logits, c.vocab_size, tol, &worst).empty())
+        << worst;
+
+    auto host_mtp = LoadMtp(*ckpt_, *device_);
+    auto cuda_mtp = LoadMtp(*ckpt_, *cuda_);
+    ASSERT_TRUE(host_mtp.ok() && cuda_mtp.ok());
+    std::vector<int32_t> next(ids_.begin() + 1, ids_.end());
+    next.push_back(ids_.front());
+    auto want = RunMtp(*host_ctx, *ckpt_, *host_mtp, *acts, next);
+    auto got = RunMtp(*cuda_ctx, *ckpt_, *cuda_mtp, *acts, next);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+    // The MTP block is a hash-free score-routed layer: near-tie routing may move 1% of tokens.
+    EXPECT_LE(TokensBeyond(got->streams, want->streams, c.hc_mult * c.hidden_size, tol, &worst)
+                      .size() *
+                  100,
+              static_cast<size_t>(acts->tokens()));
   }
-  auto ctx = MakeDeviceForwardContext(*cuda_, Numerics::kOfficial, nullptr);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  auto decoded = LoadLayer(*ckpt_, 0, *device_);
-  ASSERT_TRUE(decoded.ok()) << decoded.status();
-  auto weights = UploadLayer(*ctx, ckpt_->config, std::move(*decoded));
-  ASSERT_TRUE(weights.ok()) << weights.status();
+}
+
+// Host ops do not open a host device as a CUDA one; weights placed for one device are refused by
+// a context on another, and bad inputs are refused on the device.
+TEST_F(V4CudaLayerTest, RefusesMixedPlacementAndBadInput) {
+  EXPECT_EQ(MakeCudaOps(*device_).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto host_ctx = MakeForwardContext(*device_, Numerics::kOfficial, nullptr);
+  auto cuda_ctx = MakeForwardContext(*cuda_, Numerics::kOfficial, nullptr);
+  ASSERT_TRUE(host_ctx.ok() && cuda_ctx.ok());
+  auto on_device = LoadLayer(*ckpt_, 0, *cuda_);
+  auto on_host = LoadLayer(*ckpt_, 0, *device_);
+  ASSERT_TRUE(on_device.ok() && on_host.ok());
   auto acts = Embed(*ckpt_, ids_, kSequences, kSeqLen);
   ASSERT_TRUE(acts.ok()) << acts.status();
-  auto host_ctx = MakeForwardContext(*device_, Numerics::kOfficial, nullptr);
-  ASSERT_TRUE(host_ctx.ok()) << host_ctx.status();
-  auto host_weights = LoadLayer(*ckpt_, 0, *device_);
-  ASSERT_TRUE(host_weights.ok()) << host_weights.status();
-  auto want = RunLayer(*host_ctx, ckpt_->config, *host_weights, *acts);
-  ASSERT_TRUE(want.ok()) << want.status();
-  auto got = RunLayerOnDevice(*ctx, ckpt_->config, *weights, *acts);
-  ASSERT_TRUE(got.ok()) << got.status();
-  const int64_t row = ckpt_->config.hc_mult * ckpt_->config.hidden_size;
-  double worst = 0.0;  // layer 0 has no indexer: only near-tie routing may move a token
-  EXPECT_LE(TokensBeyond(got->streams, want->streams, row, Tolerance(Numerics::kOfficial), &worst)
-                    .size() *
-                100,
-            static_cast<size_t>(acts->tokens()));
+  EXPECT_EQ(RunLayer(*host_ctx, ckpt_->config, *on_device, *acts).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RunLayer(*cuda_ctx, ckpt_->config, *on_host, *acts).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto head = LoadHead(*ckpt_, *device_);
+  ASSERT_TRUE(head.ok()) << head.status();
+  std::vector<float> hidden;
+  EXPECT_EQ(HeadForward(*cuda_ctx, ckpt_->config, *head, *acts, &hidden, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
 
   acts->streams.pop_back();
-  EXPECT_EQ(RunLayerOnDevice(*ctx, ckpt_->config, *weights, *acts).status().code(),
+  EXPECT_EQ(RunLayer(*cuda_ctx, ckpt_->config, *on_device, *acts).status().code(),
             absl::StatusCode::kInvalidArgument);
   acts->streams.push_back(0.0f);
   acts->token_ids[5] = static_cast<int32_t>(ckpt_->config.vocab_size);  // layer 0 routes by hash
-  auto bad_id = RunLayerOnDevice(*ctx, ckpt_->config, *weights, *acts);
+  auto bad_id = RunLayer(*cuda_ctx, ckpt_->config, *on_device, *acts);
   EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument) << bad_id.status();
   EXPECT_NE(bad_id.status().message().find("token 5"), std::string::npos) << bad_id.status();
 }

@@ -48,6 +48,9 @@ class Backend {
 
   // Short name for logs and test names: "cpu-scalar", "cpu-avx2", "cpu-avx512", "cuda:0".
   virtual std::string name() const = 0;
+  // True when this backend's buffers are host memory (host code may read and write them, and its
+  // kernels take host pointers); the one answer, which compute::Device::host_visible() gives.
+  virtual bool host_memory() const = 0;
 
   // Memory that this backend's kernels read and write, and copies to and from host memory.
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;

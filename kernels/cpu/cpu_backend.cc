@@ -70,6 +70,7 @@ class CpuBackend final : public Backend {
         pool_(threads > 1 ? std::make_unique<cpu::ThreadPool>(threads) : nullptr) {}
 
   std::string name() const override { return absl::StrCat("cpu-", kernels_->name); }
+  bool host_memory() const override { return true; }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     const size_t size = std::max<size_t>((bytes + kAlignment - 1) / kAlignment, 1) * kAlignment;

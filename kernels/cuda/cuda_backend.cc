@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+  bool host_memory() const override { return false; }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     absl::MutexLock lock(&mu_);

@@ -5,7 +5,6 @@
 #include <system_error>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace quantd::checkpoint {
@@ -125,13 +124,9 @@ absl::StatusOr<SourceWeight> FindSourceWeight(const CheckpointDir& source,
   return w;
 }
 
-bool ComputesOnHost(const kernels::Backend& backend) {
-  return absl::StartsWith(backend.name(), "cpu");
-}
-
 absl::StatusOr<const void*> ToBackend(kernels::Backend& backend, const void* host, size_t bytes,
                                       size_t align, kernels::Buffer* holder) {
-  if (ComputesOnHost(backend) && reinterpret_cast<uintptr_t>(host) % align == 0) return host;
+  if (backend.host_memory() && reinterpret_cast<uintptr_t>(host) % align == 0) return host;
   absl::StatusOr<kernels::Buffer> buffer = backend.Allocate(bytes);
   if (!buffer.ok()) return buffer.status();
   if (absl::Status s = backend.CopyToBackend(buffer->data(), host, bytes); !s.ok()) return s;
@@ -141,7 +136,7 @@ absl::StatusOr<const void*> ToBackend(kernels::Backend& backend, const void* hos
 
 absl::StatusOr<const void*> ToHost(kernels::Backend& backend, const void* data, size_t bytes,
                                    std::vector<uint8_t>* staging) {
-  if (ComputesOnHost(backend)) return data;
+  if (backend.host_memory()) return data;
   staging->resize(bytes);
   if (absl::Status s = backend.CopyToHost(staging->data(), data, bytes); !s.ok()) return s;
   return static_cast<const void*>(staging->data());

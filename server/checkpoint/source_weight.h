@@ -46,9 +46,6 @@ void ReleaseSource(const CheckpointDir& source, const SourceWeight& w);
 // TensorError for the weight of `w`.
 absl::Status WeightError(const SourceWeight& w, const absl::Status& status);
 
-// Whether the backend's kernels work on host memory (the CPU backends, named "cpu-*" in kernels/
-// backend.h): host pointers can then be handed to them and their buffers read in place.
-bool ComputesOnHost(const kernels::Backend& backend);
 // Host bytes as the backend's kernels can read them: `host` itself on a host backend when it is
 // aligned for `align`-byte elements, else a copy owned by *holder.
 absl::StatusOr<const void*> ToBackend(kernels::Backend& backend, const void* host, size_t bytes,

@@ -31,7 +31,7 @@ class CudaDevice final : public Device {
     }
     return static_cast<int64_t>(free);
   }
-  bool host_visible() const override { return false; }
+  bool host_visible() const override { return backend_->host_memory(); }
   kernels::Backend& backend() override { return *backend_; }
   kernels::Gemm* gemm() override { return gemm_.get(); }
 

@@ -45,7 +45,7 @@ class CpuDevice final : public Device {
     const int64_t free = budget_ - ResidentBytes();
     return free > 0 ? free : 0;
   }
-  bool host_visible() const override { return true; }
+  bool host_visible() const override { return backend_->host_memory(); }
   kernels::Backend& backend() override { return *backend_; }
   kernels::Gemm* gemm() override { return gemm_.get(); }
   int host_threads() const override { return threads_; }

@@ -23,7 +23,6 @@
 namespace quantd::pipeline {
 
 using checkpoint::BackendMxfp4;
-using checkpoint::ComputesOnHost;
 using checkpoint::DecodeWeightRows;
 using checkpoint::DenseWeight;
 using checkpoint::FindLinear;
@@ -214,7 +213,7 @@ absl::StatusOr<kernels::Nvfp4Out> QuantizeRun::NewOutput(const SourceWeight& w) 
 
 int64_t QuantizeRun::RowsPerStep(const SourceWeight& w) const {
   const int64_t rows = w.module->out_features;
-  const int64_t elements = ComputesOnHost(backend_) ? host_step_elements_ : kDeviceStepElements;
+  const int64_t elements = backend_.host_memory() ? host_step_elements_ : kDeviceStepElements;
   const bool fp8 = w.module->format == TensorFormat::kFp8BlockE8m0 ||
                    w.module->format == TensorFormat::kFp8BlockF32;
   const int64_t unit = fp8 ? kernels::kFp8BlockSize : 1;
@@ -256,7 +255,7 @@ absl::Status QuantizeRun::AddStats(const SourceWeight& w, int64_t r0, const Dens
   if (stats_rows_.size() < n) stats_rows_.resize(n);
   float* got = stats_rows_.data();
   void* dst = got;
-  if (!ComputesOnHost(backend_)) {
+  if (!backend_.host_memory()) {
     if (device_rows_.size() < n * sizeof(float)) {
       absl::StatusOr<kernels::Buffer> buffer = backend_.Allocate(n * sizeof(float));
       if (!buffer.ok()) return WeightError(w, buffer.status());

@@ -166,7 +166,8 @@ def test_flags_exist(qd, sandbox):
     key.chmod(0o600)
     used = set()
     for env in ({"QUANTD_TOKEN_FILE": str(sandbox / "worker.token")},
-                {"QUANTD_TLS_CA": "ca.pem", "QUANTD_TLS_CERT": "c.pem", "QUANTD_TLS_KEY": str(key)}):
+                {"QUANTD_TLS_CA": "ca.pem", "QUANTD_TLS_CERT": "c.pem",
+                 "QUANTD_TLS_KEY": str(key)}):
         proc, argv, _ = run_task(sandbox, {**ARRAY_TASK, **env})
         assert proc.returncode == 0, proc.stderr
         used |= {a for a in argv if a.startswith("--")}

@@ -3,16 +3,29 @@
 variables, a stub `quantd` on PATH that records its argv) it builds exactly the expected
 `quantd worker` command line, with only flags that `quantd worker --help` lists; it refuses a token
 file (or TLS key) that group or others can read, and a job without a coordinator or a GPU, before
-starting anything. No Slurm daemon runs here: sbatch's own part (allocation, array indices, gres)
-is Slurm's and is not exercised.
+starting anything.
+
+With QUANTD_SLURM_ROOT (a directory where Debian's slurmctld, slurmd, slurm-client,
+slurm-wlm-basic-plugins, munge, libmunge2, libhwloc15 and liblua5.1-0 packages were unpacked with
+`dpkg -x`, nothing installed), a real one-node Slurm runs the script too: munged, slurmctld and
+slurmd in the foreground, in a private mount namespace where the unpacked /usr overlays the
+machine's (root needed), the node's two "GPUs" gres entries /dev/null and /dev/zero. An array of 2
+workers (`--gres=gpu:1` each, quantd run on the CPU behind a wrapper that records what the script
+passed) runs a job of a `--devices none` coordinator to SUCCEEDED and both array tasks COMPLETE
+through --exit-when-idle. Without QUANTD_SLURM_ROOT that test is skipped.
 """
 
 import os
 import re
+import shutil
+import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from daemon import Daemon
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "slurm" / "quantd-workers.sbatch"
@@ -174,3 +187,139 @@ def test_flags_exist(qd, sandbox):
     assert used == {"--coordinator", "--token-file", "--tls-cert", "--tls-key", "--tls-ca",
                     "--devices", "--name", "--exit-when-idle"}
     assert used <= worker_flags(qd), used - worker_flags(qd)
+
+
+SLURM_CONF = """ClusterName=quantd-test
+SlurmctldHost={host}(127.0.0.1)
+AuthType=auth/munge
+AuthInfo=socket={d}/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2 State=UNKNOWN
+PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+# Runs inside `unshare -m`: the unpacked packages overlay /usr in this namespace only; the daemons
+# end with the script (trap), whatever happens.
+DRIVER = """set -euo pipefail
+pids=()
+trap 'kill "${{pids[@]}}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+mount -t overlay overlay -o lowerdir={root}/usr:/usr /usr
+export SLURM_CONF={d}/slurm.conf
+munged -F --force --key-file={d}/munge.key --socket={d}/munge.sock --pid-file={d}/munged.pid \\
+  --log-file={d}/munged.log --seed-file={d}/munge.seed & pids+=($!)
+for _ in $(seq 50); do [[ -S {d}/munge.sock ]] && break; sleep 0.1; done
+slurmctld -D -i & pids+=($!)
+slurmd -D & pids+=($!)
+for _ in $(seq 100); do sinfo -h -o %t 2>/dev/null | grep -qx idle && break; sleep 0.2; done
+sinfo -h -o %t | grep -qx idle
+QUANTD_BIN={d}/quantd-wrap QUANTD_COORDINATOR={coordinator} QUANTD_TOKEN_FILE={token} \\
+  QUANTD_EXIT_WHEN_IDLE=3 sbatch --parsable --array=0-1 --cpus-per-task=1 --gres=gpu:1 \\
+  -o {d}/worker-%a.log {script} > {d}/array.id
+for _ in $(seq 300); do squeue -h | grep -q . || break; sleep 0.5; done
+scontrol -o show job > {d}/jobs.txt
+"""
+
+WRAPPER = """#!/bin/bash
+# What the sbatch script passed and what Slurm set; then quantd on the CPU (no GPU here).
+printf '%s\\n' "$*" "${{CUDA_VISIBLE_DEVICES-unset}}" > {d}/argv-$SLURM_ARRAY_TASK_ID
+args=(); prev=""
+for a in "$@"; do
+  if [[ "$prev" == "--devices" ]]; then args+=(cpu); else args+=("$a"); fi
+  prev="$a"
+done
+exec {quantd} "${{args[@]}}" --cpu-threads 1
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not os.environ.get("QUANTD_SLURM_ROOT"),
+                    reason="QUANTD_SLURM_ROOT (Slurm's Debian packages unpacked) is not set")
+def test_real_one_node_slurm_runs_a_job_to_succeeded(qd, source, tmp_path):
+    root = Path(os.environ["QUANTD_SLURM_ROOT"]).resolve()
+    quantctl = Path(qd.binary).parents[1] / "client" / "quantctl"
+    assert quantctl.is_file(), f"{quantctl} is missing: build quantctl first"
+    for name in ("slurmctld", "slurmd", "slurmstepd"):  # update-alternatives' links
+        link = root / "usr" / "sbin" / name
+        if not link.exists():
+            link.symlink_to(f"{name}-wlm")
+    d = Path(tempfile.mkdtemp(prefix="qs"))  # short: the munge socket's path
+    try:
+        for sub in ("state", "spool"):
+            (d / sub).mkdir()
+        (d / "munge.key").write_bytes(os.urandom(1024))
+        (d / "munge.key").chmod(0o400)
+        host = HOST
+        (d / "slurm.conf").write_text(SLURM_CONF.format(
+            host=host, d=d, cpus=os.cpu_count(), ctld_port=free_port(), slurmd_port=free_port()))
+        (d / "gres.conf").write_text(f"NodeName={host} Name=gpu File=/dev/null\n"
+                                     f"NodeName={host} Name=gpu File=/dev/zero\n")
+        (d / "quantd-wrap").write_text(WRAPPER.format(d=d, quantd=qd.binary))
+        (d / "quantd-wrap").chmod(0o755)
+        token = tmp_path / "worker.token"
+        token.write_text("worker-token-0123456789abcdef\n")
+        token.chmod(0o600)
+        admin = tmp_path / "admin.token"
+        admin.write_text("admin-token-0123456789abcdef\n")
+        admin.chmod(0o600)
+        (tmp_path / "access.json").write_text(
+            f'{{"callers": [{{"token_file": "{token}", "role": "worker"}}]}}')
+        with Daemon(qd.binary, tmp_path / "state", "--listen", f"127.0.0.1:{free_port()}",
+                    "--token-file", admin, "--access-config", tmp_path / "access.json",
+                    devices="none") as coordinator:
+            subprocess.run([quantctl, "--server", coordinator.address, "submit",
+                            "--source", source["dir"], "--output", tmp_path / "out",
+                            "--recipe", "experts", "--weight-format", "w4a16_nvfp4",
+                            "--expert-cast", "lossless", "--export-format", "modelopt"],
+                           check=True, capture_output=True, timeout=30)
+            (d / "driver.sh").write_text(DRIVER.format(
+                root=root, d=d, coordinator=coordinator.tcp_address, token=token, script=SCRIPT))
+            driver = subprocess.run(["unshare", "-m", "--propagation", "private", "bash",
+                                     d / "driver.sh"], capture_output=True, text=True,
+                                    timeout=240, cwd=d)
+            assert driver.returncode == 0, (driver.stdout, driver.stderr)
+            watch = subprocess.run([quantctl, "--server", coordinator.address, "watch", "1"],
+                                   capture_output=True, text=True, timeout=60)
+            assert watch.returncode == 0, (watch.stdout, watch.stderr)  # SUCCEEDED
+            coordinator.stop()
+        array = (d / "array.id").read_text().strip()
+        jobs = (d / "jobs.txt").read_text().splitlines()
+        assert len(jobs) == 2, jobs
+        for line in jobs:
+            assert "JobState=COMPLETED" in line and "ExitCode=0:0" in line, line
+        seen = {}
+        for task in (0, 1):
+            argv, cuda = (d / f"argv-{task}").read_text().splitlines()
+            seen[cuda] = argv
+            assert argv == (f"worker --coordinator {coordinator.tcp_address} --token-file {token}"
+                            f" --devices cuda:0 --name slurm-{array}_{task}-{host}"
+                            " --exit-when-idle 3"), argv
+            log = (d / f"worker-{task}.log").read_text()
+            assert "idle for 3 s; exiting" in log, log
+        # Each array task got one of the node's two GPUs, seen as cuda:0 by the runtime.
+        assert sorted(seen) == ["0", "1"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

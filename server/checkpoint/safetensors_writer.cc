@@ -185,11 +185,12 @@ absl::Status SafetensorsWriter::Flush() {
 }
 
 absl::Status SafetensorsWriter::WriteHashed(const void* data, uint64_t size) {
+  // Hashed here, before the write: `data` may be a mapped source shard, and a page of it that a
+  // truncation took away must fault in a read (checkpoint/mapped_region_guard.h absorbs it and
+  // the caller reports the shrunken file), not fail inside write() with EFAULT.
   WaitForHash();
-  hashing_ = std::async(std::launch::async, [this, data, size] { hash_.Update(data, size); });
-  absl::Status status = WriteFully(fd_, data, size, tmp_path_);
-  WaitForHash();  // `data` is the caller's only until the return
-  return status;
+  hash_.Update(data, size);
+  return WriteFully(fd_, data, size, tmp_path_);
 }
 
 absl::Status SafetensorsWriter::Abandon(absl::Status status) {

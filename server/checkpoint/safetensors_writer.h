@@ -7,10 +7,11 @@
 // declared byte arrived, fsyncs, renames to `<path>` and fsyncs the directory. A writer destroyed
 // without Finish() removes its .tmp file.
 //
-// The file's SHA-256 is computed as it is written, off the caller's path: each chunk written out
-// is hashed on a thread of its own while the caller's thread writes it and, for a gathered
-// buffer, while the caller goes on producing the next bytes (one chunk in flight at a time, so
-// the digest is of the bytes in file order).
+// The file's SHA-256 is computed as it is written: a gathered buffer (the writer's own memory)
+// is hashed on a thread of its own while the caller's thread writes it and goes on producing the
+// next bytes; a large chunk written straight from the caller's memory (perhaps a mapped source
+// shard, whose faults must happen in a read on the caller's thread) is hashed before it is
+// written. One chunk is in flight at a time, so the digest is of the bytes in file order.
 #ifndef QUANTD_SERVER_CHECKPOINT_SAFETENSORS_WRITER_H_
 #define QUANTD_SERVER_CHECKPOINT_SAFETENSORS_WRITER_H_
 
@@ -79,7 +80,7 @@ class SafetensorsWriter {
   void SkipCompleteTensors();
   // Writes out buffer_; its hash goes on after the return (WaitForHash).
   absl::Status Flush();
-  // Writes out `size` bytes at `data` (the caller's, valid until the return) while hashing them.
+  // Hashes, then writes out, `size` bytes at `data` (the caller's memory).
   absl::Status WriteHashed(const void* data, uint64_t size);
   // Waits until the chunk being hashed, if any, is in hash_.
   void WaitForHash();

@@ -31,7 +31,7 @@ SPEC = {"recipe": "experts", "weight_format": "w4a16_nvfp4", "expert_cast": "los
         "export_format": "modelopt"}
 STAGES = ["inspect", "quantize", "export", "verify"]
 METHODS = {"SubmitJob", "GetJob", "ListJobs", "WatchJob", "CancelJob", "ResumeJob", "DeleteJob",
-           "GetJobReport"}
+           "GetJobReport", "ListWorkers"}
 
 
 @pytest.fixture(scope="session")

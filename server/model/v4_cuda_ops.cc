@@ -19,6 +19,7 @@
 #include "server/model/v4_act_quant.h"
 #include "server/model/v4_device_context.h"
 #include "server/model/v4_indexer.h"
+#include "server/model/v4_linear_input.h"
 
 namespace quantd::model {
 namespace {
@@ -108,17 +109,7 @@ class CudaForwardOps final : public ForwardOps {
                       const LinearRows& facts) const override {
     const int64_t in = w.in_features();
     if (ctx.observer != nullptr && rows > 0) {
-      LinearInput input;
-      input.module = &w.module;
-      input.expert = facts.expert;
-      input.x = x;
-      input.rows = rows;
-      input.cols = in;
-      input.ld = in;
-      input.tokens = facts.tokens;
-      input.routing_weights = facts.routing_weights;
-      input.unweighted_x = facts.unweighted;
-      RETURN_IF_ERROR(ObserveLinearInput(ctx, input));
+      RETURN_IF_ERROR(ObserveLinearInput(ctx, LinearInputOf(w, x, rows, facts)));
     }
     if (rows <= 0) return absl::OkStatus();
     const float* operand = x;

@@ -6,6 +6,7 @@
 #include "kernels/nvfp4_fake_quant.h"
 #include "server/base/status_macros.h"
 #include "server/model/v4_act_quant.h"
+#include "server/model/v4_linear_input.h"
 #include "server/model/v4_parallel.h"
 
 namespace quantd::model {
@@ -16,21 +17,26 @@ void ToModelDtype(const ForwardContext& ctx, float* x, int64_t n) {
                [x](int, int64_t begin, int64_t end) { RoundToBf16(x + begin, end - begin); });
 }
 
+LinearInput LinearInputOf(const LinearWeight& w, const float* x, int64_t rows,
+                          const LinearRows& facts) {
+  LinearInput input;
+  input.module = &w.module;
+  input.expert = facts.expert;
+  input.x = x;
+  input.rows = rows;
+  input.cols = w.in_features();
+  input.ld = w.in_features();
+  input.tokens = facts.tokens;
+  input.routing_weights = facts.routing_weights;
+  input.unweighted_x = facts.unweighted;
+  return input;
+}
+
 absl::Status ApplyLinear(const ForwardContext& ctx, const LinearWeight& w, const float* x,
                          int64_t rows, float* out, LinearOutput output, const LinearRows& facts) {
   const int64_t in = w.in_features();
   if (ctx.observer != nullptr && rows > 0) {
-    LinearInput input;
-    input.module = &w.module;
-    input.expert = facts.expert;
-    input.x = x;
-    input.rows = rows;
-    input.cols = in;
-    input.ld = in;
-    input.tokens = facts.tokens;
-    input.routing_weights = facts.routing_weights;
-    input.unweighted_x = facts.unweighted;
-    ctx.observer->OnLinearInput(input);
+    ctx.observer->OnLinearInput(LinearInputOf(w, x, rows, facts));
   }
   kernels::DenseTensor xt{x, kernels::FloatType::kF32, rows, in};
   std::vector<float> simulated;

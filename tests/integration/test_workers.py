@@ -351,6 +351,22 @@ def test_only_the_worker_role_calls_worker_service(cluster, stubs):
     assert refused(lambda **kw: workers.Lease(lease, **kw), bearer(tokens["worker"])) == (
         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
         "wait_ms: must be in [0, 30000], got 30001")
+    sha = "ab" * 32
+    for fields, message in [
+            ({"output_path": "out/x.safetensors", "output_sha256": sha},
+             "output_path: must be absolute"),
+            ({"output_path": "/o/x", "output_sha256": sha[:-2]},
+             "output_sha256: must be 64 hex digits, got 62 bytes"),
+            ({"output_path": "/o/x", "output_sha256": sha.upper()},
+             "output_sha256: must be lowercase hex digits"),
+            ({"output_path": "/o/x", "output_sha256": sha, "output_bytes": -1},
+             "output_bytes: must be >= 0, got -1"),
+            ({"stats": [pb.TensorStats(tensor="w", rel_rmse=float("nan"))]},
+             "stats[0]: rel_rmse and max_abs_err must be >= 0, and nothing NaN")]:
+        complete = pb.CompleteTaskRequest(worker_id=answer.worker_id, task_id=5, attempt=1,
+                                          **fields)
+        assert refused(lambda **kw: workers.Complete(complete, **kw), bearer(tokens["worker"])) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", message), fields
     renew = pb.RenewLeaseRequest(worker_id=answer.worker_id, task_id=5, attempt=1)
     assert refused(lambda **kw: workers.Renew(renew, **kw), bearer(tokens["worker"]))[:2] == (
         grpc.StatusCode.FAILED_PRECONDITION, "LEASE_LOST")

@@ -32,8 +32,6 @@ std::string ToJson(const CalibrateTask& t) {
   if (t.kind == CalibrateTask::Kind::kLayer) {
     j["layer"] = t.layer;
     j["slice"] = t.slice;
-    j["first_batch"] = t.first_batch;
-    j["end_batch"] = t.end_batch;
   }
   return j.dump();
 }
@@ -53,10 +51,6 @@ absl::StatusOr<CalibrateTask> ParseCalibrateTask(const std::string& text) {
   if (t.kind == CalibrateTask::Kind::kLayer) {
     if (!GetCount(j, "layer", &t.layer) || t.layer >= t.layers) return bad("layer");
     if (!GetCount(j, "slice", &t.slice) || t.slice >= t.slices) return bad("slice");
-    if (!GetCount(j, "first_batch", &t.first_batch)) return bad("first_batch");
-    if (!GetCount(j, "end_batch", &t.end_batch) || t.end_batch < t.first_batch) {
-      return bad("end_batch");
-    }
   }
   return t;
 }

@@ -1,6 +1,8 @@
 // The tasks of the calibrate stage, as planned and stored (payload JSON):
-//   "tokens"         tokenizes the calibration set once and stores it in the job's work directory;
-//   "layer<L>.slice<S>"  decoder layer L over slice S of the batches (batches [first, end));
+//   "tokens"         tokenizes the calibration set (and the held-out samples of a job that
+//                    evaluates) once and stores it in the job's work directory;
+//   "layer<L>.slice<S>"  decoder layer L over slice S of the batches (SliceBatches of the batches
+//                    PlanBatches forms from the tokens file);
 //   "amax_out"       writes calibration.amax_out once every layer is calibrated.
 #ifndef QUANTD_SERVER_CALIBRATION_CALIBRATE_TASK_H_
 #define QUANTD_SERVER_CALIBRATION_CALIBRATE_TASK_H_
@@ -20,8 +22,6 @@ struct CalibrateTask {
   int64_t layers = 0;       // the model's decoder layers
   int64_t slice = 0;        // kLayer: the slice
   int64_t slices = 1;       // slices per layer
-  int64_t first_batch = 0;  // kLayer: the slice's batches [first_batch, end_batch)
-  int64_t end_batch = 0;
 
   // The task's name in its stage ("tokens", "layer3.slice0", "amax_out").
   std::string Name() const;

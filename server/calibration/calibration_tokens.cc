@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,9 +15,10 @@
 namespace quantd::calibration {
 namespace {
 
-constexpr char kMagic[8] = {'Q', 'D', 'T', 'O', 'K', 'E', 'N', '1'};
-// Largest tokens file read: 2^26 ids (512 samples of 128k tokens).
-constexpr uint64_t kMaxTokensFileBytes = uint64_t{1} << 28;
+constexpr char kMagic[8] = {'Q', 'D', 'T', 'O', 'K', 'E', 'N', '2'};
+constexpr size_t kHeaderBytes = 24;  // the magic and the two counts
+// Largest tokens file read: kMaxJobTokens ids, and the header and lengths of as many samples.
+constexpr uint64_t kMaxTokensFileBytes = 24 + 12 * static_cast<uint64_t>(kMaxJobTokens);
 
 void PutU64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -54,20 +56,55 @@ absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
   return ids;
 }
 
-absl::Status WriteTokensFile(const std::string& path, const SampleIds& ids) {
+int64_t TokenCount(const SampleIds& ids) {
+  int64_t tokens = 0;
+  for (const std::vector<int32_t>& s : ids) tokens += static_cast<int64_t>(s.size());
+  return tokens;
+}
+
+TokenBound BoundOf(int64_t samples, int64_t seq_len) {
+  TokenBound bound;
+  bound.samples = std::clamp<int64_t>(samples, 0, kMaxJobTokens);
+  // Both factors at most 2^26: the product cannot overflow.
+  bound.tokens = std::min(bound.samples * std::clamp<int64_t>(seq_len, 0, kMaxJobTokens),
+                          kMaxJobTokens);
+  return bound;
+}
+
+absl::StatusOr<TokenBound> CalibrationTokenBound(const job::CalibrationSpec& spec) {
+  ASSIGN_OR_RETURN(const std::vector<job::CalibrationDataset> datasets,
+                   ResolveCalibrationDatasets(spec));
+  int64_t samples = 0;
+  for (const job::CalibrationDataset& d : datasets) {
+    samples += std::clamp<int64_t>(d.samples, 0, kMaxJobTokens);  // at most 2^26 per file
+  }
+  return BoundOf(samples, spec.seq_len);
+}
+
+absl::Status WriteTokensFile(const std::string& path, const JobTokens& tokens) {
+  if (TokenCount(tokens.calibration) + TokenCount(tokens.held_out) > kMaxJobTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the calibration and held-out samples take more than ", kMaxJobTokens,
+        " tokens: lower calibration.num_samples, calibration.seq_len or evaluate.num_samples"));
+  }
   std::string out(kMagic, sizeof(kMagic));
-  PutU64(out, ids.size());
-  for (const std::vector<int32_t>& s : ids) PutU64(out, s.size());
-  for (const std::vector<int32_t>& s : ids) {
-    for (int32_t id : s) {
-      const uint32_t u = static_cast<uint32_t>(id);
-      for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+  PutU64(out, tokens.calibration.size());
+  PutU64(out, tokens.held_out.size());
+  for (const SampleIds* set : {&tokens.calibration, &tokens.held_out}) {
+    for (const std::vector<int32_t>& s : *set) PutU64(out, s.size());
+  }
+  for (const SampleIds* set : {&tokens.calibration, &tokens.held_out}) {
+    for (const std::vector<int32_t>& s : *set) {
+      for (int32_t id : s) {
+        const uint32_t u = static_cast<uint32_t>(id);
+        for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+      }
     }
   }
   return checkpoint::WriteFileAtomically(path, out);
 }
 
-absl::StatusOr<SampleIds> ReadTokensFile(const std::string& path, const std::string& sha256,
+absl::StatusOr<JobTokens> ReadTokensFile(const std::string& path, const std::string& sha256,
                                          int64_t vocab) {
   ASSIGN_OR_RETURN(const std::string in, checkpoint::ReadFile(path, kMaxTokensFileBytes));
   checkpoint::Sha256 hash;
@@ -79,33 +116,42 @@ absl::StatusOr<SampleIds> ReadTokensFile(const std::string& path, const std::str
   const auto malformed = [&path](const char* what) {
     return absl::DataLossError(absl::StrCat("calibration tokens ", path, ": ", what));
   };
-  if (in.size() < 16 || memcmp(in.data(), kMagic, sizeof(kMagic)) != 0) {
+  if (in.size() < kHeaderBytes || memcmp(in.data(), kMagic, sizeof(kMagic)) != 0) {
     return malformed("not a quantd tokens file");
   }
-  const uint64_t samples = GetU64(in, 8);
-  if (samples > (in.size() - 16) / 8) return malformed("sample count past the end");
-  size_t at = 16 + 8 * samples;
+  const uint64_t calibration = GetU64(in, 8);
+  const uint64_t held_out = GetU64(in, 16);
+  const uint64_t room = (in.size() - kHeaderBytes) / 8;
+  if (calibration > room || held_out > room - calibration) {
+    return malformed("sample count past the end");
+  }
+  const uint64_t samples = calibration + held_out;
+  size_t at = kHeaderBytes + 8 * samples;
   uint64_t total = 0;
   std::vector<uint64_t> lengths;
   for (uint64_t k = 0; k < samples; ++k) {
-    lengths.push_back(GetU64(in, 16 + 8 * k));
+    lengths.push_back(GetU64(in, kHeaderBytes + 8 * k));
     if (lengths.back() > in.size()) return malformed("sample length past the end");
     total += lengths.back();
   }
   if (in.size() - at != 4 * total) return malformed("size disagrees with the sample lengths");
-  SampleIds ids(samples);
+  JobTokens tokens;
+  tokens.calibration.resize(calibration);
+  tokens.held_out.resize(held_out);
   for (uint64_t k = 0; k < samples; ++k) {
-    ids[k].resize(lengths[k]);
+    std::vector<int32_t>& ids =
+        k < calibration ? tokens.calibration[k] : tokens.held_out[k - calibration];
+    ids.resize(lengths[k]);
     for (uint64_t i = 0; i < lengths[k]; ++i, at += 4) {
       const uint32_t u = static_cast<uint8_t>(in[at]) | static_cast<uint8_t>(in[at + 1]) << 8 |
                          static_cast<uint8_t>(in[at + 2]) << 16 |
                          static_cast<uint32_t>(static_cast<uint8_t>(in[at + 3])) << 24;
       const int32_t id = static_cast<int32_t>(u);
       if (id < 0 || id >= vocab) return malformed("a token id is outside the vocabulary");
-      ids[k][i] = id;
+      ids[i] = id;
     }
   }
-  return ids;
+  return tokens;
 }
 
 }  // namespace quantd::calibration

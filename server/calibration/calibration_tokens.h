@@ -1,8 +1,10 @@
 // The token ids a calibration runs on: the spec's calibration data sets tokenized with the
 // source's tokenizer (calibration/calibration_data.h), checked against the model's vocabulary. The
-// calibrate stage stores them once per job in a tokens file (checksummed: the SHA-256 is the
-// tokenize task's recorded output), so that a resumed job calibrates on exactly the same tokens
-// whatever happened to the data set files since.
+// calibrate stage's tokens task stores them once per job in a tokens file (checksummed: the
+// SHA-256 is the task's recorded output), with the held-out samples the evaluate stage runs on,
+// so that a resumed job calibrates and evaluates on exactly the same tokens whatever happened to
+// the data set files since. Tokenizing is a task on a worker, never part of planning: the plan
+// sizes its tasks with CalibrationTokenBound, which reads nothing.
 #ifndef QUANTD_SERVER_CALIBRATION_CALIBRATION_TOKENS_H_
 #define QUANTD_SERVER_CALIBRATION_CALIBRATION_TOKENS_H_
 
@@ -28,12 +30,38 @@ absl::StatusOr<SampleIds> TokenizeCalibration(const job::JobSpec& spec,
                                               const std::string& tokenizer_dir, int64_t vocab,
                                               bool fold_ids);
 
-// Writes `ids` to `path` atomically: a little-endian binary "QDTOKEN1", the sample count, each
-// sample's length, then all ids as int32.
-absl::Status WriteTokensFile(const std::string& path, const SampleIds& ids);
+// Total tokens of `ids`.
+int64_t TokenCount(const SampleIds& ids);
+
+// The most ids a job's tokens file holds, calibration and held-out samples together
+// (WriteTokensFile refuses more).
+inline constexpr int64_t kMaxJobTokens = int64_t{1} << 26;
+
+// At most how many samples and tokens a selection gives, known without reading a data set.
+struct TokenBound {
+  int64_t samples = 0;
+  int64_t tokens = 0;
+};
+// `samples` samples of at most `seq_len` tokens each, neither above kMaxJobTokens.
+TokenBound BoundOf(int64_t samples, int64_t seq_len);
+// The bound of the spec's calibration data sets: the samples asked of each file, each at most
+// seq_len tokens. InvalidArgument as ResolveCalibrationDatasets.
+absl::StatusOr<TokenBound> CalibrationTokenBound(const job::CalibrationSpec& spec);
+
+// A job's tokens: the calibration samples and, for a job that evaluates, its held-out samples
+// (evaluation/held_out_samples.h; empty otherwise).
+struct JobTokens {
+  SampleIds calibration;
+  SampleIds held_out;
+};
+
+// Writes `tokens` to `path` atomically: a little-endian binary "QDTOKEN2", the calibration and
+// held-out sample counts, each sample's length, then all ids as int32. InvalidArgument, writing
+// nothing, when they hold more than kMaxJobTokens ids.
+absl::Status WriteTokensFile(const std::string& path, const JobTokens& tokens);
 // Reads a file WriteTokensFile wrote, after checking its SHA-256 against `sha256` (lowercase
 // hex). DataLoss naming the file when it differs or the file is malformed; ids must be < vocab.
-absl::StatusOr<SampleIds> ReadTokensFile(const std::string& path, const std::string& sha256,
+absl::StatusOr<JobTokens> ReadTokensFile(const std::string& path, const std::string& sha256,
                                          int64_t vocab);
 
 }  // namespace quantd::calibration

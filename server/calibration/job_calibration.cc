@@ -53,14 +53,14 @@ absl::StatusOr<const model::V4Checkpoint*> JobCalibration::Checkpoint() {
   return ckpt_.get();
 }
 
-absl::StatusOr<std::shared_ptr<const SampleIds>> JobCalibration::Tokens(int64_t vocab) {
+absl::StatusOr<std::shared_ptr<const JobTokens>> JobCalibration::Tokens(int64_t vocab) {
   absl::MutexLock lock(&mu_);
   if (tokens_ == nullptr) {
     if (tokens_sha256_.empty()) {
       return absl::FailedPreconditionError("the calibration tokens task has not finished");
     }
-    ASSIGN_OR_RETURN(SampleIds ids, ReadTokensFile(tokens_path_, tokens_sha256_, vocab));
-    tokens_ = std::make_shared<const SampleIds>(std::move(ids));
+    ASSIGN_OR_RETURN(JobTokens tokens, ReadTokensFile(tokens_path_, tokens_sha256_, vocab));
+    tokens_ = std::make_shared<const JobTokens>(std::move(tokens));
   }
   return tokens_;
 }

@@ -1,8 +1,8 @@
 // The runtime state of one calibrating job in this process (owned by its pipeline::PreparedJob,
 // shared by the worker threads running its calibrate and quantize tasks; thread-safe):
 //   - the source opened as a DeepSeek-V4 model (on first use, by the first calibrate task);
-//   - the calibration tokens, read once from the job's tokens file and checked against the
-//     SHA-256 the tokens task recorded;
+//   - the job's tokens (calibration and held-out samples), read once from the job's tokens file
+//     and checked against the SHA-256 the tokens task recorded;
 //   - the activations between layers (ActivationStore, host budget then spill files);
 //   - the layer checkpoints (layer_checkpoint.h, "<work_dir>/calibrate-layers"): the outputs of
 //     a layer kept on disk at a boundary, so that a restart resumes after it (Resume);
@@ -62,8 +62,8 @@ class JobCalibration {
   const std::string& work_dir() const { return work_dir_; }
   // The job's tokens file ("<work_dir>/tokens.bin").
   const std::string& tokens_path() const { return tokens_path_; }
-  // The sample ids of the tokens file, read on the first call after the tokens task finished.
-  absl::StatusOr<std::shared_ptr<const SampleIds>> Tokens(int64_t vocab) ABSL_LOCKS_EXCLUDED(mu_);
+  // The tokens file's samples, read on the first call after the tokens task finished.
+  absl::StatusOr<std::shared_ptr<const JobTokens>> Tokens(int64_t vocab) ABSL_LOCKS_EXCLUDED(mu_);
 
   ActivationStore& activations() { return *activations_; }
   LayerCheckpoints& checkpoints() { return *checkpoints_; }
@@ -107,7 +107,7 @@ class JobCalibration {
   mutable absl::Mutex mu_;  // guards the members below
   std::unique_ptr<model::V4Checkpoint> ckpt_ ABSL_GUARDED_BY(mu_);  // opened on first use
   std::string tokens_sha256_ ABSL_GUARDED_BY(mu_);  // recorded by the tokens task; "" before
-  std::shared_ptr<const SampleIds> tokens_ ABSL_GUARDED_BY(mu_);  // read on first use
+  std::shared_ptr<const JobTokens> tokens_ ABSL_GUARDED_BY(mu_);  // read on first use
   // Task id -> the rows of its last run.
   std::map<int64_t, std::vector<store::AmaxRow>> task_amax_ ABSL_GUARDED_BY(mu_);
   // Module row (kind "input") -> {max amax, summed tokens} over task_amax_.

@@ -24,8 +24,8 @@ std::string ToJson(const EvaluateTask& t) {
   j["kind"] = kKindNames[static_cast<int>(t.kind)];
   if (t.kind == EvaluateTask::Kind::kLayer) j["layer"] = t.layer;
   j["layers"] = t.layers;
-  j["samples"] = t.samples;
-  j["tokens"] = t.tokens;
+  j["max_samples"] = t.max_samples;
+  j["max_tokens"] = t.max_tokens;
   return j.dump();
 }
 
@@ -40,8 +40,10 @@ absl::StatusOr<EvaluateTask> ParseEvaluateTask(const std::string& text) {
   if (!GetName(j, "kind", kKindNames, kKinds, &kind)) return bad("kind");
   t.kind = static_cast<EvaluateTask::Kind>(kind);
   if (!GetCount(j, "layers", &t.layers) || t.layers < 1) return bad("layers");
-  if (!GetCount(j, "samples", &t.samples) || t.samples < 1) return bad("samples");
-  if (!GetCount(j, "tokens", &t.tokens)) return bad("tokens");
+  if (!GetCount(j, "max_samples", &t.max_samples) || t.max_samples < 1) {
+    return bad("max_samples");
+  }
+  if (!GetCount(j, "max_tokens", &t.max_tokens)) return bad("max_tokens");
   if (t.kind == EvaluateTask::Kind::kLayer &&
       (!GetCount(j, "layer", &t.layer) || t.layer >= t.layers)) {
     return bad("layer");

@@ -16,6 +16,14 @@ int64_t EvaluationBatches::tokens() const {
   return n;
 }
 
+int64_t EvaluationBatches::samples() const {
+  int64_t n = 0;
+  if (source != nullptr) {
+    for (const calibration::BatchActivations& b : *source) n += b.host.sequences;
+  }
+  return n;
+}
+
 absl::StatusOr<EvaluationBatches> EmbedHeldOut(const model::V4Checkpoint& source,
                                                const model::V4Checkpoint& quantized,
                                                const std::vector<std::vector<int32_t>>& samples,

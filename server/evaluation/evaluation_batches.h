@@ -27,6 +27,8 @@ struct EvaluationBatches {
   std::shared_ptr<const Batches> quantized;  // the quantized model's, batch for batch
 
   int64_t tokens() const;
+  // The held-out samples (sequences) of the source model's batches.
+  int64_t samples() const;
 };
 
 // What an evaluation step reports while it runs, and when it stops.

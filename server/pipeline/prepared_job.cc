@@ -112,12 +112,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::LoadSource(
     }
   }
   {
-    std::string inputs;
-    for (const std::unique_ptr<Stage>& stage : stages.stages()) {
-      const std::string more = stage->PlanInputs(job->spec_);
-      if (!more.empty()) absl::StrAppend(&inputs, inputs.empty() ? "" : "; ", more);
-    }
-    const base::ScopedInput reading(inputs.empty() ? config_path : inputs);
+    const base::ScopedInput reading(config_path);
     ASSIGN_OR_RETURN(job->plan_,
                      BuildPlan(job->spec_, *job->source_, job->inventory_, stages, limits));
   }

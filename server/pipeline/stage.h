@@ -225,10 +225,6 @@ class Stage {
   virtual void AdaptSpec(const std::vector<store::TaskRow>& /*stored*/,
                          job::JobSpec& /*spec*/) const {}
 
-  // What the stage's Plan reads besides the source's headers and config.json (a tokenizer, data
-  // sets), for an exception while planning to name; "" for nothing more.
-  virtual std::string PlanInputs(const job::JobSpec& /*spec*/) const { return ""; }
-
   // Whether the recorded output of the stage's DONE `task` is checked by the stage's own resume
   // (OpenJob) rather than hashed with the job's other outputs at a restart: a layer checkpoint,
   // removed on purpose once a later one is written. Default: false.

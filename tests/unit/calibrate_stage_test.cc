@@ -22,6 +22,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_activations.h"
 #include "server/pipeline/stages/calibrate_stage.h"
+#include "server/pipeline/stages/job_tokens.h"
 #include "tests/unit/test_dirs.h"
 
 namespace quantd::calibration {
@@ -441,15 +442,14 @@ TEST(CalibrateTaskTest, PayloadRoundTripAndErrors) {
   t.layers = 3;
   t.slice = 1;
   t.slices = 2;
-  t.first_batch = 4;
-  t.end_batch = 7;
   EXPECT_EQ(t.Name(), "layer2.slice1");
+  // The batches are the tokens file's (SliceBatches at run time), never in the payload.
+  EXPECT_EQ(ToJson(t), R"({"kind":"layer","layers":3,"slices":2,"layer":2,"slice":1})");
   auto back = ParseCalibrateTask(ToJson(t));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->layer, 2);
-  EXPECT_EQ(back->end_batch, 7);
-  EXPECT_EQ(ParseCalibrateTask(R"({"kind":"layer","layers":3,"slices":2,"layer":3,"slice":0,)"
-                               R"("first_batch":0,"end_batch":0})")
+  EXPECT_EQ(back->slice, 1);
+  EXPECT_EQ(ParseCalibrateTask(R"({"kind":"layer","layers":3,"slices":2,"layer":3,"slice":0})")
                 .status()
                 .message(),
             "calibrate task payload: layer is missing or not valid");
@@ -469,19 +469,48 @@ TEST(SliceBatchesTest, ContiguousCoverInOrder) {
 class TokensFileTest : public TempDirTest {};
 
 TEST_F(TokensFileTest, RoundTripChecksumAndVocabulary) {
-  const SampleIds ids = {{1, 2, 3}, {1023}, {0, 5}};
+  JobTokens tokens;
+  tokens.calibration = {{1, 2, 3}, {1023}, {0, 5}};
+  tokens.held_out = {{7, 8}};
   const std::string path = dir_ + "/tokens.bin";
-  ASSERT_TRUE(WriteTokensFile(path, ids).ok());
-  // "QDTOKEN1", the count, 3 lengths, 6 ids.
-  EXPECT_EQ(std::filesystem::file_size(path), 8u + 8 + 3 * 8 + 6 * 4);
+  ASSERT_TRUE(WriteTokensFile(path, tokens).ok());
+  // "QDTOKEN2", the two counts, 4 lengths, 8 ids.
+  EXPECT_EQ(std::filesystem::file_size(path), 8u + 2 * 8 + 4 * 8 + 8 * 4);
   const std::string sha = *checkpoint::Sha256File(path);
   auto back = ReadTokensFile(path, sha, 1024);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, ids);
+  EXPECT_EQ(back->calibration, tokens.calibration);
+  EXPECT_EQ(back->held_out, tokens.held_out);
+  EXPECT_EQ(TokenCount(back->calibration), 6);
+  // A header whose counts claim more samples than the file has lengths for.
+  std::string bytes = *checkpoint::ReadFile(path, 1 << 20);
+  bytes[16] = 100;
+  const std::string damaged = dir_ + "/damaged.bin";
+  ASSERT_TRUE(checkpoint::WriteFileAtomically(damaged, bytes).ok());
+  EXPECT_EQ(ReadTokensFile(damaged, *checkpoint::Sha256File(damaged), 1024).status().message(),
+            "calibration tokens " + damaged + ": sample count past the end");
   EXPECT_EQ(ReadTokensFile(path, std::string(64, '0'), 1024).status().code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(ReadTokensFile(path, sha, 1000).status().message(),
             "calibration tokens " + path + ": a token id is outside the vocabulary");
+}
+
+TEST(CalibrationTokenBoundTest, SamplesAskedTimesSeqLen) {
+  job::CalibrationSpec spec;
+  spec.datasets = {{"/d/a.jsonl", 3}, {"/d/b.jsonl", 0}};
+  spec.num_samples = 5;  // for b, the one file without `samples`
+  spec.seq_len = 100;
+  auto bound = CalibrationTokenBound(spec);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_EQ(bound->samples, 8);
+  EXPECT_EQ(bound->tokens, 800);
+  // Never past what a tokens file holds, whatever the spec asks (no overflow).
+  spec.seq_len = int64_t{1} << 62;
+  EXPECT_EQ(CalibrationTokenBound(spec)->tokens, kMaxJobTokens);
+  EXPECT_EQ(BoundOf(INT64_MAX, INT64_MAX).tokens, kMaxJobTokens);
+  EXPECT_EQ(BoundOf(3, 7).tokens, 21);
+  spec.datasets.clear();
+  EXPECT_FALSE(CalibrationTokenBound(spec).ok());  // no data set
 }
 
 TEST(CalibrateDependenciesTest, ShardWaitsForItsLayersOnly) {
@@ -574,12 +603,11 @@ TEST(CalibrateStageInterfaceTest, OpensAJobOnlyWhenTheJobCalibratesOnData) {
   auto job = stage.OpenJob(input);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(*job, nullptr);
-  EXPECT_EQ(stage.PlanInputs(spec), "");
   spec.source = "/models/src";
   spec.weight_format = job::WeightFormat::kNvfp4;
   spec.calibration.mode = job::CalibrationMode::kData;
   spec.calibration.datasets = {{"/data/a.jsonl", 0}, {"/data/b.jsonl", 0}};
-  EXPECT_EQ(stage.PlanInputs(spec),
+  EXPECT_EQ(pipeline::TokenInputs(spec),
             "/models/src/tokenizer.json or the calibration data /data/a.jsonl, /data/b.jsonl");
 }
 

@@ -1,10 +1,11 @@
 // The evaluate stage's plan on the tiny V4 fixture calibrating on the built-in text: one task per
 // decoder layer in a chain after export and every verify task, then head and gate; on by default,
-// off with evaluate.enabled false; the default sample count clamped to what the data holds; too
-// few samples refused at planning. Also its task payloads, where a restart resumes it, and the
+// off with evaluate.enabled false; the tasks sized by the bound of the held-out samples; too few
+// samples refused by the tokens task. Also its task payloads, where a restart resumes it, and the
 // report fields built from its recorded figures.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,9 @@
 #include <vector>
 
 #include "server/calibration/calibrate_layer.h"
+#include "server/base/status_macros.h"
 #include "server/calibration/calibrate_task.h"
+#include "server/calibration/calibration_tokens.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/evaluation/evaluate_task.h"
 #include "server/evaluation/job_evaluation.h"
@@ -27,6 +30,7 @@
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage_registry.h"
 #include "server/pipeline/stages/evaluate_stage.h"
+#include "server/pipeline/stages/job_tokens.h"
 #include "server/pipeline/stages/layer_task_memory.h"
 #include "server/scheduler/evaluation_report.h"
 #include "tests/unit/test_dirs.h"
@@ -63,15 +67,25 @@ class EvaluatePlanTest : public testing::Test {
   }
 
   // A W4A4 job calibrating on 40 of the 44 lines of the built-in text, plus `extra` keys.
-  absl::StatusOr<Plan> PlanWith(const std::string& extra, int64_t calibration_samples = 40) {
-    auto spec = ParseJobSpec(
+  absl::StatusOr<JobSpec> SpecWith(const std::string& extra, int64_t calibration_samples = 40) {
+    return ParseJobSpec(
         "{\"source\": \"" + dir_.string() + "\", \"output\": \"" + dir_.string() +
             "-out\", \"calibration\": {\"datasets\": [{\"path\": \"" + kData +
             "\", \"samples\": " + std::to_string(calibration_samples) +
             "}], \"seq_len\": 48, \"min_seq_len\": 16}" + extra + "}",
         "test");
-    if (!spec.ok()) return spec.status();
-    return BuildPlan(*spec, *source_, inventory_, BuiltinStages());
+  }
+  absl::StatusOr<Plan> PlanWith(const std::string& extra, int64_t calibration_samples = 40) {
+    ASSIGN_OR_RETURN(const JobSpec spec, SpecWith(extra, calibration_samples));
+    return BuildPlan(spec, *source_, inventory_, BuiltinStages());
+  }
+  // What the job's tokens task stores (job_tokens.h), with the held-out samples.
+  absl::StatusOr<calibration::JobTokens> TokensWith(const std::string& extra,
+                                                    int64_t calibration_samples = 40) {
+    ASSIGN_OR_RETURN(const JobSpec spec, SpecWith(extra, calibration_samples));
+    ASSIGN_OR_RETURN(const model::V4Config config,
+                     model::ParseV4Config(source_->config(), "config.json"));
+    return pipeline::TokenizeJob(spec, config.vocab_size, /*held_out=*/true, nullptr);
   }
 
   std::filesystem::path dir_;
@@ -109,16 +123,22 @@ TEST_F(EvaluatePlanTest, OnByDefaultOneTaskPerLayerInAChainThenHeadAndGate) {
   for (size_t i = 1; i < t.size(); ++i) {
     EXPECT_EQ(t[i].depends_on, (std::vector<store::TaskRef>{{"evaluate", names[i - 1]}})) << i;
   }
-  // The 4 lines calibration leaves (the default 32 clamped), all of them tokens: every layer and
-  // the head move every held-out token, the gate none.
+  // Planning reads no data: the tasks are sized by the bound, the default 32 samples of at most
+  // seq_len 48 tokens (the tokens task finds the 4 lines calibration leaves). Every layer and the
+  // head move every held-out token, the gate none.
   absl::StatusOr<EvaluateTask> head = evaluation::ParseEvaluateTask(t[3].payload_json);
   ASSERT_TRUE(head.ok()) << head.status();
-  EXPECT_EQ(head->samples, 4);
+  EXPECT_EQ(head->max_samples, 32);
   EXPECT_EQ(head->layers, 3);
-  EXPECT_GT(head->tokens, 4 * 16);
-  EXPECT_LE(head->tokens, 4 * 48);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(t[i].bytes_total, head->tokens) << i;
+  EXPECT_EQ(head->max_tokens, 32 * 48);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(t[i].bytes_total, head->max_tokens) << i;
   EXPECT_EQ(t[4].bytes_total, 0);
+  absl::StatusOr<calibration::JobTokens> tokens = TokensWith("");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->calibration.size(), 40u);
+  EXPECT_EQ(tokens->held_out.size(), 4u);
+  EXPECT_GT(calibration::TokenCount(tokens->held_out), 4 * 16);
+  EXPECT_LE(calibration::TokenCount(tokens->held_out), 4 * 48);
 }
 
 // The layer checkpoints take two boundaries of every calibration token (one model) and of every
@@ -133,12 +153,13 @@ TEST_F(EvaluatePlanTest, CheckpointBytesAreTwoBoundariesOfEveryTokenAndTheDiskCh
   const store::TaskPlan& tokens_task = StageOf(*plan, "calibrate")->tasks.front();
   ASSERT_EQ(tokens_task.name, "tokens");
   const uint64_t calibration_tokens = tokens_task.bytes_total;
+  EXPECT_EQ(calibration_tokens, 40u * 48);  // the bound: 40 samples of at most seq_len 48
+  EXPECT_EQ(tokens_task.label, "tokenize up to 40 samples");
   const store::TaskPlan& layer0_task = StageOf(*plan, EvaluateStage::kKind)->tasks.front();
   absl::StatusOr<EvaluateTask> layer0 = evaluation::ParseEvaluateTask(layer0_task.payload_json);
   ASSERT_TRUE(layer0.ok()) << layer0.status();
-  const uint64_t held_out_tokens = layer0->tokens;
-  ASSERT_GT(calibration_tokens, 0u);
-  ASSERT_GT(held_out_tokens, 0u);
+  const uint64_t held_out_tokens = layer0->max_tokens;
+  EXPECT_EQ(held_out_tokens, 32u * 48);
   EXPECT_EQ(plan->checkpoint_bytes,
             2 * calibration_tokens * token_bytes + 2 * 2 * held_out_tokens * token_bytes);
   absl::StatusOr<Plan> without = PlanWith(", \"evaluate\": {\"enabled\": false}");
@@ -169,6 +190,8 @@ TEST_F(EvaluatePlanTest, LayerTasksStateTheMemoryOfTheirLayerAndActivations) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto config = model::ParseV4Config(source_->config(), "config.json");
   ASSERT_TRUE(config.ok()) << config.status();
+  // A slice may hold nearly every token (it takes whole batches): each counts the bound's.
+  const int64_t calibration_tokens = StageOf(*plan, "calibrate")->tasks.front().bytes_total;
   for (const store::TaskPlan& t : StageOf(*plan, "calibrate")->tasks) {
     absl::StatusOr<CalibrateTask> task = calibration::ParseCalibrateTask(t.payload_json);
     ASSERT_TRUE(task.ok()) << task.status();
@@ -180,13 +203,9 @@ TEST_F(EvaluatePlanTest, LayerTasksStateTheMemoryOfTheirLayerAndActivations) {
         model::EstimateLayerMemory(inventory_, "layers." + std::to_string(task->layer) + ".",
                                    model::DecodedWidth::kAsStored)
             .resident_bytes();
-    if (t.bytes_total == 0) {  // a slice without a batch (the tiny data fit one): the layer
-      EXPECT_EQ(t.requirement.memory_bytes, layer_bytes) << t.name;
-      continue;
-    }
     // At least the layer, one sequence's working memory and the slice's streams in and out, at
     // most one whole batch budget more.
-    const int64_t streams = 2 * StreamBytes(*config, t.bytes_total);
+    const int64_t streams = 2 * StreamBytes(*config, calibration_tokens);
     EXPECT_GT(t.requirement.memory_bytes,
               layer_bytes + streams + calibration::EstimateBatchBytes(*config, 1, 16))
         << t.name;
@@ -214,12 +233,21 @@ TEST_F(EvaluatePlanTest, LayerTasksStateTheMemoryOfTheirLayerAndActivations) {
   EXPECT_EQ(evaluate[4].requirement.memory_bytes, 0);  // the gate
 }
 
+// The count is the plan's bound; the tokens task (the job's first after inspect) refuses one the
+// data cannot give, naming the file.
 TEST_F(EvaluatePlanTest, ExplicitSampleCountIsKeptOrRefusedNamingTheFile) {
   absl::StatusOr<Plan> two = PlanWith(", \"evaluate\": {\"num_samples\": 2}");
   ASSERT_TRUE(two.ok()) << two.status();
-  EXPECT_EQ(evaluation::ParseEvaluateTask(StageOf(*two, "evaluate")->tasks[0].payload_json)->samples,
-            2);
-  absl::StatusOr<Plan> five = PlanWith(", \"evaluate\": {\"num_samples\": 5}");
+  EXPECT_EQ(
+      evaluation::ParseEvaluateTask(StageOf(*two, "evaluate")->tasks[0].payload_json)->max_samples,
+      2);
+  absl::StatusOr<calibration::JobTokens> two_tokens =
+      TokensWith(", \"evaluate\": {\"num_samples\": 2}");
+  ASSERT_TRUE(two_tokens.ok()) << two_tokens.status();
+  EXPECT_EQ(two_tokens->held_out.size(), 2u);
+  ASSERT_TRUE(PlanWith(", \"evaluate\": {\"num_samples\": 5}").ok());
+  absl::StatusOr<calibration::JobTokens> five =
+      TokensWith(", \"evaluate\": {\"num_samples\": 5}");
   EXPECT_EQ(five.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(five.status().message(),
             "evaluate.num_samples 5 asks 5 of " + kData +
@@ -227,7 +255,7 @@ TEST_F(EvaluatePlanTest, ExplicitSampleCountIsKeptOrRefusedNamingTheFile) {
                 "= 16, which leaves 4 usable held-out samples: lower evaluate.num_samples, add "
                 "lines, calibrate on fewer samples, or set evaluate.enabled to false");
   // Calibration takes every line: nothing is held out, whatever the count.
-  absl::StatusOr<Plan> none = PlanWith("", 44);
+  absl::StatusOr<calibration::JobTokens> none = TokensWith("", 44);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("evaluate: the calibration data holds no held-out "
                                          "sample"),
@@ -239,6 +267,24 @@ TEST_F(EvaluatePlanTest, ExplicitSampleCountIsKeptOrRefusedNamingTheFile) {
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(StageOf(*off, "evaluate"), nullptr);
   EXPECT_NE(StageOf(*off, "calibrate"), nullptr);
+}
+
+// Tokenizing runs on a worker under its own thread budget (job_tokens.h): out of memory or
+// cancelled, the task fails naming what it read, and the process goes on.
+TEST_F(EvaluatePlanTest, TokenizingStopsAtItsMemoryBudgetAndWhenCancelled) {
+  absl::StatusOr<JobSpec> spec = SpecWith("");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<calibration::JobTokens> small =
+      pipeline::TokenizeJob(*spec, 1024, /*held_out=*/true, nullptr, /*memory_bytes=*/65536);
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(small.status().message(),
+            "tokenizing ran out of memory reading " + pipeline::TokenInputs(*spec) +
+                " (a tokens task may hold 65536 bytes)")
+      << small.status();
+  const std::atomic<bool> cancelled{true};
+  absl::StatusOr<calibration::JobTokens> stopped =
+      pipeline::TokenizeJob(*spec, 1024, /*held_out=*/true, &cancelled);
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
 }
 
 TEST_F(EvaluatePlanTest, EnabledNeedsCalibrationData) {
@@ -266,19 +312,20 @@ TEST(EvaluateTaskTest, PayloadRoundTripAndErrors) {
   t.kind = EvaluateTask::Kind::kLayer;
   t.layer = 2;
   t.layers = 3;
-  t.samples = 4;
-  t.tokens = 190;
+  t.max_samples = 4;
+  t.max_tokens = 190;
   EXPECT_EQ(t.Name(), "layer2");
-  EXPECT_EQ(ToJson(t), R"({"kind":"layer","layer":2,"layers":3,"samples":4,"tokens":190})");
+  EXPECT_EQ(ToJson(t),
+            R"({"kind":"layer","layer":2,"layers":3,"max_samples":4,"max_tokens":190})");
   absl::StatusOr<EvaluateTask> back = evaluation::ParseEvaluateTask(ToJson(t));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->layer, 2);
-  EXPECT_EQ(back->tokens, 190);
+  EXPECT_EQ(back->max_tokens, 190);
   t.kind = EvaluateTask::Kind::kGate;
   EXPECT_EQ(t.Name(), "gate");
   EXPECT_EQ(evaluation::ParseEvaluateTask(ToJson(t))->kind, EvaluateTask::Kind::kGate);
-  EXPECT_EQ(evaluation::ParseEvaluateTask(R"({"kind":"layer","layer":3,"layers":3,"samples":4,)"
-                                          R"("tokens":1})")
+  EXPECT_EQ(evaluation::ParseEvaluateTask(R"({"kind":"layer","layer":3,"layers":3,)"
+                                          R"("max_samples":4,"max_tokens":1})")
                 .status()
                 .message(),
             "evaluate task payload: layer is missing or not valid");
@@ -312,8 +359,8 @@ std::vector<store::TaskRow> EvaluateRows(store::TaskState state) {
   std::vector<store::TaskRow> rows;
   EvaluateTask t;
   t.layers = 3;
-  t.samples = 2;
-  t.tokens = 4;
+  t.max_samples = 2;
+  t.max_tokens = 4;
   for (int64_t l = 0; l < 5; ++l) {
     t.kind = l < 3 ? EvaluateTask::Kind::kLayer
                    : (l == 3 ? EvaluateTask::Kind::kHead : EvaluateTask::Kind::kGate);
@@ -517,8 +564,8 @@ TEST(EvaluateStageInterfaceTest, ProgressOutputsAndAnEarlierReleasesPlan) {
   const EvaluateStage stage;
   EvaluateTask t;
   t.layers = 3;
-  t.samples = 4;
-  t.tokens = 190;
+  t.max_samples = 4;
+  t.max_tokens = 190;
   store::TaskRow layer;
   layer.stage_kind = "evaluate";
   layer.name = "layer1";

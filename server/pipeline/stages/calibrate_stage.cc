@@ -30,6 +30,7 @@
 #include "server/checkpoint/sha256.h"
 #include "server/model/v4_config.h"
 #include "server/pipeline/stages/inspect_stage.h"
+#include "server/pipeline/stages/job_tokens.h"
 #include "server/pipeline/stages/layer_resume.h"
 #include "server/pipeline/stages/layer_task_memory.h"
 #include "server/store/private_files.h"
@@ -192,28 +193,26 @@ absl::StatusOr<TaskOutput> FileOutput(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<TaskOutput> RunTokens(const CalibrateTask& /*task*/, const store::TaskRow& row,
-                                     const StageContext& ctx) {
+absl::StatusOr<TaskOutput> RunTokens(const store::TaskRow& row, const StageContext& ctx) {
   ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
   ASSIGN_OR_RETURN(const model::V4Config config,
                    model::ParseV4Config(ctx.source->config(), ctx.spec->source + "/config.json"));
-  ASSIGN_OR_RETURN(const calibration::SampleIds ids,
-                   calibration::TokenizeCalibration(*ctx.spec, ctx.spec->source,
-                                                    config.vocab_size, /*fold_ids=*/false));
-  int64_t tokens = 0;
-  for (const std::vector<int32_t>& s : ids) tokens += static_cast<int64_t>(s.size());
-  if (tokens != row.bytes_total) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the calibration data now gives ", tokens, " tokens, the job was planned with ",
-        row.bytes_total, ": the data set files changed"));
+  ASSIGN_OR_RETURN(const calibration::JobTokens tokens,
+                   TokenizeJob(*ctx.spec, config.vocab_size, ctx.spec->evaluate.on(),
+                               ctx.cancelled));
+  const int64_t count = calibration::TokenCount(tokens.calibration);
+  if (count > row.bytes_total) {
+    return absl::InternalError(absl::StrCat("the calibration data gives ", count,
+                                            " tokens, more than the ", row.bytes_total,
+                                            " its samples and seq_len allow"));
   }
-  RETURN_IF_ERROR(calibration::WriteTokensFile(job->tokens_path(), ids));
-  if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
+  RETURN_IF_ERROR(calibration::WriteTokensFile(job->tokens_path(), tokens));
+  if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(row.bytes_total));
   return FileOutput(job->tokens_path());
 }
 
-absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& device,
-                                    const StageContext& ctx) {
+absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, const store::TaskRow& row,
+                                    compute::Device& device, const StageContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
   ASSIGN_OR_RETURN(const model::V4Checkpoint* ckpt, job->Checkpoint());
@@ -222,22 +221,20 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
   // The slice's input: its batches embedded (layer 0), or the previous layer's output.
   std::shared_ptr<const calibration::ActivationStore::Batches> input;
   if (task.layer == 0) {
-    ASSIGN_OR_RETURN(std::shared_ptr<const calibration::SampleIds> ids,
+    ASSIGN_OR_RETURN(std::shared_ptr<const calibration::JobTokens> tokens,
                      job->Tokens(ckpt->config.vocab_size));
+    const calibration::SampleIds& ids = tokens->calibration;
     std::vector<int64_t> lengths;
-    for (const std::vector<int32_t>& s : *ids) lengths.push_back(static_cast<int64_t>(s.size()));
+    for (const std::vector<int32_t>& s : ids) lengths.push_back(static_cast<int64_t>(s.size()));
     ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> batches,
                      calibration::PlanBatches(ckpt->config, lengths,
                                               calibration::kDefaultBatchBytes));
-    if (task.end_batch > static_cast<int64_t>(batches.size())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("calibrate ", task.Name(), ": planned batches up to ", task.end_batch,
-                       ", the tokens give ", batches.size()));
-    }
+    const auto [first, end] = calibration::SliceBatches(static_cast<int64_t>(batches.size()),
+                                                        task.slice, task.slices);
     auto embedded = std::make_shared<calibration::ActivationStore::Batches>();
-    for (int64_t b = task.first_batch; b < task.end_batch; ++b) {
+    for (int64_t b = first; b < end; ++b) {
       ASSIGN_OR_RETURN(calibration::BatchActivations acts,
-                       calibration::EmbedBatch(*ckpt, *ids, batches[b]));
+                       calibration::EmbedBatch(*ckpt, ids, batches[b]));
       embedded->push_back(std::move(acts));
     }
     input = std::move(embedded);
@@ -263,8 +260,14 @@ absl::StatusOr<TaskOutput> RunLayer(const CalibrateTask& task, compute::Device& 
     reserved += bytes;
     return true;
   };
-  options.on_batch = [&ctx](int64_t tokens) {
-    if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
+  // The task's planned total is its share of the data's bound (the plan reads no data): the
+  // slice's real tokens count for that share.
+  int64_t slice_tokens = 0;
+  for (const calibration::BatchActivations& b : *input) slice_tokens += b.tokens;
+  options.on_batch = [&ctx, &row, slice_tokens](int64_t tokens) {
+    if (ctx.add_progress && slice_tokens > 0) {
+      ctx.add_progress(static_cast<uint64_t>(tokens * row.bytes_total / slice_tokens));
+    }
   };
   options.alive = [&ctx] {
     if (ctx.add_progress) ctx.add_progress(0);
@@ -430,6 +433,12 @@ absl::StatusOr<const model::V4Checkpoint*> CalibrationSource(const StageContext&
   return job->Checkpoint();
 }
 
+absl::StatusOr<std::shared_ptr<const calibration::JobTokens>> CalibrationTokens(
+    const StageContext& ctx, int64_t vocab) {
+  ASSIGN_OR_RETURN(calibration::JobCalibration * job, JobState(ctx));
+  return job->Tokens(vocab);
+}
+
 absl::StatusOr<std::map<std::string, float>> CalibratedInputAmax(const StageContext& ctx,
                                                                  const ShardTask& task) {
   if (task.modules.empty()) return std::map<std::string, float>();
@@ -483,18 +492,16 @@ absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInpu
   ASSIGN_OR_RETURN(const CalibrationLayout layout, PlanCalibrationLayout(input));
   if (layout.layers == 0) return std::vector<store::TaskPlan>();
   ASSIGN_OR_RETURN(const model::V4Config config, SourceConfig(input));
-  ASSIGN_OR_RETURN(const calibration::SampleIds ids,
-                   calibration::TokenizeCalibration(*input.spec, input.spec->source,
-                                                    config.vocab_size, /*fold_ids=*/false));
-  std::vector<int64_t> lengths;
-  int64_t tokens = 0;
-  for (const std::vector<int32_t>& s : ids) {
-    lengths.push_back(static_cast<int64_t>(s.size()));
-    tokens += lengths.back();
-  }
-  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> batches,
-                   calibration::PlanBatches(config, lengths, calibration::kDefaultBatchBytes));
-  const int64_t n = static_cast<int64_t>(batches.size());
+  // Sized by the bound, not the data: tokenizing is the tokens task's work (job_tokens.h).
+  ASSIGN_OR_RETURN(const calibration::TokenBound bound,
+                   calibration::CalibrationTokenBound(input.spec->calibration));
+  // A slice's largest batch: a sequence over the batch budget gets a batch of its own
+  // (calibration::PlanBatches), and no batch has more than every sample.
+  const int64_t seq_len = input.spec->calibration.seq_len;
+  const int64_t batch_bytes = std::min(
+      calibration::EstimateBatchBytes(config, bound.samples, seq_len),
+      std::max(calibration::kDefaultBatchBytes,
+               calibration::EstimateBatchBytes(config, 1, seq_len)));
 
   std::vector<store::TaskPlan> tasks;
   const std::string kind(kKind);
@@ -503,8 +510,8 @@ absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInpu
   t.slices = layout.slices;
   t.kind = CalibrateTask::Kind::kTokens;
   const store::TaskRef inspect{std::string(InspectStage::kKind), std::string(InspectStage::kKind)};
-  tasks.push_back({t.Name(), ToJson(t), tokens,
-                   absl::StrCat("tokenize ", ids.size(), " samples"), {}, {inspect}});
+  tasks.push_back({t.Name(), ToJson(t), bound.tokens,
+                   absl::StrCat("tokenize up to ", bound.samples, " samples"), {}, {inspect}});
   std::vector<store::TaskRef> previous = {{kind, t.Name()}};
   t.kind = CalibrateTask::Kind::kLayer;
   for (int64_t l = 0; l < layout.layers; ++l) {
@@ -512,20 +519,16 @@ absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInpu
     for (int64_t s = 0; s < layout.slices; ++s) {
       t.layer = l;
       t.slice = s;
-      std::tie(t.first_batch, t.end_batch) = calibration::SliceBatches(n, s, layout.slices);
-      int64_t slice_tokens = 0, batch_bytes = 0;
-      for (int64_t b = t.first_batch; b < t.end_batch; ++b) {
-        for (size_t k : batches[b]) slice_tokens += lengths[k];
-        batch_bytes = std::max(batch_bytes, calibration::EstimateBatchBytes(
-                                                config, static_cast<int64_t>(batches[b].size()),
-                                                lengths[batches[b].front()]));
-      }
+      // The slice's share of the bound, for progress; its memory counts every token, since a
+      // slice takes whole batches and one batch may hold nearly all of them.
+      const int64_t share = bound.tokens * (s + 1) / layout.slices -
+                            bound.tokens * s / layout.slices;
       std::string label = absl::StrCat("layer ", l + 1, " of ", layout.layers);
       if (layout.slices > 1) absl::StrAppend(&label, ", slice ", s + 1, " of ", layout.slices);
       compute::DeviceRequirement memory;
       memory.memory_bytes =
-          CalibrateLayerTaskBytes(config, *input.inventory, l, slice_tokens, batch_bytes);
-      tasks.push_back({t.Name(), ToJson(t), slice_tokens, label, memory, previous});
+          CalibrateLayerTaskBytes(config, *input.inventory, l, bound.tokens, batch_bytes);
+      tasks.push_back({t.Name(), ToJson(t), share, label, memory, previous});
       current.push_back({kind, t.Name()});
     }
     previous = std::move(current);
@@ -585,17 +588,6 @@ absl::StatusOr<std::unique_ptr<StageJob>> CalibrateStage::OpenJob(
   return std::unique_ptr<StageJob>(std::move(job));
 }
 
-std::string CalibrateStage::PlanInputs(const JobSpec& spec) const {
-  if (!NeedsCalibration(spec)) return "";
-  std::string inputs = absl::StrCat(spec.source, "/tokenizer.json or the calibration data ");
-  if (!spec.calibration.dataset.empty()) absl::StrAppend(&inputs, spec.calibration.dataset);
-  for (size_t i = 0; i < spec.calibration.datasets.size(); ++i) {
-    absl::StrAppend(&inputs, i > 0 || !spec.calibration.dataset.empty() ? ", " : "",
-                    spec.calibration.datasets[i].path);
-  }
-  return inputs;
-}
-
 bool CalibrateStage::ChecksOwnOutput(const store::TaskRow& task) const {
   return IsTaskOfKind(task, CalibrateTask::Kind::kLayer);
 }
@@ -615,8 +607,8 @@ absl::StatusOr<TaskOutput> CalibrateStage::Run(const store::TaskRow& row, comput
                                                const StageContext& ctx) const {
   ASSIGN_OR_RETURN(const CalibrateTask task, calibration::ParseCalibrateTask(row.payload_json));
   switch (task.kind) {
-    case CalibrateTask::Kind::kTokens: return RunTokens(task, row, ctx);
-    case CalibrateTask::Kind::kLayer: return RunLayer(task, device, ctx);
+    case CalibrateTask::Kind::kTokens: return RunTokens(row, ctx);
+    case CalibrateTask::Kind::kLayer: return RunLayer(task, row, device, ctx);
     case CalibrateTask::Kind::kAmaxOut: return RunAmaxOut(ctx);
   }
   return absl::InternalError("unknown calibrate task");

@@ -1,9 +1,11 @@
 // calibrate: layer-wise W4A4 calibration inside the job (DESIGN.md "Calibration"), when the job
 // writes NVFP4 input scales from calibration data: weight_format nvfp4, calibration.mode data, a
 // data set and no amax_file (calibration/calibrate_task.h names the tasks):
-//   - "tokens" tokenizes the calibration set with the source's tokenizer.json and stores the ids
-//     in the job's work directory; its output SHA-256 is recorded, so a resumed job calibrates on
-//     exactly these tokens;
+//   - "tokens" tokenizes the calibration set (and the held-out samples of a job that evaluates)
+//     with the source's tokenizer.json and stores the ids in the job's work directory
+//     (job_tokens.h); its output SHA-256 is recorded, so a resumed job calibrates on exactly
+//     these tokens. Planning reads no data: the tasks are sized by the spec's bound (samples x
+//     seq_len), and a layer task's progress counts its slice's tokens as its share of it;
 //   - "layer<L>.slice<S>": decoder layer L over slice S of the batches (a contiguous run of whole
 //     batches: calibration/calibrate_layer.h), one slice per device of spec.devices (kAutoSlices
 //     when "auto"); every slice of layer L depends on every slice of layer L-1 (layer 0 on
@@ -44,6 +46,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/calibration/calibration_tokens.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/stage.h"
 
@@ -85,6 +88,11 @@ bool Calibrates(const StageContext& ctx);
 // stage runs the same source). Internal when the job does not calibrate.
 absl::StatusOr<const model::V4Checkpoint*> CalibrationSource(const StageContext& ctx);
 
+// The job's tokens as its tokens task stored them (read once; the evaluate stage's held-out
+// samples are there). FailedPrecondition before that task finished; `vocab`: the source's.
+absl::StatusOr<std::shared_ptr<const calibration::JobTokens>> CalibrationTokens(
+    const StageContext& ctx, int64_t vocab);
+
 // The input amax a quantize task of `task` uses in a calibrating job: the export
 // (calibration/export_amax.h) of the finished calibrate tasks' rows. FailedPrecondition when one
 // of the task's layers reached no routed expert and so takes the model's max, which is known only
@@ -106,7 +114,7 @@ class CalibrateStage final : public Stage {
 
   std::string_view kind() const override { return kKind; }
   absl::StatusOr<std::vector<store::TaskPlan>> Plan(const PlanInput& input) const override;
-  // Two boundaries of every calibration token (the tokens task's count).
+  // Two boundaries of every calibration token (the tokens task's bound).
   absl::StatusOr<uint64_t> CheckpointBytes(
       const PlanInput& input, const std::vector<store::TaskPlan>& tasks) const override;
   // Needs the job the stage opened (OpenJob).
@@ -118,8 +126,6 @@ class CalibrateStage final : public Stage {
   // A calibrating job's calibration: its work and spill directories, calibration.amax_out's
   // directory, and on a later start where it resumes (above).
   absl::StatusOr<std::unique_ptr<StageJob>> OpenJob(const StageJobInput& input) const override;
-  // The source's tokenizer.json and the data sets.
-  std::string PlanInputs(const job::JobSpec& spec) const override;
   // The layer tasks, whose output is a layer checkpoint.
   bool ChecksOwnOutput(const store::TaskRow& task) const override;
   std::string_view progress_unit() const override { return "tokens"; }

@@ -17,7 +17,6 @@
 #include "server/evaluation/evaluate_head.h"
 #include "server/evaluation/evaluate_layer.h"
 #include "server/evaluation/evaluate_task.h"
-#include "server/evaluation/held_out_samples.h"
 #include "server/evaluation/job_evaluation.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/run_evaluation.h"
@@ -41,17 +40,12 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// `vocab`: the source model's vocab_size.
-absl::StatusOr<std::vector<std::vector<int32_t>>> HeldOutSamples(const JobSpec& spec, int64_t vocab) {
-  calibration::CalibrationTokenizer tokenizer(spec.source, spec.source_roots);
-  return evaluation::LoadHeldOutSamples(spec.calibration, spec.source_roots,
-                                        spec.evaluate.num_samples, tokenizer, vocab);
-}
-
-int64_t Tokens(const std::vector<std::vector<int32_t>>& samples) {
-  int64_t tokens = 0;
-  for (const std::vector<int32_t>& s : samples) tokens += static_cast<int64_t>(s.size());
-  return tokens;
+// At most how many held-out samples the job evaluates, and their tokens: the samples asked
+// (evaluation/held_out_samples.h), each at most calibration.seq_len tokens.
+calibration::TokenBound HeldOutBound(const JobSpec& spec) {
+  return calibration::BoundOf(spec.evaluate.num_samples > 0 ? spec.evaluate.num_samples
+                                                            : job::kDefaultEvaluateSamples,
+                              spec.calibration.seq_len);
 }
 
 // The stage's state for one evaluating job (StageJob): its evaluation::JobEvaluation and where it
@@ -157,18 +151,20 @@ evaluation::EvaluationHooks Hooks(const StageContext& ctx) {
   return hooks;
 }
 
-// Layer 0's input: the held-out samples embedded by both models, the same the plan found.
+// Layer 0's input: the held-out samples of the job's tokens file embedded by both models.
 absl::StatusOr<evaluation::EvaluationBatches> EmbeddedSamples(const EvaluateTask& task,
                                                               const model::V4Checkpoint& source,
                                                               const model::V4Checkpoint& quantized,
                                                               const StageContext& ctx) {
-  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples, HeldOutSamples(*ctx.spec, source.config.vocab_size));
+  ASSIGN_OR_RETURN(const std::shared_ptr<const calibration::JobTokens> tokens,
+                   CalibrationTokens(ctx, source.config.vocab_size));
+  const std::vector<std::vector<int32_t>>& samples = tokens->held_out;
   const int64_t n = static_cast<int64_t>(samples.size());
-  if (n != task.samples || Tokens(samples) != task.tokens) {
+  if (n == 0 || n > task.max_samples || calibration::TokenCount(samples) > task.max_tokens) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the calibration data now gives ", n, " held-out samples of ", Tokens(samples),
-        " tokens, the job was planned with ", task.samples, " of ", task.tokens,
-        ": the data set files changed"));
+        "the job's tokens file has ", n, " held-out samples of ", calibration::TokenCount(samples),
+        " tokens; the evaluation was planned for 1 to ", task.max_samples, " of at most ",
+        task.max_tokens));
   }
   return evaluation::EmbedHeldOut(source, quantized, samples, calibration::kDefaultBatchBytes);
 }
@@ -235,7 +231,7 @@ absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& de
   }
   evaluation::QualityReport report;
   report.numerics = CalibrationNumericsName(ctx.spec->calibration.numerics);
-  report.samples = task.samples;
+  report.samples = input->samples();
   report.tokens = input->tokens();
   double seconds = 0;
   for (const auto& [layer, row] : layers) {
@@ -307,37 +303,33 @@ absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput
   ASSIGN_OR_RETURN(const CalibrationLayout layout, PlanCalibrationLayout(input));
   ASSIGN_OR_RETURN(const model::V4Config config,
                    model::ParseV4Config(input.source->config(), spec.source + "/config.json"));
-  ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> samples,
-                   HeldOutSamples(spec, config.vocab_size));
+  // Sized by the bound, not the data: the calibrate stage's tokens task tokenizes the held-out
+  // samples (job_tokens.h).
+  const calibration::TokenBound bound = HeldOutBound(spec);
   EvaluateTask t;
   t.layers = layout.layers;
-  t.samples = static_cast<int64_t>(samples.size());
-  t.tokens = Tokens(samples);
+  t.max_samples = bound.samples;
+  t.max_tokens = bound.tokens;
   const std::string kind(kKind);
   std::vector<store::TaskRef> after = {
       {std::string(ExportStage::kKind), std::string(ExportStage::kKind)}};
   for (const OutputShard& shard : input.output_shards) {
     after.push_back({std::string(VerifyStage::kKind), shard.task.shard});
   }
-  // The batches EmbedHeldOut will form, for the tasks' memory.
-  std::vector<int64_t> lengths;
-  for (const std::vector<int32_t>& s : samples) lengths.push_back(static_cast<int64_t>(s.size()));
-  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> batches,
-                   calibration::PlanBatches(config, lengths, calibration::kDefaultBatchBytes));
-  int64_t batch_bytes = 0, seq_len = 0;
-  for (const std::vector<size_t>& b : batches) {
-    const int64_t n = lengths[b.front()];
-    seq_len = std::max(seq_len, n);
-    batch_bytes = std::max(batch_bytes, calibration::EstimateBatchBytes(
-                                            config, static_cast<int64_t>(b.size()), n));
-  }
+  // The largest batch EmbedHeldOut may form (calibration::PlanBatches: a sequence over the
+  // budget gets a batch of its own; no batch has more than every sample), for the tasks' memory.
+  const int64_t seq_len = spec.calibration.seq_len;
+  const int64_t batch_bytes = std::min(
+      calibration::EstimateBatchBytes(config, bound.samples, seq_len),
+      std::max(calibration::kDefaultBatchBytes,
+               calibration::EstimateBatchBytes(config, 1, seq_len)));
   t.kind = EvaluateTask::Kind::kLayer;
   for (int64_t l = 0; l < layout.layers; ++l) {
     t.layer = l;
     compute::DeviceRequirement memory;
     memory.memory_bytes =
-        EvaluateLayerTaskBytes(config, *input.inventory, l, t.tokens, batch_bytes);
-    tasks.push_back({t.Name(), ToJson(t), t.tokens,
+        EvaluateLayerTaskBytes(config, *input.inventory, l, t.max_tokens, batch_bytes);
+    tasks.push_back({t.Name(), ToJson(t), t.max_tokens,
                      absl::StrCat("layer ", l + 1, " of ", layout.layers), memory,
                      std::move(after)});
     after = {{kind, t.Name()}};
@@ -345,9 +337,9 @@ absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput
   t.layer = 0;
   t.kind = EvaluateTask::Kind::kHead;
   compute::DeviceRequirement head_memory;
-  head_memory.memory_bytes = EvaluateHeadTaskBytes(config, t.tokens, seq_len);
+  head_memory.memory_bytes = EvaluateHeadTaskBytes(config, t.max_tokens, seq_len);
   tasks.push_back(
-      {t.Name(), ToJson(t), t.tokens, "head: next-token figures", head_memory, after});
+      {t.Name(), ToJson(t), t.max_tokens, "head: next-token figures", head_memory, after});
   const store::TaskRef head{kind, t.Name()};
   t.kind = EvaluateTask::Kind::kGate;
   tasks.push_back({t.Name(), ToJson(t), 0, "quality gate", {}, {head}});
@@ -359,7 +351,7 @@ absl::StatusOr<uint64_t> EvaluateStage::CheckpointBytes(
   if (tasks.empty()) return 0;
   ASSIGN_OR_RETURN(const EvaluateTask task,
                    evaluation::ParseEvaluateTask(tasks.front().payload_json));
-  return LayerCheckpointBytes(input, task.tokens, /*models=*/2);
+  return LayerCheckpointBytes(input, task.max_tokens, /*models=*/2);
 }
 
 absl::StatusOr<std::unique_ptr<StageJob>> EvaluateStage::OpenJob(

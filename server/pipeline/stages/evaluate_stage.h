@@ -12,7 +12,8 @@
 //     recorded with its completion whatever the verdict;
 //   - "gate", after the head: fails the job with reason kQualityGateReason, naming the figure and
 //     the worst layer, when spec.evaluate.gate is broken. The output stays on disk.
-// Task bytes are held-out tokens (every layer and the head move all of them), as for calibrate.
+// Task bytes are held-out tokens, the plan's bound (every layer and the head move all of them), as
+// for calibrate.
 //
 // The stage keeps each evaluating job's evaluation::JobEvaluation (both models' activations,
 // figures so far) in its StageJob (OpenJob), with layer checkpoints of its own
@@ -24,8 +25,10 @@
 // their recorded figures. Without such a layer the stage runs again from layer 0; either way the
 // figures equal an uninterrupted run's.
 //
-// The held-out samples are selected at planning (evaluation/held_out_samples.h): too few of them
-// fails the plan, not a task. Layer 0 selects them again and refuses to run when they changed.
+// Planning reads no data: the held-out samples (evaluation/held_out_samples.h) are selected and
+// tokenized by the calibrate stage's tokens task, the job's first task after inspect, into the
+// job's tokens file (job_tokens.h): too few of them fails that task, long before evaluation.
+// Layer 0 reads them from that file (checked against its recorded SHA-256).
 #ifndef QUANTD_SERVER_PIPELINE_STAGES_EVALUATE_STAGE_H_
 #define QUANTD_SERVER_PIPELINE_STAGES_EVALUATE_STAGE_H_
 

@@ -95,7 +95,7 @@ def test_disabled_job_has_no_evaluate_stage(qd, source, tmp_path):
     assert evaluate_tasks(state) == []
 
 
-def test_too_many_samples_fail_the_plan_naming_the_file(qd, source, tmp_path):
+def test_too_many_samples_fail_the_tokens_task_naming_the_file(qd, source, tmp_path):
     state = tmp_path / "state.db"
     proc = qd.run("run", "--state", state, *RUN_FLAGS, spec_for(tmp_path, source, num_samples=5))
     assert proc.returncode != 0
@@ -103,7 +103,14 @@ def test_too_many_samples_fail_the_plan_naming_the_file(qd, source, tmp_path):
     assert job_state == "FAILED"
     assert f"{DATA} has 44 lines; calibration takes 40 of them" in error, error
     assert "set evaluate.enabled to false" in error
-    assert task_rows(state) == {}  # refused at planning: no task ever ran
+    # Planning reads no data: the tokens task, the first after inspect, refuses it before any
+    # layer is calibrated (or any shard that waits for one quantized).
+    rows = task_rows(state)
+    assert rows[("calibrate", 0)]["name"] == "tokens", rows
+    assert rows[("calibrate", 0)]["state"] == "FAILED", rows
+    ran = {key for key, row in rows.items() if row["attempt"] > 0}
+    assert {kind for kind, _ in ran} <= {"inspect", "calibrate", "quantize"}, ran
+    assert [key for key in ran if key[0] == "calibrate"] == [("calibrate", 0)], ran
 
 
 def test_broken_gate_fails_after_storing_the_figures_of_quantd_evaluate(qd, source, tmp_path):

@@ -139,10 +139,15 @@ std::vector<TaskFigure> EvaluatedTokens(int64_t tokens) {
   return {{"quantd_evaluated_tokens_total", static_cast<double>(tokens)}};
 }
 
-evaluation::EvaluationHooks Hooks(const StageContext& ctx) {
+// The task's planned total is the bound of the held-out tokens (the plan reads no data): the
+// `tokens` the task really moves count for all of it.
+evaluation::EvaluationHooks Hooks(const StageContext& ctx, const store::TaskRow& row,
+                                  int64_t tokens) {
   evaluation::EvaluationHooks hooks;
-  hooks.on_batch = [&ctx](int64_t tokens) {
-    if (ctx.add_progress) ctx.add_progress(static_cast<uint64_t>(tokens));
+  hooks.on_batch = [&ctx, total = row.bytes_total, tokens](int64_t moved) {
+    if (ctx.add_progress && tokens > 0) {
+      ctx.add_progress(static_cast<uint64_t>(moved * total / tokens));
+    }
   };
   hooks.alive = [&ctx] {
     if (ctx.add_progress) ctx.add_progress(0);
@@ -169,7 +174,8 @@ absl::StatusOr<evaluation::EvaluationBatches> EmbeddedSamples(const EvaluateTask
   return evaluation::EmbedHeldOut(source, quantized, samples, calibration::kDefaultBatchBytes);
 }
 
-absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& device,
+absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, const store::TaskRow& row,
+                                    compute::Device& device,
                                     const StageContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
@@ -190,7 +196,7 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
   ASSIGN_OR_RETURN(evaluation::LayerEvaluation step,
                    evaluation::EvaluateLayer(*source, *quantized, task.layer, input, device,
                                              evaluation::ForwardNumerics(ctx.spec->calibration),
-                                             Hooks(ctx)));
+                                             Hooks(ctx, row, input.tokens())));
   // A boundary's outputs go to disk as well (JobEvaluation, calibration/layer_checkpoint.h); the
   // task's output is then the checkpoint's manifest, committed with its completion.
   ASSIGN_OR_RETURN(const std::optional<calibration::CheckpointFile> file,
@@ -216,7 +222,8 @@ absl::StatusOr<TaskOutput> RunLayer(const EvaluateTask& task, compute::Device& d
   return out;
 }
 
-absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& device,
+absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, const store::TaskRow& task_row,
+                                   compute::Device& device,
                                    const StageContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(evaluation::JobEvaluation * job, JobState(ctx));
@@ -245,7 +252,7 @@ absl::StatusOr<TaskOutput> RunHead(const EvaluateTask& task, compute::Device& de
   ASSIGN_OR_RETURN(report.next_token,
                    evaluation::EvaluateHead(*source, *quantized, *input, device,
                                             evaluation::ForwardNumerics(ctx.spec->calibration),
-                                            Hooks(ctx)));
+                                            Hooks(ctx, task_row, input->tokens())));
   const absl::Status gate = evaluation::CheckQualityGate(ctx.spec->evaluate.gate, report);
   const evaluation::NextTokenQuality& n = report.next_token;
   store::EvaluationRow row;
@@ -387,8 +394,8 @@ absl::StatusOr<TaskOutput> EvaluateStage::Run(const store::TaskRow& row, compute
                                               const StageContext& ctx) const {
   ASSIGN_OR_RETURN(const EvaluateTask task, evaluation::ParseEvaluateTask(row.payload_json));
   switch (task.kind) {
-    case EvaluateTask::Kind::kLayer: return RunLayer(task, device, ctx);
-    case EvaluateTask::Kind::kHead: return RunHead(task, device, ctx);
+    case EvaluateTask::Kind::kLayer: return RunLayer(task, row, device, ctx);
+    case EvaluateTask::Kind::kHead: return RunHead(task, row, device, ctx);
     case EvaluateTask::Kind::kGate: return RunGate(ctx);
   }
   return absl::InternalError("unknown evaluate task");

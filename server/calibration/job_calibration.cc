@@ -17,10 +17,9 @@ int64_t DefaultActivationBudget() {
   return pages > 0 && page > 0 ? pages * page / 4 : int64_t{1} << 32;
 }
 
-absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(const job::JobSpec& spec,
-                                                                       const std::string& work_dir,
-                                                                       int64_t host_budget_bytes,
-                                                                       MonotonicMs now_ms) {
+absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(
+    const job::JobSpec& spec, std::shared_ptr<const checkpoint::CheckpointDir> source,
+    const std::string& work_dir, int64_t host_budget_bytes, MonotonicMs now_ms) {
   if (work_dir.empty()) {
     return absl::InvalidArgumentError("a calibrating job needs its work directory");
   }
@@ -32,14 +31,17 @@ absl::StatusOr<std::unique_ptr<JobCalibration>> JobCalibration::Create(const job
                    LayerCheckpoints::Create(
                        (std::filesystem::path(work_dir) / "calibrate-layers").string(),
                        spec.calibration.checkpoint_seconds, std::move(now_ms)));
-  return std::unique_ptr<JobCalibration>(
-      new JobCalibration(spec, work_dir, std::move(activations), std::move(checkpoints)));
+  return std::unique_ptr<JobCalibration>(new JobCalibration(
+      spec, std::move(source), work_dir, std::move(activations), std::move(checkpoints)));
 }
 
-JobCalibration::JobCalibration(const job::JobSpec& spec, std::string work_dir,
+JobCalibration::JobCalibration(const job::JobSpec& spec,
+                               std::shared_ptr<const checkpoint::CheckpointDir> source,
+                               std::string work_dir,
                                std::unique_ptr<ActivationStore> activations,
                                std::unique_ptr<LayerCheckpoints> checkpoints)
     : spec_(spec),
+      source_(std::move(source)),
       work_dir_(work_dir),
       tokens_path_((std::filesystem::path(work_dir) / "tokens.bin").string()),
       activations_(std::move(activations)),
@@ -48,7 +50,7 @@ JobCalibration::JobCalibration(const job::JobSpec& spec, std::string work_dir,
 absl::StatusOr<const model::V4Checkpoint*> JobCalibration::Checkpoint() {
   absl::MutexLock lock(&mu_);
   if (ckpt_ == nullptr) {
-    ASSIGN_OR_RETURN(ckpt_, model::OpenV4Checkpoint(spec_.source, spec_.source_roots));
+    ASSIGN_OR_RETURN(ckpt_, model::OpenV4Checkpoint(source_));
   }
   return ckpt_.get();
 }

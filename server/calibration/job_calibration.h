@@ -1,6 +1,7 @@
 // The runtime state of one calibrating job in this process (owned by its pipeline::PreparedJob,
 // shared by the worker threads running its calibrate and quantize tasks; thread-safe):
-//   - the source opened as a DeepSeek-V4 model (on first use, by the first calibrate task);
+//   - the source as a DeepSeek-V4 model (on first use, by the first calibrate task), over the
+//     job's own opened source (its shards mapped once per job);
 //   - the job's tokens (calibration and held-out samples), read once from the job's tokens file
 //     and checked against the SHA-256 the tokens task recorded;
 //   - the activations between layers (ActivationStore, host budget then spill files);
@@ -47,15 +48,15 @@ int64_t DefaultActivationBudget();
 
 class JobCalibration {
  public:
+  // `source`: the job's source as the job opened it (Checkpoint() refuses without one).
   // `work_dir`: the job's own directory for the tokens file, spill files and checkpoints
   // (created). `host_budget_bytes`: the spec's host_memory_bytes, 0 = DefaultActivationBudget().
   // `now_ms`: the checkpoints' clock.
-  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(const job::JobSpec& spec,
-                                                                const std::string& work_dir,
-                                                                int64_t host_budget_bytes,
-                                                                MonotonicMs now_ms = SteadyNowMs);
+  static absl::StatusOr<std::unique_ptr<JobCalibration>> Create(
+      const job::JobSpec& spec, std::shared_ptr<const checkpoint::CheckpointDir> source,
+      const std::string& work_dir, int64_t host_budget_bytes, MonotonicMs now_ms = SteadyNowMs);
 
-  // The source as a V4 model, opened on the first call.
+  // The source as a V4 model, made on the first call.
   absl::StatusOr<const model::V4Checkpoint*> Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The job's own directory (pipeline::JobWorkDir).
@@ -88,7 +89,8 @@ class JobCalibration {
   AmaxTable Table() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  JobCalibration(const job::JobSpec& spec, std::string work_dir,
+  JobCalibration(const job::JobSpec& spec, std::shared_ptr<const checkpoint::CheckpointDir> source,
+                 std::string work_dir,
                  std::unique_ptr<ActivationStore> activations,
                  std::unique_ptr<LayerCheckpoints> checkpoints);
   // Merges `rows` (kind "input") into amax_.
@@ -99,6 +101,7 @@ class JobCalibration {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const job::JobSpec spec_;                           // the job's spec (source, calibration)
+  const std::shared_ptr<const checkpoint::CheckpointDir> source_;  // the job's, opened once
   const std::string work_dir_;                        // the job's own directory
   const std::string tokens_path_;                     // in the work directory
   const std::unique_ptr<ActivationStore> activations_;  // thread-safe itself

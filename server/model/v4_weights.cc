@@ -120,7 +120,7 @@ namespace {
 
 // `dir`, opened from `path`, as a V4 model.
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> AsV4Checkpoint(
-    const std::string& path, absl::StatusOr<std::unique_ptr<checkpoint::CheckpointDir>> dir) {
+    const std::string& path, absl::StatusOr<std::shared_ptr<const checkpoint::CheckpointDir>> dir) {
   auto ckpt = std::make_unique<V4Checkpoint>();
   ASSIGN_OR_RETURN(ckpt->dir, std::move(dir));
   ASSIGN_OR_RETURN(ckpt->inventory, checkpoint::BuildInventory(*ckpt->dir));
@@ -143,6 +143,13 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const std::string
 
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const checkpoint::DirHandle& dir) {
   return AsV4Checkpoint(dir.path(), checkpoint::CheckpointDir::Open(dir));
+}
+
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(
+    std::shared_ptr<const checkpoint::CheckpointDir> dir) {
+  if (dir == nullptr) return absl::InternalError("no source checkpoint is open");
+  const std::string path = dir->dir();
+  return AsV4Checkpoint(path, std::move(dir));
 }
 
 absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, int64_t out,

@@ -21,9 +21,10 @@
 
 namespace quantd::model {
 
-// An opened DeepSeek-V4 source checkpoint: its files, tensor inventory and config.
+// An opened DeepSeek-V4 source checkpoint: its files (shared with whoever else reads the same
+// opened checkpoint, so that its shards are mapped once), tensor inventory and config.
 struct V4Checkpoint {
-  std::unique_ptr<checkpoint::CheckpointDir> dir;
+  std::shared_ptr<const checkpoint::CheckpointDir> dir;
   checkpoint::TensorInventory inventory;
   V4Config config;
 };
@@ -34,6 +35,9 @@ absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(
 // The same, every file opened beneath `dir` (checkpoint::CheckpointDir::Open(DirHandle)): a job's
 // own output read back.
 absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(const checkpoint::DirHandle& dir);
+// The same over a checkpoint already opened (a job's source, opened once for all its stages).
+absl::StatusOr<std::unique_ptr<V4Checkpoint>> OpenV4Checkpoint(
+    std::shared_ptr<const checkpoint::CheckpointDir> dir);
 
 // A linear layer's weight [out, in], dense, in the memory of the backend that decoded it (host
 // memory for a CPU backend; a CUDA backend's device memory, with no host copy): BF16 for

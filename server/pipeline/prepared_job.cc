@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<PreparedJob>> PreparedJob::Load(const JobSpec& sp
   StageJobInput input;
   input.spec = &job->spec_;
   input.stored = &job->stored_;
+  input.source = job->source_;
   input.changed_outputs = &changed;
   for (const std::unique_ptr<Stage>& stage : stages.stages()) {
     ASSIGN_OR_RETURN(std::unique_ptr<StageJob> opened, stage->OpenJob(input));

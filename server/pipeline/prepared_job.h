@@ -146,7 +146,8 @@ class PreparedJob {
   const StageRegistry* stages_ = nullptr;              // the stages tasks are dispatched to
   job::JobSpec spec_;                                  // the job's spec
   StoredJob stored_;                                   // the store's view when Load began
-  std::unique_ptr<checkpoint::CheckpointDir> source_;  // the source checkpoint, opened once
+  // The source checkpoint, opened once (and shared with the stages' jobs: StageJobInput::source).
+  std::shared_ptr<const checkpoint::CheckpointDir> source_;
   checkpoint::TensorInventory inventory_;              // of source_
   Plan plan_;                                          // rebuilt from spec + source on every start
   std::vector<store::AmaxRow> file_amax_;  // calibration.amax_file, read by Load on the first start

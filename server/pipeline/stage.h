@@ -149,6 +149,9 @@ struct TaskOutput {
 struct StageJobInput {
   const job::JobSpec* spec = nullptr;  // as PreparedJob resumes it (Stage::AdaptSpec)
   const StoredJob* stored = nullptr;   // the store's view of the job when the start began
+  // The job's source as the start opened it: a stage's job that reads the source keeps this one
+  // (its shards are mapped once per job, not once per reader).
+  std::shared_ptr<const checkpoint::CheckpointDir> source;
   // The DONE tasks whose output the start found gone or changed: the store phase requeues them.
   const std::set<int64_t>* changed_outputs = nullptr;
 };

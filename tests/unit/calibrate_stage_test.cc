@@ -349,7 +349,7 @@ TEST_F(LayerCheckpointTest, ResumeSkipsLayersNotCheckpointedAndRejectsAGoneOrEdi
 TEST_F(LayerCheckpointTest, JobKeepsAtMostTwoBoundariesAndNoneOnceCalibrated) {
   job::JobSpec spec;
   spec.calibration.checkpoint_seconds = 0;
-  auto job = JobCalibration::Create(spec, dir_, 0);
+  auto job = JobCalibration::Create(spec, nullptr, dir_, 0);
   ASSERT_TRUE(job.ok()) << job.status();
   const std::string layers = dir_ + "/calibrate-layers";
   EXPECT_EQ((*job)->checkpoints().dir(), layers);
@@ -384,7 +384,7 @@ TEST_F(LayerCheckpointTest, JobKeepsAtMostTwoBoundariesAndNoneOnceCalibrated) {
 // A restart requeues layer 0 slice 1 (task 12): its stored rows stay until its rerun replaces
 // them, in the job's table as in the store, so its tokens count once.
 TEST_F(LayerCheckpointTest, RestoredRowsOfARerunTaskAreReplacedNotAdded) {
-  auto job = JobCalibration::Create(job::JobSpec(), dir_, 0);
+  auto job = JobCalibration::Create(job::JobSpec(), nullptr, dir_, 0);
   ASSERT_TRUE(job.ok()) << job.status();
   const auto layer_task = [](int64_t id, int64_t slice, store::TaskState state) {
     CalibrateTask t;

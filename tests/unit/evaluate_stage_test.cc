@@ -21,6 +21,8 @@
 #include "server/base/status_macros.h"
 #include "server/calibration/calibrate_task.h"
 #include "server/calibration/calibration_tokens.h"
+#include "server/calibration/job_calibration.h"
+#include "server/checkpoint/checkpoint_dir.h"
 #include "server/checkpoint/tensor_inventory.h"
 #include "server/evaluation/evaluate_task.h"
 #include "server/evaluation/job_evaluation.h"
@@ -285,6 +287,25 @@ TEST_F(EvaluatePlanTest, TokenizingStopsAtItsMemoryBudgetAndWhenCancelled) {
   absl::StatusOr<calibration::JobTokens> stopped =
       pipeline::TokenizeJob(*spec, 1024, /*held_out=*/true, &cancelled);
   EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+}
+
+// A calibrating job reads the source its start opened (PreparedJob's, StageJobInput::source):
+// the shards are mapped once per job, not once more for the forward.
+TEST_F(EvaluatePlanTest, ACalibratingJobsModelIsTheSourceTheJobOpened) {
+  absl::StatusOr<JobSpec> spec = SpecWith("");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto opened = checkpoint::CheckpointDir::Open(dir_.string());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const std::shared_ptr<const checkpoint::CheckpointDir> source = std::move(*opened);
+  auto job = calibration::JobCalibration::Create(*spec, source, (dir_ / "work").string(), 0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<const model::V4Checkpoint*> model = (*job)->Checkpoint();
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->dir.get(), source.get());
+  EXPECT_EQ((*model)->config.num_hidden_layers, 3);
+  auto none = calibration::JobCalibration::Create(*spec, nullptr, (dir_ / "work2").string(), 0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ((*none)->Checkpoint().status().code(), absl::StatusCode::kInternal);
 }
 
 TEST_F(EvaluatePlanTest, EnabledNeedsCalibrationData) {

@@ -567,8 +567,9 @@ absl::StatusOr<std::unique_ptr<StageJob>> CalibrateStage::OpenJob(
             std::filesystem::path(spec.calibration.amax_out).parent_path().string()));
     ASSIGN_OR_RETURN(job->amax_out_existed, AmaxOutExisted(spec, stored, job->amax_out_dir));
   }
-  ASSIGN_OR_RETURN(job->calibration, calibration::JobCalibration::Create(
-                                         spec, stored.work_dir, spec.host_memory_bytes));
+  ASSIGN_OR_RETURN(job->calibration,
+                   calibration::JobCalibration::Create(spec, input.source, stored.work_dir,
+                                                       spec.host_memory_bytes));
   if (!stored.planned) return std::unique_ptr<StageJob>(std::move(job));
   // A tokens file gone or changed is rebuilt, and every layer task that depends on it with it
   // (the store phase requeues it): nothing resumes.

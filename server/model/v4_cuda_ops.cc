@@ -59,7 +59,11 @@ absl::Status NonFinite(uint64_t bad, int64_t cols, const std::string& what) {
 class CudaForwardOps final : public ForwardOps {
  public:
   explicit CudaForwardOps(DeviceForwardContext d)
-      : d_(std::move(d)), parameters_(&d_.device->backend()) {}
+      : d_(std::move(d)),
+        parameters_(&d_.device->backend(), [](void* dst, const void* host, size_t bytes) {
+          // On the legacy default stream: after the kernels that read the old values.
+          return CopyToDevice(host, bytes, dst, "a parameter");
+        }) {}
 
   OpsUploads uploads() const override {
     OpsUploads u = experts_uploads_;
@@ -130,6 +134,9 @@ class CudaForwardOps final : public ForwardOps {
                                              ExpertWeights previous) const override {
     RETURN_IF_ERROR(UseDevice(d_));
     ASSIGN_OR_RETURN(const StoredExperts* stored, Resident(experts));
+    // The backend decodes on a stream of its own, into the previous expert's buffers: the
+    // products that read them (this stream) must be done first. Its decode waits for itself.
+    RETURN_IF_ERROR(WaitForWork(d_, experts.prefix() + "experts"));
     ASSIGN_OR_RETURN(ExpertWeights w, stored->Decode(e, std::move(previous)));
     ++experts_uploads_.experts_decoded;
     return w;

@@ -28,7 +28,7 @@ absl::StatusOr<const void*> ParameterCache::Get(const void* owner, int part, con
     e.copy = std::move(*fresh);
     held_bytes_ += e.copy.size();
   }
-  if (absl::Status s = backend_->CopyToBackend(e.copy.data(), values, bytes); !s.ok()) {
+  if (absl::Status s = copy_in_(e.copy.data(), values, bytes); !s.ok()) {
     held_bytes_ -= e.copy.size();
     entries_.erase({owner, part});
     return absl::Status(s.code(), absl::StrCat("copying ", what, ": ", s.message()));

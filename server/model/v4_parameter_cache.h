@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -26,7 +27,13 @@ namespace quantd::model {
 
 class ParameterCache {
  public:
-  explicit ParameterCache(kernels::Backend* backend) : backend_(backend) {}
+  // Copies `bytes` of host memory to backend memory `dst`, after every use of `dst` queued before
+  // it (a changed parameter is copied over its old values).
+  using CopyIn = std::function<absl::Status(void* dst, const void* host, size_t bytes)>;
+
+  // Copies are allocated by `backend` and filled by `copy_in`.
+  ParameterCache(kernels::Backend* backend, CopyIn copy_in)
+      : backend_(backend), copy_in_(std::move(copy_in)) {}
 
   // The backend's copy of the `bytes` at host `values`, filed under (`owner`, `part`): made on
   // the first use, and again when the bytes differ from the copied ones. Valid until the cache is
@@ -46,6 +53,7 @@ class ParameterCache {
   };
 
   kernels::Backend* backend_;
+  CopyIn copy_in_;
   std::map<std::pair<const void*, int>, Entry> entries_;
   int64_t uploads_ = 0;
   int64_t upload_bytes_ = 0;

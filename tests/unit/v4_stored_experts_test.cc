@@ -136,7 +136,11 @@ TEST_F(V4StoredExpertsTest, StoredLinearsDecodeAsLoadLinear) {
 }
 
 TEST_F(V4StoredExpertsTest, ParametersAreCopiedOnceAndAgainOnlyWhenTheirValuesChange) {
-  ParameterCache cache(&device_->backend());
+  int copies = 0;
+  ParameterCache cache(&device_->backend(), [&](void* dst, const void* host, size_t bytes) {
+    ++copies;
+    return device_->backend().CopyToBackend(dst, host, bytes);
+  });
   std::vector<float> norm = {1.0f, 2.0f, 3.0f};
   std::vector<float> bias = {0.5f};
   auto a = cache.Get(&norm, 0, norm.data(), 12, "norm");
@@ -178,6 +182,7 @@ TEST_F(V4StoredExpertsTest, ParametersAreCopiedOnceAndAgainOnlyWhenTheirValuesCh
   EXPECT_EQ(static_cast<const float*>(*grown)[3], 4.0f);
   EXPECT_EQ(cache.held_bytes(), 16u + 4u + 4u);
   EXPECT_EQ(cache.uploads(), 5);
+  EXPECT_EQ(copies, 5);
 }
 
 // The host ops read parameters in place and count no uploads.

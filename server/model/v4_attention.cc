@@ -198,8 +198,7 @@ absl::Status AttentionBlock(const ForwardContext& ctx, const V4Config& config, i
                      RunIndexer(ctx, config, *weights.indexer, ratio, rope, batch, qr.data()));
   }
 
-  ASSIGN_OR_RETURN(const OpArray<float> sink,
-                   UploadArray(ops, weights.attn_sink, prefix + "attn_sink"));
+  ASSIGN_OR_RETURN(const float* sink, ops.Parameter(weights.attn_sink, prefix + "attn_sink"));
   ASSIGN_OR_RETURN(OpArray<float> o, AllocateArray<float>(ops, tokens * heads * dim, prefix + "o"));
   for (int64_t b = 0; b < batch.sequences; ++b) {
     kernels::SparseAttentionArgs in;
@@ -211,7 +210,7 @@ absl::Status AttentionBlock(const ForwardContext& ctx, const V4Config& config, i
       in.picks = picks.entries.data() + b * seq_len * picks.k;
       in.picks_per_query = picks.k;
     }
-    in.sink = sink.data();
+    in.sink = sink;
     in.seq_len = seq_len;
     in.heads = heads;
     in.head_dim = dim;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/v4_attention_blocks.h"
@@ -20,6 +21,8 @@
 #include "server/model/v4_device_context.h"
 #include "server/model/v4_indexer.h"
 #include "server/model/v4_linear_input.h"
+#include "server/model/v4_parameter_cache.h"
+#include "server/model/v4_stored_experts.h"
 
 namespace quantd::model {
 namespace {
@@ -28,6 +31,19 @@ namespace cuda = kernels::cuda;
 
 // Score rows of the indexer's dot products held at once: [queries * heads, entries] floats.
 constexpr int64_t kIndexerDotValues = int64_t{1} << 26;  // 256 MiB
+
+// Layers whose routed experts stay uploaded at once: evaluation alternates between a source and
+// a quantized layer, calibration runs one.
+constexpr size_t kResidentExpertLayers = 2;
+
+// Parts of the parameter cache's entries whose owner is not the host vector itself.
+enum ParameterPart { kValues = 0, kRopeCos = 1, kRopeSin = 2 };
+
+// Owners in the parameter cache of values the ops build per call rather than read from the
+// weights: the indexer's head-weight scale, and the RoPE table of the layer being run (a local of
+// the attention; one entry, copied again when the next layer's table differs).
+const char kIndexerScale = 0;
+const char kRopeTable = 0;
 
 bool Official(const ForwardContext& ctx) { return ctx.numerics == Numerics::kOfficial; }
 
@@ -42,7 +58,25 @@ absl::Status NonFinite(uint64_t bad, int64_t cols, const std::string& what) {
 
 class CudaForwardOps final : public ForwardOps {
  public:
-  explicit CudaForwardOps(DeviceForwardContext d) : d_(std::move(d)) {}
+  explicit CudaForwardOps(DeviceForwardContext d)
+      : d_(std::move(d)),
+        parameters_(&d_.device->backend(), [](void* dst, const void* host, size_t bytes) {
+          // On the legacy default stream: after the kernels that read the old values.
+          return CopyToDevice(host, bytes, dst, "a parameter");
+        }) {}
+
+  OpsUploads uploads() const override {
+    OpsUploads u = experts_uploads_;
+    u.parameters = parameters_.uploads();
+    u.parameter_bytes = parameters_.upload_bytes();
+    u.parameter_hits = parameters_.hits();
+    return u;
+  }
+
+  absl::StatusOr<const float*> Parameter(const std::vector<float>& host,
+                                         const std::string& what) const override {
+    return Cached(&host, kValues, host, what);
+  }
 
   absl::StatusOr<kernels::Buffer> Allocate(size_t bytes, const std::string& what) const override {
     RETURN_IF_ERROR(UseDevice(d_));
@@ -95,12 +129,16 @@ class CudaForwardOps final : public ForwardOps {
     return absl::OkStatus();
   }
 
+  // From the layer's stored experts, uploaded on the layer's first decode (StoredExperts).
   absl::StatusOr<ExpertWeights> DecodeExpert(const RoutedExperts& experts, int64_t e,
                                              ExpertWeights previous) const override {
-    ASSIGN_OR_RETURN(ExpertWeights w, experts.Decode(e, std::move(previous)));
-    RETURN_IF_ERROR(Place(w.w1));
-    RETURN_IF_ERROR(Place(w.w2));
-    RETURN_IF_ERROR(Place(w.w3));
+    RETURN_IF_ERROR(UseDevice(d_));
+    ASSIGN_OR_RETURN(const StoredExperts* stored, Resident(experts));
+    // The backend decodes on a stream of its own, into the previous expert's buffers: the
+    // products that read them (this stream) must be done first. Its decode waits for itself.
+    RETURN_IF_ERROR(WaitForWork(d_, experts.prefix() + "experts"));
+    ASSIGN_OR_RETURN(ExpertWeights w, stored->Decode(e, std::move(previous)));
+    ++experts_uploads_.experts_decoded;
     return w;
   }
 
@@ -193,9 +231,9 @@ class CudaForwardOps final : public ForwardOps {
 
   absl::Status RmsNorm(const ForwardContext& ctx, const float* x, int64_t rows, int64_t n,
                        const std::vector<float>& weight, float eps, float* out) const override {
-    ASSIGN_OR_RETURN(const OpArray<float> w, UploadArray(*this, weight, "RMSNorm weight"));
-    return LaunchStatus(
-        cuda::LaunchRmsNorm(x, rows, n, w.data(), eps, Official(ctx), out, d_.launch), "RMSNorm");
+    ASSIGN_OR_RETURN(const float* w, Cached(&weight, kValues, weight, "RMSNorm weight"));
+    return LaunchStatus(cuda::LaunchRmsNorm(x, rows, n, w, eps, Official(ctx), out, d_.launch),
+                        "RMSNorm");
   }
 
   absl::StatusOr<OpHcMix> HcPre(const ForwardContext& ctx, const V4Config& config,
@@ -204,14 +242,14 @@ class CudaForwardOps final : public ForwardOps {
     const int64_t hc = config.hc_mult, d = config.hidden_size;
     const int64_t mix_width = (2 + hc) * hc;
     ASSIGN_OR_RETURN(const OpArray<float> mixes, Mixes(ctx, config, w, mix_width, streams, tokens));
-    ASSIGN_OR_RETURN(const OpArray<float> scale, UploadArray(*this, w.scale, "hc scale"));
-    ASSIGN_OR_RETURN(const OpArray<float> base, UploadArray(*this, w.base, "hc base"));
+    ASSIGN_OR_RETURN(const float* scale, Cached(&w.scale, kValues, w.scale, "hc scale"));
+    ASSIGN_OR_RETURN(const float* base, Cached(&w.base, kValues, w.base, "hc base"));
     OpHcMix mix;
     ASSIGN_OR_RETURN(mix.pre, AllocateArray<float>(*this, tokens * hc, "hc pre"));
     ASSIGN_OR_RETURN(mix.post, AllocateArray<float>(*this, tokens * hc, "hc post"));
     ASSIGN_OR_RETURN(mix.comb, AllocateArray<float>(*this, tokens * hc * hc, "hc comb"));
     RETURN_IF_ERROR(LaunchStatus(
-        cuda::LaunchSplitSinkhorn(mixes.data(), scale.data(), base.data(), tokens, hc,
+        cuda::LaunchSplitSinkhorn(mixes.data(), scale, base, tokens, hc,
                                   config.hc_sinkhorn_iters, config.hc_eps, mix.pre.data(),
                                   mix.post.data(), mix.comb.data(), d_.launch),
         "hc Sinkhorn"));
@@ -235,12 +273,11 @@ class CudaForwardOps final : public ForwardOps {
                       float* y) const override {
     const int64_t hc = config.hc_mult;
     ASSIGN_OR_RETURN(const OpArray<float> mixes, Mixes(ctx, config, w, hc, streams, tokens));
-    ASSIGN_OR_RETURN(const OpArray<float> scale, UploadArray(*this, w.scale, "hc_head scale"));
-    ASSIGN_OR_RETURN(const OpArray<float> base, UploadArray(*this, w.base, "hc_head base"));
+    ASSIGN_OR_RETURN(const float* scale, Cached(&w.scale, kValues, w.scale, "hc_head scale"));
+    ASSIGN_OR_RETURN(const float* base, Cached(&w.base, kValues, w.base, "hc_head base"));
     ASSIGN_OR_RETURN(const OpArray<float> pre, AllocateArray<float>(*this, tokens * hc, "hc pre"));
-    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchHcHeadPre(mixes.data(), scale.data(), base.data(),
-                                                       tokens, hc, config.hc_eps, pre.data(),
-                                                       d_.launch),
+    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchHcHeadPre(mixes.data(), scale, base, tokens, hc,
+                                                       config.hc_eps, pre.data(), d_.launch),
                                  "hc_head pre"));
     return LaunchStatus(cuda::LaunchHcCollapse(pre.data(), streams, tokens, hc,
                                                config.hidden_size, Official(ctx), y, d_.launch),
@@ -270,12 +307,12 @@ class CudaForwardOps final : public ForwardOps {
         sin[p * pairs + i] = table.sin(p, i);
       }
     }
-    ASSIGN_OR_RETURN(const OpArray<float> cos_d, UploadArray(*this, cos, "RoPE cos"));
-    ASSIGN_OR_RETURN(const OpArray<float> sin_d, UploadArray(*this, sin, "RoPE sin"));
+    ASSIGN_OR_RETURN(const float* cos_d, Cached(&kRopeTable, kRopeCos, cos, "RoPE cos"));
+    ASSIGN_OR_RETURN(const float* sin_d, Cached(&kRopeTable, kRopeSin, sin, "RoPE sin"));
     ASSIGN_OR_RETURN(const OpArray<int64_t> positions_d,
                      UploadArray(*this, positions, "RoPE positions"));
-    return LaunchStatus(cuda::LaunchRope(cos_d.data(), sin_d.data(), pairs, positions_d.data(),
-                                         inverse, x, rows, heads, head_dim, d_.launch),
+    return LaunchStatus(cuda::LaunchRope(cos_d, sin_d, pairs, positions_d.data(), inverse, x, rows,
+                                         heads, head_dim, d_.launch),
                         "RoPE");
   }
 
@@ -336,9 +373,9 @@ class CudaForwardOps final : public ForwardOps {
   absl::Status PoolCompressor(const ForwardContext&, const float* kv, const float* score,
                               const std::vector<float>& ape, int64_t sequences, int64_t seq_len,
                               int64_t ratio, int64_t width, float* out) const override {
-    ASSIGN_OR_RETURN(const OpArray<float> ape_d, UploadArray(*this, ape, "compressor ape"));
-    return LaunchStatus(cuda::LaunchPoolCompressorWindows(kv, score, ape_d.data(), sequences,
-                                                          seq_len, ratio, width, out, d_.launch),
+    ASSIGN_OR_RETURN(const float* ape_d, Cached(&ape, kValues, ape, "compressor ape"));
+    return LaunchStatus(cuda::LaunchPoolCompressorWindows(kv, score, ape_d, sequences, seq_len,
+                                                          ratio, width, out, d_.launch),
                         "compressor pooling");
   }
 
@@ -363,9 +400,9 @@ class CudaForwardOps final : public ForwardOps {
                             ? static_cast<float>(std::pow(static_cast<double>(dim), -0.5) *
                                                  std::pow(static_cast<double>(heads), -0.5))
                             : 1.0f / std::sqrt(static_cast<float>(heads));
-    ASSIGN_OR_RETURN(const OpArray<float> scale_d,
-                     UploadArray(*this, std::vector<float>{scale}, "indexer head scale"));
-    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchScaleRows(scale_d.data(), 1, tokens * heads,
+    ASSIGN_OR_RETURN(const float* scale_d, Cached(&kIndexerScale, kValues,
+                                                  std::vector<float>{scale}, "indexer head scale"));
+    RETURN_IF_ERROR(LaunchStatus(cuda::LaunchScaleRows(scale_d, 1, tokens * heads,
                                                        Official(ctx), weights, d_.launch),
                                  what + " head weights"));
     if (k == 0) return absl::OkStatus();
@@ -414,10 +451,12 @@ class CudaForwardOps final : public ForwardOps {
     ASSIGN_OR_RETURN(const OpArray<float> weights,
                      AllocateArray<float>(*this, tokens * topk, module + " weights"));
     if (!w.tid2eid.empty()) {
-      ASSIGN_OR_RETURN(const OpArray<int32_t> tid2eid,
-                       UploadArray(*this, w.tid2eid, module + ".tid2eid"));
+      ASSIGN_OR_RETURN(const void* tid2eid_d,
+                       parameters_.Get(&w.tid2eid, kValues, w.tid2eid.data(),
+                                       w.tid2eid.size() * sizeof(int32_t), module + ".tid2eid"));
+      const int32_t* tid2eid = static_cast<const int32_t*>(tid2eid_d);
       RETURN_IF_ERROR(LaunchStatus(
-          cuda::LaunchRouteByHash(logits, tokens, experts, token_ids, tid2eid.data(),
+          cuda::LaunchRouteByHash(logits, tokens, experts, token_ids, tid2eid,
                                   config.vocab_size, topk, config.routed_scaling_factor,
                                   ids.data(), weights.data(), d_.results(), d_.launch),
           module + " routing"));
@@ -427,9 +466,9 @@ class CudaForwardOps final : public ForwardOps {
             "MoE of ", module, ": token ", bad, " has an id outside [0, ", config.vocab_size, ")"));
       }
     } else {
-      ASSIGN_OR_RETURN(const OpArray<float> bias, UploadArray(*this, w.bias, module + ".bias"));
+      ASSIGN_OR_RETURN(const float* bias, Cached(&w.bias, kValues, w.bias, module + ".bias"));
       RETURN_IF_ERROR(LaunchStatus(
-          cuda::LaunchRouteByScore(logits, tokens, experts, bias.data(), topk,
+          cuda::LaunchRouteByScore(logits, tokens, experts, bias, topk,
                                    config.routed_scaling_factor, ids.data(), weights.data(),
                                    d_.results(), d_.launch),
           module + " routing"));
@@ -528,10 +567,10 @@ class CudaForwardOps final : public ForwardOps {
                                        const HyperConnectionWeights& w, int64_t mix_width,
                                        const float* streams, int64_t tokens) const {
     const int64_t width = config.hc_mult * config.hidden_size;
-    ASSIGN_OR_RETURN(const OpArray<float> fn, UploadArray(*this, w.fn, "hc fn"));
+    ASSIGN_OR_RETURN(const float* fn, Cached(&w.fn, kValues, w.fn, "hc fn"));
     ASSIGN_OR_RETURN(OpArray<float> mixes,
                      AllocateArray<float>(*this, tokens * mix_width, "hc mixes"));
-    const kernels::DenseTensor fn_t{fn.data(), kernels::FloatType::kF32, mix_width, width};
+    const kernels::DenseTensor fn_t{fn, kernels::FloatType::kF32, mix_width, width};
     RETURN_IF_ERROR(MatMulNT(ctx, streams, tokens, fn_t, mixes.data(), "hc fn"));
     RETURN_IF_ERROR(LaunchStatus(cuda::LaunchHcScaleMixes(streams, tokens, width,
                                                           config.rms_norm_eps, mixes.data(),
@@ -540,7 +579,50 @@ class CudaForwardOps final : public ForwardOps {
     return mixes;
   }
 
+  // The device copy of float parameter `values` filed under (`owner`, `part`) (ParameterCache).
+  absl::StatusOr<const float*> Cached(const void* owner, int part,
+                                      const std::vector<float>& values,
+                                      const std::string& what) const {
+    RETURN_IF_ERROR(UseDevice(d_));
+    ASSIGN_OR_RETURN(const void* p, parameters_.Get(owner, part, values.data(),
+                                                    values.size() * sizeof(float), what));
+    return static_cast<const float*>(p);
+  }
+
+  // The uploaded stored experts of `experts`' layer: uploaded now unless one of the last
+  // kResidentExpertLayers layers used was it (the least recently used one is freed first).
+  absl::StatusOr<const StoredExperts*> Resident(const RoutedExperts& experts) const {
+    ++use_clock_;
+    for (ResidentLayer& r : resident_) {
+      if (r.experts.Holds(experts)) {
+        r.last_use = use_clock_;
+        return &r.experts;
+      }
+    }
+    if (resident_.size() >= kResidentExpertLayers) {
+      resident_.erase(std::min_element(
+          resident_.begin(), resident_.end(),
+          [](const ResidentLayer& a, const ResidentLayer& b) { return a.last_use < b.last_use; }));
+    }
+    ASSIGN_OR_RETURN(StoredExperts stored, StoredExperts::Upload(experts, d_.device->backend()));
+    ++experts_uploads_.expert_layers;
+    experts_uploads_.expert_bytes += static_cast<int64_t>(stored.bytes());
+    resident_.push_back({std::move(stored), use_clock_});
+    return &resident_.back().experts;
+  }
+
+  struct ResidentLayer {
+    StoredExperts experts;
+    int64_t last_use = 0;  // use_clock_ at its last use
+  };
+
   DeviceForwardContext d_;
+  // Small parameters, copied once for the ops' lifetime (one layer task).
+  mutable ParameterCache parameters_;
+  // The uploaded routed experts of the layers used last, and what was uploaded and decoded.
+  mutable std::vector<ResidentLayer> resident_;
+  mutable int64_t use_clock_ = 0;
+  mutable OpsUploads experts_uploads_;
 };
 
 }  // namespace

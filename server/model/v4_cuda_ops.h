@@ -12,10 +12,14 @@
 // device kernel), bit-identical to the host's.
 //
 // The observer sees host copies (each observed product copies its input to the host). Weights
-// are decoded on the device (LoadLinear with its backend) and stay there. A routed expert stays
-// in its stored form in the mapped source until a token reaches it: then its stored bytes are
-// copied over and decoded by the dequant kernels (kernels/cuda/dequant.cu) into the previous
-// expert's device buffers, one expert at a time as on the host. Where indexer scores tie at the top-k boundary,
+// are decoded on the device (LoadLinear with its backend) and stay there. A layer's routed
+// experts are uploaded in their stored form (codes and scales, StoredExperts) on the layer's
+// first expert decode, in one buffer, and stay there while the layer is among the two used last;
+// each expert a token reaches is decoded from that buffer by the dequant kernels
+// (kernels/cuda/dequant.cu) into the previous expert's device buffers, one expert at a time as on
+// the host. Small parameters (norm and mHC weights, sinks, ape, router bias, tid2eid, the RoPE
+// table) are copied on their first use and kept for the ops' lifetime (ParameterCache), so a
+// layer task copies each once; uploads() counts both. Where indexer scores tie at the top-k boundary,
 // the device picks the lower entry ids (LaunchSelectTopEntries' total order), the host
 // libstdc++'s selection. The ops are used by one thread at a time (the worker owning the device).
 #ifndef QUANTD_SERVER_MODEL_V4_CUDA_OPS_H_

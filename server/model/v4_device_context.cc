@@ -79,6 +79,10 @@ absl::Status CopyToHost(const void* device, size_t bytes, void* host, const std:
                       absl::StrCat("copying ", what, " to the host"));
 }
 
+absl::Status WaitForWork(const DeviceForwardContext& ctx, const std::string& what) {
+  return LaunchStatus(cudaStreamSynchronize(ctx.launch.stream), what);
+}
+
 absl::StatusOr<uint64_t> FirstBad(const DeviceForwardContext& ctx, const std::string& what) {
   kernels::cuda::DeviceResults r{};
   absl::Status s = CopyToHost(ctx.results(), sizeof(r), &r, what);

@@ -66,6 +66,10 @@ absl::Status CopyToHost(const void* device, size_t bytes, void* host, const std:
 // for out of memory) naming `what` and the CUDA error.
 absl::Status LaunchStatus(cudaError_t error, const std::string& what);
 
+// Waits until the work queued on ctx's stream is done (before another stream, such as the
+// backend's, writes memory that work reads). Errors name `what`.
+absl::Status WaitForWork(const DeviceForwardContext& ctx, const std::string& what);
+
 // Waits for the queued work and returns the first bad index the last launcher reported in
 // ctx.results() (kernels::cuda::kNoBad: none).
 absl::StatusOr<uint64_t> FirstBad(const DeviceForwardContext& ctx, const std::string& what);

@@ -6,8 +6,8 @@
 //
 // Every float or index pointer an op takes or writes is in the ops' memory (OpArray, or a weight
 // view the ops placed, Place), unless it says "host". Small parameters (norm weights, mHC, sinks,
-// ape, biases, tid2eid) stay host vectors in the weights; an op that needs them on the device
-// copies them per call. Where the graph needs data-dependent control flow (which experts got
+// ape, biases, tid2eid) stay host vectors in the weights; ops on a device copy each one there on
+// its first use and keep the copy for the ops' lifetime (Parameter). Where the graph needs data-dependent control flow (which experts got
 // tokens), the op returns a small host-side result. Every op runs with a ForwardContext's
 // numerics, observer, threads and Gemm; the observer always sees host copies.
 #ifndef QUANTD_SERVER_MODEL_V4_FORWARD_OPS_H_
@@ -63,9 +63,22 @@ struct OpExpertRows {
   std::vector<float> host_weights;   // empty on a device without an observer
 };
 
+// What ops on a device have copied there so far (all 0 for the host ops, which read host memory
+// in place): cheap counters, for tests and timing reports.
+struct OpsUploads {
+  int64_t expert_layers = 0;    // layers whose routed experts were uploaded (once per layer)
+  int64_t expert_bytes = 0;     // the stored bytes of those uploads
+  int64_t experts_decoded = 0;  // experts decoded from uploaded bytes
+  int64_t parameters = 0;       // small parameters copied (first uses, and changed values)
+  int64_t parameter_bytes = 0;  // their bytes
+  int64_t parameter_hits = 0;   // uses of a small parameter served by the copy already there
+};
+
 class ForwardOps {
  public:
   virtual ~ForwardOps() = default;
+
+  virtual OpsUploads uploads() const { return {}; }
 
   // Memory. Allocate: `bytes` zeroed; ResourceExhausted names `what`. The copies wait for the
   // work before them; errors name `what`.
@@ -82,6 +95,11 @@ class ForwardOps {
   // Makes a loaded weight readable by Linear (the host: as it is; a device: its values moved
   // there, the host copy dropped).
   virtual absl::Status Place(LinearWeight& w) const = 0;
+  // A small parameter of the weights (host values that outlive the ops' use of them) readable
+  // by the ops: the host values themselves, or a copy made on the first use and kept for the
+  // ops' lifetime (copied again if the values at that address change). Errors name `what`.
+  virtual absl::StatusOr<const float*> Parameter(const std::vector<float>& host,
+                                                 const std::string& what) const = 0;
   // Routed expert `e`, decoded into `previous`'s buffers where they fit, placed.
   virtual absl::StatusOr<ExpertWeights> DecodeExpert(const RoutedExperts& experts, int64_t e,
                                                      ExpertWeights previous) const = 0;

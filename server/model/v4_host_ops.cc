@@ -59,6 +59,11 @@ class HostForwardOps final : public ForwardOps {
 
   absl::Status Place(LinearWeight&) const override { return absl::OkStatus(); }
 
+  absl::StatusOr<const float*> Parameter(const std::vector<float>& host,
+                                         const std::string&) const override {
+    return host.data();
+  }
+
   absl::StatusOr<ExpertWeights> DecodeExpert(const RoutedExperts& experts, int64_t e,
                                              ExpertWeights previous) const override {
     return experts.Decode(e, std::move(previous));

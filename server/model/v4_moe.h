@@ -38,6 +38,9 @@ class RoutedExperts {
                 int64_t count, int64_t inter);
 
   int64_t size() const { return count_; }
+  const V4Checkpoint* checkpoint() const { return ckpt_; }
+  const std::string& prefix() const { return prefix_; }  // "layers.3.ffn."
+  int64_t inter() const { return inter_; }
   // Expert `e` decoded (LoadLinear of its w1, w2, w3) into `previous`'s buffers where they are
   // large enough (the expert the caller is done with), so that stepping through the experts
   // allocates once; errors name the tensor.

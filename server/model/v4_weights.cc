@@ -191,6 +191,121 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
   return w;
 }
 
+absl::StatusOr<StoredLinear> FindStoredLinear(const V4Checkpoint& ckpt, const std::string& module,
+                                              int64_t out, int64_t in) {
+  StoredLinear s;
+  s.module = module;
+  s.out = out;
+  s.in = in;
+  if (const checkpoint::LinearModule* m = FindNvfp4(ckpt, module); m != nullptr) {
+    RETURN_IF_ERROR(CheckShape(*m, out, in));
+    const bool ct = m->format == checkpoint::TensorFormat::kNvfp4CompressedTensors;
+    const std::string& weight_name = m->tensors.front();
+    const std::string scale_name = m->name + ".weight_scale";
+    s.format = m->format;
+    s.weight = ckpt.dir->Find(weight_name);
+    s.scale = ckpt.dir->Find(scale_name);
+    const uint64_t elements = static_cast<uint64_t>(out * in);
+    if (s.weight == nullptr || s.weight->size != elements / 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", weight_name, ": expected ", elements / 2, " bytes"));
+    }
+    if (s.scale == nullptr || s.scale->size != elements / kernels::kNvfp4BlockSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", scale_name, ": expected ", elements / kernels::kNvfp4BlockSize, " bytes"));
+    }
+    ASSIGN_OR_RETURN(s.scale_2, LoadNvfp4Scalar(ckpt, m->name + (ct ? ".weight_global_scale"
+                                                                      : ".weight_scale_2"),
+                                                ct));
+    const std::string input_name = m->name + (ct ? ".input_global_scale" : ".input_scale");
+    if (ckpt.dir->Find(input_name) != nullptr) {
+      ASSIGN_OR_RETURN(s.input_scale, LoadNvfp4Scalar(ckpt, input_name, ct));
+    }
+    return s;
+  }
+  ASSIGN_OR_RETURN(const checkpoint::SourceWeight source,
+                   checkpoint::FindSourceWeight(*ckpt.dir, ckpt.inventory, module));
+  RETURN_IF_ERROR(CheckShape(*source.module, out, in));
+  s.format = source.module->format;
+  s.weight = source.weight;
+  s.scale = source.scale;
+  s.quantized_source = s.format == checkpoint::TensorFormat::kFp8BlockE8m0 ||
+                       s.format == checkpoint::TensorFormat::kFp8BlockF32 ||
+                       s.format == checkpoint::TensorFormat::kMxfp4;
+  return s;
+}
+
+absl::StatusOr<LinearWeight> DecodeStoredLinear(kernels::Backend& backend, const StoredLinear& s,
+                                                const void* weight, const void* scales,
+                                                kernels::Buffer spare) {
+  using checkpoint::TensorFormat;
+  LinearWeight w;
+  w.module = s.module;
+  w.quantized_source = s.quantized_source;
+  w.input_scale = s.input_scale;
+  checkpoint::DenseWeight& dense = w.decoded;
+  const bool f32 = s.format == TensorFormat::kF32 || s.format == TensorFormat::kNvfp4 ||
+                   s.format == TensorFormat::kNvfp4CompressedTensors;
+  const kernels::FloatType type = f32 ? kernels::FloatType::kF32 : kernels::FloatType::kBF16;
+  dense.bytes = static_cast<size_t>(s.out * s.in) * (f32 ? 4 : 2);
+  if (s.format == TensorFormat::kBf16 || s.format == TensorFormat::kF32) {
+    dense.tensor = {weight, type, s.out, s.in};
+    w.view = dense.tensor;
+    return w;
+  }
+  if (spare.size() >= dense.bytes) {
+    dense.holder = std::move(spare);
+  } else {
+    ASSIGN_OR_RETURN(dense.holder, backend.Allocate(dense.bytes));
+  }
+  dense.tensor = {dense.holder.data(), type, s.out, s.in};
+  const kernels::DenseOut dst{dense.holder.data(), type};
+  absl::Status status;
+  switch (s.format) {
+    case TensorFormat::kMxfp4: {
+      kernels::Mxfp4Tensor src;
+      src.data = static_cast<const uint8_t*>(weight);
+      src.scales = static_cast<const uint8_t*>(scales);
+      src.rows = s.out;
+      src.cols = s.in;
+      status = backend.Mxfp4Dequant(src, dst);
+      break;
+    }
+    case TensorFormat::kFp8BlockE8m0:
+    case TensorFormat::kFp8BlockF32: {
+      kernels::Fp8BlockTensor src;
+      src.data = static_cast<const uint8_t*>(weight);
+      src.scales = scales;
+      src.scale_type = s.format == TensorFormat::kFp8BlockE8m0 ? kernels::Fp8ScaleType::kE8M0
+                                                               : kernels::Fp8ScaleType::kF32;
+      src.rows = s.out;
+      src.cols = s.in;
+      status = backend.Fp8BlockDequant(src, dst);
+      break;
+    }
+    case TensorFormat::kNvfp4:
+    case TensorFormat::kNvfp4CompressedTensors: {
+      kernels::Nvfp4Tensor src;
+      src.data = static_cast<const uint8_t*>(weight);
+      src.scales = static_cast<const uint8_t*>(scales);
+      src.scale_2 = s.scale_2;
+      src.rows = s.out;
+      src.cols = s.in;
+      status = backend.Nvfp4Dequant(src, dst);
+      break;
+    }
+    default:
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "stored as ", checkpoint::FormatName(s.format), ", which cannot be decoded"));
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("tensor ", s.weight->name, ": ", status.message()));
+  }
+  w.view = dense.tensor;
+  return w;
+}
+
 absl::StatusOr<std::vector<float>> LoadFloats(const V4Checkpoint& ckpt, const std::string& name,
                                               const std::vector<int64_t>& shape) {
   const checkpoint::TensorView* t = ckpt.dir->Find(name);

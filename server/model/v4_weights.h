@@ -68,6 +68,30 @@ absl::StatusOr<LinearWeight> LoadLinear(const V4Checkpoint& ckpt, kernels::Backe
                                         const std::string& module, int64_t out, int64_t in,
                                         kernels::Buffer spare = {});
 
+// A linear layer as its checkpoint stores it, found and checked as LoadLinear finds and checks
+// it, for weights kept in their stored form and decoded later from a copy of their bytes (the
+// CUDA ops upload a layer's routed experts once and decode each from device memory).
+struct StoredLinear {
+  std::string module;                 // official name
+  checkpoint::TensorFormat format = checkpoint::TensorFormat::kOther;
+  int64_t out = 0, in = 0;            // [out, in]
+  const checkpoint::TensorView* weight = nullptr;  // codes (or the BF16/F32 values)
+  const checkpoint::TensorView* scale = nullptr;   // block scales; nullptr for BF16/F32
+  bool quantized_source = false;      // LinearWeight::quantized_source
+  float scale_2 = 0.0f;               // NVFP4: weight_scale_2 (compressed-tensors: 1 / global)
+  float input_scale = 0.0f;           // NVFP4 W4A4: LinearWeight::input_scale; else 0
+};
+// Linear `module` [out, in] as stored. InvalidArgument as LoadLinear.
+absl::StatusOr<StoredLinear> FindStoredLinear(const V4Checkpoint& ckpt, const std::string& module,
+                                              int64_t out, int64_t in);
+// The LinearWeight LoadLinear gives for `s`, decoded by `backend` from a copy of its stored bytes
+// in the backend's memory (`weight`: s.weight->size bytes, `scales`: s.scale->size bytes, or
+// nullptr), into `spare` when it is large enough. BF16 and F32 values are not copied: the view
+// reads `weight` itself, which must outlive the result. Errors name the weight.
+absl::StatusOr<LinearWeight> DecodeStoredLinear(kernels::Backend& backend, const StoredLinear& s,
+                                                const void* weight, const void* scales,
+                                                kernels::Buffer spare = {});
+
 // What LoadLinear checks before it decodes (the module is present, [out, in], its tensors of the
 // sizes its format needs), without decoding it: for weights decoded later (RoutedExperts).
 absl::Status CheckLinear(const V4Checkpoint& ckpt, const std::string& module, int64_t out,

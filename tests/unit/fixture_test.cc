@@ -763,6 +763,53 @@ TEST(FixtureTest, ProAndFlashValuesFollowTheTriangularLaw) {
   EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 5 * w.cols()));
 }
 
+// mkfixture generates and encodes MXFP4, BF16 and F32 tensors row by row (TensorSource::
+// EncodeRows, no float32 chunk, E2M1 codes by table): the bytes of encoding the generated chunk,
+// with formats::FloatToE2m1 and formats::FloatToBf16 themselves, on pro-shaped tensors.
+TEST(FixtureTest, RowByRowEncodingGivesTheBytesOfTheChunkEncoding) {
+  absl::StatusOr<FixtureConfig> pro = MakeConfig(Arch::kDeepseekV4, Preset::kPro, {.experts = 6});
+  ASSERT_TRUE(pro.ok()) << pro.status();
+  const std::vector<FixtureTensor> ts = FixtureTensors(*pro);
+  for (const char* name : {"layers.0.ffn.experts.3.w1.weight", "layers.0.ffn.experts.5.w2.weight",
+                           "embed.weight", "layers.0.attn.attn_sink"}) {
+    const FixtureTensor& t = FindSpec(ts, name);
+    const int64_t rows = std::min<int64_t>(t.rows(), 40), cols = t.cols(), first = t.rows() - rows;
+    const std::vector<float> x = SourceRows(t, 4, first, first + rows);
+    std::vector<uint8_t> bytes(static_cast<size_t>(rows * cols) * 4), scales(rows * cols / 32);
+    TensorSource(t, 4).EncodeRows(first, first + rows, bytes.data(), scales.data());
+    int bad = 0;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float v = x[i];
+      if (t.encoding == Encoding::kMxfp4) {
+        const float inv = 1.0f / formats::E8m0ToFloat(scales[i / 32]);
+        const uint8_t code = i % 2 == 0 ? bytes[i / 2] & 0xF : bytes[i / 2] >> 4;
+        bad += code != formats::FloatToE2m1(v * inv);
+        if (i % 32 == 0) {
+          float amax = 0.0f;
+          for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[i + k]));
+          bad += scales[i / 32] != formats::E8m0ScaleForAmax(amax, formats::kE2m1Max,
+                                                             formats::kE2m1Max * 0x1p-126f);
+        }
+      } else if (t.encoding == Encoding::kBf16) {
+        uint16_t b;
+        memcpy(&b, bytes.data() + 2 * i, 2);
+        bad += b != formats::FloatToBf16(v);
+      } else {
+        float f;
+        memcpy(&f, bytes.data() + 4 * i, 4);
+        bad += memcmp(&f, &v, 4) != 0;
+      }
+    }
+    EXPECT_EQ(bad, 0) << name;
+    if (t.encoding == Encoding::kMxfp4) {  // also the encoder of whole chunks
+      std::vector<uint8_t> chunk(rows * cols / 2), chunk_scales(rows * cols / 32);
+      EncodeMxfp4(x.data(), rows, cols, chunk.data(), chunk_scales.data());
+      EXPECT_EQ(memcmp(chunk.data(), bytes.data(), chunk.size()), 0) << name;
+      EXPECT_EQ(chunk_scales, scales) << name;
+    }
+  }
+}
+
 TEST(FixtureTest, PortableMathMatchesLibm) {
   double worst_log = 0, worst_sin = 0, worst_cos = 0, worst_exp = 0;
   Rng rng(42);

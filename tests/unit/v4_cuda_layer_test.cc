@@ -42,7 +42,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/model/v4_forward_ops.h"
 #include "server/model/v4_layer.h"
+#include "server/model/v4_stored_experts.h"
 #include "tests/unit/v4_tiny_checkpoint.h"
 
 #if QUANTD_HAVE_CUDA_HEADERS
@@ -273,6 +275,73 @@ TEST_F(V4CudaLayerTest, HeadAndMtpMatchTheHost) {
                   100,
               static_cast<size_t>(acts->tokens()));
   }
+}
+
+// A layer's routed experts go to the device once (one upload of their stored bytes, then each
+// expert decoded from device memory) and its small parameters once (the ops' parameter cache):
+// repeated forwards of a layer upload nothing more and stay within the host's bound; the experts
+// of the two layers used last stay uploaded (evaluation alternates a source and a quantized
+// layer), a third layer evicts the least recently used.
+TEST_F(V4CudaLayerTest, ExpertsAndParametersAreUploadedOncePerLayer) {
+  const V4Config& c = ckpt_->config;
+  const int64_t row = c.hc_mult * c.hidden_size;
+  auto host_ctx = MakeForwardContext(*device_, Numerics::kMath, nullptr);
+  auto cuda_ctx = MakeForwardContext(*cuda_, Numerics::kMath, nullptr);
+  ASSERT_TRUE(host_ctx.ok() && cuda_ctx.ok());
+  const ForwardOps& ops = OpsOf(*cuda_ctx);
+  auto acts = Embed(*ckpt_, ids_, kSequences, kSeqLen);
+  ASSERT_TRUE(acts.ok()) << acts.status();
+  std::vector<V4LayerWeights> on_device;
+  for (int64_t l = 0; l < 3; ++l) {
+    auto w = LoadLayer(*ckpt_, l, *cuda_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    on_device.push_back(std::move(*w));
+  }
+  auto on_host = LoadLayer(*ckpt_, 2, *device_);
+  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  // The stored bytes of layer 2's experts, as StoredExperts lays them out on any backend.
+  auto stored = StoredExperts::Upload(on_host->moe.experts, device_->backend());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  auto want = RunLayer(*host_ctx, c, *on_host, *acts);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  OpsUploads first;
+  for (int i = 0; i < 3; ++i) {
+    auto got = RunLayer(*cuda_ctx, c, on_device[2], *acts);
+    ASSERT_TRUE(got.ok()) << got.status();
+    double worst = 0.0;
+    // Near-tie routing may move 1% of the tokens (see the top).
+    EXPECT_LE(TokensBeyond(got->streams, want->streams, row, Tolerance(Numerics::kMath), &worst)
+                      .size() *
+                  100,
+              static_cast<size_t>(acts->tokens()))
+        << worst;
+    const OpsUploads u = ops.uploads();
+    EXPECT_EQ(u.expert_layers, 1);
+    EXPECT_EQ(u.expert_bytes, static_cast<int64_t>(stored->bytes()));
+    if (i == 0) {
+      first = u;
+      EXPECT_GT(u.parameters, 0);
+      EXPECT_GT(u.experts_decoded, 0);
+      continue;
+    }
+    EXPECT_EQ(u.parameters, first.parameters);
+    EXPECT_EQ(u.parameter_bytes, first.parameter_bytes);
+    EXPECT_EQ(u.parameter_hits, first.parameter_hits + i * (first.parameters + first.parameter_hits));
+    EXPECT_EQ(u.experts_decoded, (i + 1) * first.experts_decoded);
+  }
+  // Layers 1 and 2 stay; layer 0 then evicts layer 1 (used least recently), not layer 2.
+  const auto run = [&](int64_t l) { ASSERT_TRUE(RunLayer(*cuda_ctx, c, on_device[l], *acts).ok()); };
+  run(1);
+  EXPECT_EQ(ops.uploads().expert_layers, 2);
+  run(2);
+  EXPECT_EQ(ops.uploads().expert_layers, 2);
+  run(0);
+  EXPECT_EQ(ops.uploads().expert_layers, 3);
+  run(2);
+  EXPECT_EQ(ops.uploads().expert_layers, 3);
+  run(1);
+  EXPECT_EQ(ops.uploads().expert_layers, 4);
 }
 
 // Host ops do not open a host device as a CUDA one; weights placed for one device are refused by

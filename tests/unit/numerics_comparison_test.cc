@@ -159,7 +159,6 @@ class NumericsComparisonStoreTest : public testing_util::TempDirTest {
     EXPECT_TRUE(id.ok()) << id.status();
     calibration::CalibrateTask task;
     task.layers = layers;
-    task.end_batch = 1;
     store::TaskPlan plan;
     plan.name = task.Name();
     plan.payload_json = calibration::ToJson(task);

@@ -8,7 +8,7 @@ and `quantd worker` processes on loopback TCP with a worker token.
 - a worker frozen (SIGSTOP) after writing its output, past its lease, while another one finishes
   the task: its late completion is refused (logged, counted), the output is the other's;
 - a job whose stages keep state between tasks (calibration) fails with reason NO_WORKER on a
-  coordinator without local workers;
+  coordinator without local workers; a job submitted before any worker registered waits for one;
 - only the worker role may call WorkerService, and it may call nothing else; a `quantd worker`
   with a reader, admin, wrong or no token stops with exit code 1.
 """
@@ -301,6 +301,25 @@ def test_a_calibrating_job_fails_no_worker_without_local_devices(cluster, stubs,
         "NO_WORKER",
         "this quantd runs no local worker (--devices none), and remote workers run only jobs "
         "whose stages keep no state between tasks; run this job on a quantd with devices"), done
+
+
+def test_a_job_waits_for_its_first_worker_however_long(cluster, stubs, source, reference,
+                                                       tmp_path):
+    # Issue 22 item 1: with no worker registered a job waits (the "jobs queued, no worker
+    # connected" alert is for that); it fails NO_WORKER only when registered workers cannot run
+    # a runnable task (tests/unit/scheduler_fake_clock_test.cc: no stage that runs remotely
+    # needs more than a worker's device yet).
+    pb, _ = stubs
+    stub, job = submit(stubs, cluster, tmp_path / "out", source=str(source["dir"]))
+    time.sleep(4 * float(LEASE_SECONDS))  # past the leases after which a rule could judge it
+    waiting = stub.GetJob(pb.GetJobRequest(id=job.id), timeout=RPC_TIMEOUT_S)
+    assert pb.JobState.Name(waiting.state) == "RUNNING", waiting
+    assert waiting.task_attempts == 0, waiting
+    assert metric(cluster["daemon"], "quantd_workers_connected") == 0
+    cluster["worker"]("late")
+    done = wait_job(stubs, stub, job.id)
+    assert pb.JobState.Name(done.state) == "SUCCEEDED", (done, cluster["daemon"].log())
+    assert tree(tmp_path / "out") == reference()
 
 
 def test_only_the_worker_role_calls_worker_service(cluster, stubs):

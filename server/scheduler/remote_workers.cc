@@ -4,7 +4,9 @@
 // recording, cancel and shutdown treat both alike.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
@@ -47,6 +49,30 @@ absl::Status CheckOutputPath(const v1::JobSpec& spec, const std::string& path) {
       absl::InvalidArgumentError("output_path: not a file directly in the job's output or "
                                  "materialize_bf16 directory"),
       "INVALID_REQUEST");
+}
+
+// What a worker that holds the job already needs with a lease of task `leased`: that task and
+// the tasks it depends on, directly or not, whose outputs are all its stage may read
+// (StageContext::recorded_output: export the quantize shards, verify its shard). The whole plan
+// goes only with the job itself, which the worker checks against the plan it builds from the
+// source (PreparedJob::OpenForWorker): a quantize or verify lease of a 1,000-task plan carries
+// two or three rows instead of a thousand.
+std::vector<store::TaskRow> TasksToRun(std::vector<store::TaskRow> tasks,
+                                       const std::vector<std::pair<int64_t, int64_t>>& deps,
+                                       int64_t leased) {
+  std::multimap<int64_t, int64_t> on;  // task -> a task it depends on
+  for (const auto& [task, dep] : deps) on.emplace(task, dep);
+  std::set<int64_t> needed = {leased};
+  std::vector<int64_t> todo = {leased};
+  while (!todo.empty()) {
+    const int64_t id = todo.back();
+    todo.pop_back();
+    for (auto [it, end] = on.equal_range(id); it != end; ++it) {
+      if (needed.insert(it->second).second) todo.push_back(it->second);
+    }
+  }
+  std::erase_if(tasks, [&](const store::TaskRow& t) { return needed.count(t.id) == 0; });
+  return tasks;
 }
 
 }  // namespace
@@ -257,7 +283,10 @@ absl::StatusOr<std::optional<RemoteLease>> Scheduler::Impl::LeaseFor(
     ASSIGN_OR_RETURN(out.tasks, store_->ListTasks(job_id));
     ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
     out.job_created_ms = row.created_ms;
-    if (open_jobs.count(job_id) == 0) {
+    if (open_jobs.count(job_id) != 0) {
+      ASSIGN_OR_RETURN(auto deps, store_->ListDependencies(job_id));
+      out.tasks = TasksToRun(std::move(out.tasks), deps, out.task.id);
+    } else {
       ASSIGN_OR_RETURN(pipeline::StoredJob stored, pipeline::ReadStoredJob(*store_, job_id));
       out.job_included = true;
       out.job_store = stored.identity.store;

@@ -143,7 +143,9 @@ struct RemoteLease {
   std::string spec_json;  // the job's stored spec
   std::string work_dir;
   std::vector<store::AmaxRow> input_amax;  // kind "input"
-  // The job's stored plan as it is now (DONE tasks with their outputs).
+  // The job's stored plan as it is now (DONE tasks with their outputs) when job_included;
+  // otherwise only the leased task and the tasks it depends on, directly or not (what its stage
+  // may read of earlier outputs).
   std::vector<store::TaskRow> tasks;
 };
 

@@ -1045,5 +1045,59 @@ TEST_F(SchedulerFakeClockTest, AGpuTaskFailsOnlyOnceTheWorkersRegisteredTogether
   EXPECT_TRUE(stages_.starts().empty());
 }
 
+// Issue 22 item 5: a lease carries the whole plan only with the job itself (the worker checks it
+// against its own); a worker that holds the job gets the leased task and what it depends on.
+TEST_F(SchedulerFakeClockTest, ALeaseCarriesTheWholePlanOnlyWithTheJob) {
+  stages_.Plan({"a", "b", "c"});
+  stages_.plan[0].tasks[2].depends_on = {{"quantize", "a"}};
+  auto s = Start({});
+  const int64_t id = Submit(*s);
+  WaitFor(*s, id, [](const v1::Job& j) { return j.stages_size() > 0; });
+  const auto w = Await<absl::StatusOr<RemoteRegistration>>([&](auto done) {
+    s->RegisterWorkerAsync("w", "peer", {{"cpu", false, 16 * kGiB}}, done);
+  });
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto lease = [&](std::set<int64_t> open_jobs) {
+    auto l = Await<absl::StatusOr<std::optional<RemoteLease>>>([&](auto done) {
+      s->LeaseRemoteAsync(w->worker_id, 0, 0, open_jobs, done);
+    });
+    EXPECT_TRUE(l.ok() && l->has_value()) << l.status();
+    return l.ok() && l->has_value() ? **l : RemoteLease();
+  };
+  auto complete = [&](const RemoteLease& l) {
+    pipeline::TaskOutput out;
+    out.path = dir_ + "/out/" + l.task.name + ".safetensors";
+    out.bytes = 7;
+    out.sha256 = std::string(64, 'b');
+    EXPECT_TRUE(Await<absl::Status>([&](auto done) {
+                  s->CompleteRemoteAsync(w->worker_id, l.task.id, l.task.attempt,
+                                         std::move(out), done);
+                }).ok());
+  };
+  auto names = [](const RemoteLease& l) {
+    std::vector<std::string> out;
+    for (const store::TaskRow& t : l.tasks) out.push_back(t.name);
+    return out;
+  };
+  const RemoteLease a = lease({});
+  EXPECT_TRUE(a.job_included);
+  EXPECT_EQ(a.task.name, "a");
+  EXPECT_EQ(names(a), (std::vector<std::string>{"a", "b", "c"}));
+  complete(a);
+  const RemoteLease b = lease({id});
+  EXPECT_FALSE(b.job_included);
+  EXPECT_EQ(b.task.name, "b");
+  EXPECT_EQ(names(b), (std::vector<std::string>{"b"}));
+  const RemoteLease c = lease({id});
+  EXPECT_EQ(c.task.name, "c");
+  ASSERT_EQ(names(c), (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(c.tasks[0].state, store::TaskState::kDone);
+  EXPECT_EQ(c.tasks[0].output_path, dir_ + "/out/a.safetensors");
+  EXPECT_EQ(c.tasks[0].output_sha256, std::string(64, 'b'));
+  complete(b);
+  complete(c);
+  EXPECT_EQ(WaitStopped(*s, id).state(), v1::SUCCEEDED);
+}
+
 }  // namespace
 }  // namespace quantd::scheduler

@@ -248,7 +248,7 @@ absl::StatusOr<std::optional<RemoteLease>> Scheduler::Impl::LeaseFor(
     }
     store::TaskLease lease;
     ASSIGN_OR_RETURN(std::optional<store::TaskRow> task,
-                     store_->LeaseNextTask(job_id, absl::StrCat("worker:", worker.name), now,
+                     store_->LeaseNextTask(job_id, WorkerLeaseOwner(worker.name), now,
                                            options_.lease_ms, &lease, capacity));
     if (!task.has_value()) continue;
     RETURN_IF_ERROR(ClockStage(*job, *task));

@@ -29,7 +29,8 @@ std::string FormatJobHeader(const v1::Job& job) {
 std::string FormatStageWorkers(const v1::StageProgress& stage) {
   std::vector<std::string> runners;
   for (const v1::StageWorker& w : stage.workers()) {
-    runners.push_back(absl::StrCat(w.worker().empty() ? "local" : w.worker(), " (", w.tasks(), ")"));
+    runners.push_back(
+        absl::StrCat(w.worker().empty() ? "local" : w.worker(), " (", w.tasks(), ")"));
   }
   return absl::StrCat("           workers: ", absl::StrJoin(runners, ", "));
 }

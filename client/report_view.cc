@@ -159,9 +159,9 @@ std::string FormatTaskRuns(const v1::JobReport& r) {
   if (!remote) return "";
   std::vector<std::vector<std::string>> rows = {{"STAGE", "TASK", "ATTEMPT", "RESULT", "RAN BY"}};
   for (const v1::TaskRun& t : r.tasks()) {
-    rows.push_back({t.stage(), t.label().empty() ? t.name() : absl::StrCat(t.name(), " (", t.label(), ")"),
-                    absl::StrCat(t.attempt()), t.done() ? "done" : "failed",
-                    RunnerName(t.worker())});
+    rows.push_back(
+        {t.stage(), t.label().empty() ? t.name() : absl::StrCat(t.name(), " (", t.label(), ")"),
+         absl::StrCat(t.attempt()), t.done() ? "done" : "failed", RunnerName(t.worker())});
   }
   return absl::StrCat("\ntasks: who ran them (local: this quantd)\n", FormatTable(rows, "llrll"));
 }

@@ -2,9 +2,10 @@
 and `quantd worker` processes on loopback TCP with a worker token.
 
 - two or three workers run the tiny fixture's W4A16 job and an NVFP4 job with an amax file to
-  SUCCEEDED, output bytes equal to `quantd run` of the same spec; `quantctl workers` lists them;
+  SUCCEEDED, output bytes equal to `quantd run` of the same spec; `quantctl workers` lists them,
+  `quantctl report` names the worker that ran each task and `quantctl get` each stage's workers;
 - a worker killed (SIGKILL) in the middle of a quantize task: the job finishes on the other one,
-  byte-identical, no .tmp left;
+  byte-identical, no .tmp left, and the report names the other as the runner of the retry;
 - a worker frozen (SIGSTOP) after writing its output, past its lease, while another one finishes
   the task: its late completion is refused (logged, counted), the output is the other's;
 - a job whose stages keep state between tasks (calibration) fails with reason NO_WORKER on a
@@ -213,10 +214,54 @@ def test_workers_run_a_job_byte_identical_to_quantd_run(cluster, stubs, source, 
         assert proc.poll() is None, worker_log(proc)
         # Each worker opened the job once, however many of its tasks it ran.
         assert worker_log(proc).count("opened job") <= 1, worker_log(proc)
+    runs = ran_by(quantctl, cluster, job.id)
+    assert len(runs) == sum(s.tasks_total for s in done.stages)
+    assert {worker for _, _, _, worker in runs} <= set(names)
+    assert per_stage_workers(quantctl, cluster, job.id) == {
+        stage: counted([worker for s, _, _, worker in runs if s == stage])
+        for stage in {s for s, _, _, _ in runs}}
+
+
+def ran_by(quantctl, cluster, job_id):
+    """[(stage, task, attempt, worker)] of `quantctl report`'s table of who ran the tasks."""
+    proc = subprocess.run([quantctl, "--server", cluster["daemon"].address, "report",
+                           str(job_id)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = lines.index("tasks: who ran them (local: this quantd)")
+    assert lines[start + 1].split() == ["STAGE", "TASK", "ATTEMPT", "RESULT", "RAN", "BY"]
+    runs = []
+    for line in lines[start + 2:]:
+        if not line:
+            break
+        words = line.split()  # a task's label may hold spaces; stages and workers do not
+        stage, task, (attempt, result, worker) = words[0], " ".join(words[1:-3]), words[-3:]
+        assert result == "done", line
+        runs.append((stage, task, int(attempt), worker))
+    return runs
+
+
+def counted(workers):
+    """"a (3), b (2)": each worker with how many of the tasks it ran, by name."""
+    return ", ".join(f"{w} ({workers.count(w)})" for w in sorted(set(workers)))
+
+
+def per_stage_workers(quantctl, cluster, job_id):
+    """{stage: "a (3), b (2)"} of `quantctl get`: the workers line under each stage line."""
+    proc = subprocess.run([quantctl, "--server", cluster["daemon"].address, "get", str(job_id)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    out = {}
+    for above, line in zip(lines, lines[1:]):
+        if line.startswith("           workers: "):
+            out[above.split()[0]] = line[len("           workers: "):]
+    return out
 
 
 def test_a_killed_worker_s_task_finishes_on_another_byte_identical(cluster, stubs, source,
-                                                                    reference, tmp_path):
+                                                                    reference, tmp_path,
+                                                                    quantctl):
     pb, _ = stubs
     doomed = cluster["worker"]("doomed", env={"QUANTD_TEST_KILL_AT": "quantize:1:mid"})
     wait_registered(stubs, cluster, ["doomed"])
@@ -230,6 +275,12 @@ def test_a_killed_worker_s_task_finishes_on_another_byte_identical(cluster, stub
     # The killed attempt lost its lease and was tried again: one attempt more than tasks.
     tasks = sum(s.tasks_total for s in done.stages)
     assert done.task_attempts == tasks + 1, done
+    # `quantctl report` names the survivor as the runner of the task's second attempt.
+    runs = ran_by(quantctl, cluster, job.id)
+    assert len(runs) == tasks
+    assert [(stage, worker) for stage, _, attempt, worker in runs if attempt == 2] == [
+        ("quantize", "survivor")], runs
+    assert {worker for _, _, _, worker in runs} <= {"doomed", "survivor"}
     assert metric(cluster["daemon"], "quantd_lease_expiries_total") == 1
 
 

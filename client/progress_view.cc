@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "server/job/progress.h"
 
 namespace quantd::client {
@@ -25,9 +26,21 @@ std::string FormatJobHeader(const v1::Job& job) {
   return line;
 }
 
+std::string FormatStageWorkers(const v1::StageProgress& stage) {
+  std::vector<std::string> runners;
+  for (const v1::StageWorker& w : stage.workers()) {
+    runners.push_back(
+        absl::StrCat(w.worker().empty() ? "local" : w.worker(), " (", w.tasks(), ")"));
+  }
+  return absl::StrCat("           workers: ", absl::StrJoin(runners, ", "));
+}
+
 std::vector<std::string> JobLines(const v1::Job& job) {
   std::vector<std::string> lines = {FormatJobHeader(job)};
-  for (const v1::StageProgress& s : job.stages()) lines.push_back(StageLine(s));
+  for (const v1::StageProgress& s : job.stages()) {
+    lines.push_back(StageLine(s));
+    if (s.workers_size() > 0) lines.push_back(FormatStageWorkers(s));
+  }
   if (!job.last_error().empty()) lines.push_back(absl::StrCat("last error: ", job.last_error()));
   return lines;
 }

@@ -5,7 +5,12 @@
 //   quantize   [#####...............]  12/48 tasks  140.2/805.3 GB  2.31 GB/s  ETA 4m48s
 //   export     [....................]  0/4 tasks
 //
-// (the stage lines: job::FormatStageLine, server/job/progress.h, shared with `quantd run`).
+// (the stage lines: job::FormatStageLine, server/job/progress.h, shared with `quantd run`). A
+// stage some of whose done tasks a remote worker ran is followed by who ran them, "local" being
+// the daemon itself:
+//
+//   quantize   [####################]  5/5 tasks  805.3/805.3 GB  done in 4m48s
+//              workers: gpu-a (3), gpu-b (2)
 //
 // ProgressView follows a job through WatchJob messages: on a terminal it redraws all lines in
 // place (ANSI cursor-up); elsewhere it prints a line only when it changed (for a stage: its
@@ -26,7 +31,10 @@ namespace quantd::client {
 
 // "job 7 RUNNING (cancelling)  retries 2": id, state, reason when set, retries when any.
 std::string FormatJobHeader(const v1::Job& job);
-// The header, one line per stage, and "last error: ..." when the job has one.
+// "           workers: a (3), local (1)": who ran the stage's done tasks (stage.workers).
+std::string FormatStageWorkers(const v1::StageProgress& stage);
+// The header, one line per stage (and its workers line when it has workers), and
+// "last error: ..." when the job has one.
 std::vector<std::string> JobLines(const v1::Job& job);
 
 class ProgressView {

@@ -148,6 +148,24 @@ std::string FormatEvaluation(const v1::JobReport& r, bool terminal) {
   return out;
 }
 
+// A runner as quantctl shows it: the remote worker's name, "local" for the daemon itself.
+std::string RunnerName(const std::string& worker) { return worker.empty() ? "local" : worker; }
+
+// Who ran each task, when a remote worker ran at least one of them (a job this quantd ran alone
+// has nothing to tell apart).
+std::string FormatTaskRuns(const v1::JobReport& r) {
+  const bool remote = std::any_of(r.tasks().begin(), r.tasks().end(),
+                                  [](const v1::TaskRun& t) { return !t.worker().empty(); });
+  if (!remote) return "";
+  std::vector<std::vector<std::string>> rows = {{"STAGE", "TASK", "ATTEMPT", "RESULT", "RAN BY"}};
+  for (const v1::TaskRun& t : r.tasks()) {
+    rows.push_back(
+        {t.stage(), t.label().empty() ? t.name() : absl::StrCat(t.name(), " (", t.label(), ")"),
+         absl::StrCat(t.attempt()), t.done() ? "done" : "failed", RunnerName(t.worker())});
+  }
+  return absl::StrCat("\ntasks: who ran them (local: this quantd)\n", FormatTable(rows, "llrll"));
+}
+
 }  // namespace
 
 std::string FormatReport(const v1::JobReport& r, bool terminal) {
@@ -175,6 +193,7 @@ std::string FormatReport(const v1::JobReport& r, bool terminal) {
   absl::StrAppend(&out, FormatLayers(r));
   absl::StrAppend(&out, FormatNumericsComparison(r));
   absl::StrAppend(&out, FormatEvaluation(r, terminal));
+  absl::StrAppend(&out, FormatTaskRuns(r));
   if (r.rules_size() == 0) {
     absl::StrAppend(&out, "\nrule checks: none yet (verify has not run)\n");
     return out;

@@ -1,5 +1,5 @@
 // The `quantctl report` text: a summary line, the worst tensors, the input amax of each decoder
-// layer and the export-rule checks.
+// layer, who ran the tasks (with remote workers) and the export-rule checks.
 //
 //   job 7 SUCCEEDED  48 tensors  min SQNR 18.52 dB  mean SQNR 19.87 dB
 //
@@ -45,6 +45,13 @@
 //   1                  inf                inf
 //   teacher-forced  ▁█            (terminal only: ▁ lowest finite .. █ highest, inf █)
 //   layers that lose the most: 0 (43.10 dB)
+//
+// When a remote worker ran at least one of the job's tasks (report.tasks), before the rule checks:
+//
+//   tasks: who ran them (local: this quantd)
+//   STAGE     TASK                              ATTEMPT  RESULT  RAN BY
+//   inspect   inspect                                 1  done    local
+//   quantize  model-00001-of-00002.safetensors        2  done    gpu-node-3
 #ifndef QUANTD_CLIENT_REPORT_VIEW_H_
 #define QUANTD_CLIENT_REPORT_VIEW_H_
 

@@ -52,6 +52,32 @@ if [ "${QUANTD_SKIP_VENV:-0}" != 1 ]; then
   fi
 fi
 
+# --- Slurm for tests/integration/test_slurm.py's real one-node cluster -------------------------
+# Debian's Slurm and munge packages unpacked (dpkg -x, nothing installed) into the cache;
+# .ci/run points QUANTD_SLURM_ROOT at it. Optional: a download that fails warns and setup goes on
+# (the test is skipped without it).
+SLURM_PACKAGES=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libmunge2 libhwloc15
+                liblua5.1-0)
+fetch_slurm() {
+  local dest=$1 stamp=$1/.packages tmp
+  [ "$(cat "$stamp" 2>/dev/null)" = "${SLURM_PACKAGES[*]}" ] && return 0
+  command -v apt-get >/dev/null && command -v dpkg >/dev/null || return 1
+  tmp=$(mktemp -d) || return 1
+  # apt's _apt sandbox user cannot write a private temp dir: download as the caller.
+  (cd "$tmp" && apt-get -q -o APT::Sandbox::User="$(id -un)" download "${SLURM_PACKAGES[@]}") \
+    >"$tmp/download.log" 2>&1 || { tail -n 3 "$tmp/download.log" >&2; rm -rf "$tmp"; return 1; }
+  mkdir "$tmp/root" || return 1
+  for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/root" || { rm -rf "$tmp"; return 1; }; done
+  echo "${SLURM_PACKAGES[*]}" > "$tmp/root/.packages"
+  rm -rf "$dest" && mkdir -p "$(dirname "$dest")" && mv "$tmp/root" "$dest" || return 1
+  rm -rf "$tmp"
+  echo "setup: unpacked Slurm and munge into $dest"
+}
+SLURM_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/quantd/slurm
+fetch_slurm "$SLURM_ROOT" ||
+  echo "setup: warning: could not fetch Slurm's Debian packages into $SLURM_ROOT; the real" \
+       "one-node Slurm test will be skipped" >&2
+
 # --- Configure and build ----------------------------------------------------------------------
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -G Ninja -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -22,6 +22,9 @@
 namespace quantd::metrics {
 namespace {
 
+// Worker names that get a quantd_worker_tasks_leased_total series of their own (metrics.h).
+constexpr size_t kMaxWorkerSeries = 64;
+
 // The fixed label sets whose series exist (at 0) from the start.
 const char* const kJobStates[] = {"PENDING",   "RUNNING", "PAUSED",
                                   "SUCCEEDED", "FAILED",  "CANCELLED"};
@@ -169,7 +172,8 @@ class PrometheusMetrics final : public Metrics {
                                .Register(*registry_)),
         worker_tasks_leased_(prometheus::BuildCounter()
                                  .Name("quantd_worker_tasks_leased_total")
-                                 .Help("Tasks leased to a remote worker, by its name.")
+                                 .Help("Tasks leased to a remote worker, by its name (the "
+                                       "first 64 names; later ones as \"other\").")
                                  .Register(*registry_)),
         lease_expiries_(prometheus::BuildCounter()
                             .Name("quantd_lease_expiries_total")
@@ -306,7 +310,18 @@ class PrometheusMetrics final : public Metrics {
   }
 
   void WorkerTaskLeased(const std::string& worker) override {
-    worker_tasks_leased_.Add({{"worker", worker}}).Increment();
+    absl::MutexLock lock(&mu_);
+    prometheus::Counter* series = nullptr;
+    if (const auto it = worker_series_.find(worker); it != worker_series_.end()) {
+      series = it->second;
+    } else if (worker_series_.size() < kMaxWorkerSeries) {
+      series = worker_series_[worker] = &worker_tasks_leased_.Add({{"worker", worker}});
+    } else {
+      // Names are free-form and a worker token may register any number of them (a Slurm array
+      // registers new ones with every submission): the names past the cap share one series.
+      series = &worker_tasks_leased_.Add({{"worker", "other"}});
+    }
+    series->Increment();
   }
 
   void LeaseExpired() override { lease_expiries_total_.Increment(); }
@@ -384,6 +399,8 @@ class PrometheusMetrics final : public Metrics {
   std::map<std::string, prometheus::Gauge*> job_series_;  // state -> its quantd_jobs series
   // (stage, task state) -> its quantd_tasks series.
   std::map<std::pair<std::string, std::string>, prometheus::Gauge*> task_series_;
+  // Worker name -> its quantd_worker_tasks_leased_total series; at most kMaxWorkerSeries names.
+  std::map<std::string, prometheus::Counter*> worker_series_ ABSL_GUARDED_BY(mu_);
 
   // Serves the registry over HTTP; null when not serving. Declared last, so it stops before
   // anything its answers read goes.

@@ -32,7 +32,9 @@
 //   quantd_disk_size_bytes{dir}                             gauge: the same file systems' sizes
 //   quantd_workers_connected                                gauge: registered remote workers
 //   quantd_worker_tasks_leased_total{worker}                counter: tasks leased to a remote
-//                                                           worker (worker = its name)
+//                                                           worker (worker = its name; the first
+//                                                           64 names a daemon sees, the later
+//                                                           ones all "other")
 //   quantd_lease_expiries_total                             counter: task leases lost to silence
 //   quantd_worker_stale_calls_total{call}                   counter: renew | complete | fail calls
 //                                                           of an attempt that lost its lease,

@@ -257,6 +257,17 @@ absl::StatusOr<v1::JobReport> Scheduler::Impl::DoReport(int64_t job_id, int wors
     check->set_passed(t.state == store::TaskState::kDone);
     check->set_message(t.error);
   }
+  for (const store::TaskRow& t : tasks) {
+    if (t.ran_by.empty()) continue;
+    if (t.state != store::TaskState::kDone && t.state != store::TaskState::kFailed) continue;
+    v1::TaskRun* run = report.add_tasks();
+    run->set_stage(t.stage_kind);
+    run->set_name(t.name);
+    run->set_label(t.label);
+    run->set_attempt(t.attempt);
+    run->set_done(t.state == store::TaskState::kDone);
+    run->set_worker(WorkerOfLeaseOwner(t.ran_by));
+  }
   ASSIGN_OR_RETURN(const std::vector<store::AmaxRow> amax, report_store_->ListAmax(job_id));
   AddLayerCalibration(amax, tasks, &report);
   RETURN_IF_ERROR(AddStoredEvaluation(*report_store_, job_id, &report));

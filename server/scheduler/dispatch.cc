@@ -15,15 +15,12 @@
 #include "server/scheduler/scheduler_impl.h"
 
 namespace quantd::scheduler {
-namespace {
 
-std::string Describe(const compute::DeviceRequirement& req) {
+std::string DescribeRequirement(const compute::DeviceRequirement& req) {
   std::string out = req.gpu ? "a GPU" : "a device";
   if (req.memory_bytes > 0) absl::StrAppend(&out, " with ", req.memory_bytes, " bytes of memory");
   return out;
 }
-
-}  // namespace
 
 absl::Status Scheduler::Impl::Dispatch(ActiveJob& job) {
   if (job.stop != Stop::kNone || job.failure.has_value() || job.tasks == nullptr) {
@@ -51,7 +48,7 @@ absl::Status Scheduler::Impl::Dispatch(ActiveJob& job) {
           if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
         }
         const std::string message = absl::StrCat(
-            task->stage_kind, " ", task->name, ": needs ", Describe(req),
+            task->stage_kind, " ", task->name, ": needs ", DescribeRequirement(req),
             "; none of the job's devices (", absl::StrJoin(names, ", "), ") has that");
         RETURN_IF_ERROR(store_->FailTask(lease, message, true, 0, clock_.NowMs()));
         Log(job.id, "task_failed", message);

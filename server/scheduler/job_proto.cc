@@ -1,6 +1,9 @@
 #include "server/scheduler/job_proto.h"
 
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/types/optional.h"
 
 namespace quantd::scheduler {
@@ -8,6 +11,7 @@ namespace {
 
 // The absl::Status payload key that carries the reason between the scheduler and the service.
 constexpr char kReasonPayload[] = "quantd-reason";
+constexpr char kWorkerOwnerPrefix[] = "worker:";
 
 }  // namespace
 
@@ -75,6 +79,15 @@ absl::Status WithReason(absl::Status status, const std::string& reason) {
 std::string ReasonOf(const absl::Status& status) {
   const auto payload = status.GetPayload(kReasonPayload);  // absl::optional here, not std::
   return payload.has_value() ? std::string(*payload) : std::string();
+}
+
+std::string WorkerLeaseOwner(const std::string& worker_name) {
+  return absl::StrCat(kWorkerOwnerPrefix, worker_name);
+}
+
+std::string WorkerOfLeaseOwner(const std::string& owner) {
+  absl::string_view name = owner;
+  return absl::ConsumePrefix(&name, kWorkerOwnerPrefix) ? std::string(name) : std::string();
 }
 
 }  // namespace quantd::scheduler

@@ -27,6 +27,12 @@ google::protobuf::Timestamp TimestampFromMs(int64_t unix_ms);
 absl::Status WithReason(absl::Status status, const std::string& reason);
 std::string ReasonOf(const absl::Status& status);
 
+// The lease owner of a remote worker's tasks (store::TaskRow::lease_owner, ran_by):
+// "worker:<name>". WorkerOfLeaseOwner reads the name back, "" for any other owner (this quantd
+// leases as "quantd:<pid>").
+std::string WorkerLeaseOwner(const std::string& worker_name);
+std::string WorkerOfLeaseOwner(const std::string& owner);
+
 }  // namespace quantd::scheduler
 
 #endif  // QUANTD_SERVER_SCHEDULER_JOB_PROTO_H_

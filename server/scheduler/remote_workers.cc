@@ -3,7 +3,10 @@
 // strand; a remote attempt lives in its job's in-flight set like a local one, so lease expiry,
 // recording, cancel and shutdown treat both alike.
 #include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status_macros.h"
@@ -46,6 +49,30 @@ absl::Status CheckOutputPath(const v1::JobSpec& spec, const std::string& path) {
       absl::InvalidArgumentError("output_path: not a file directly in the job's output or "
                                  "materialize_bf16 directory"),
       "INVALID_REQUEST");
+}
+
+// What a worker that holds the job already needs with a lease of task `leased`: that task and
+// the tasks it depends on, directly or not, whose outputs are all its stage may read
+// (StageContext::recorded_output: export the quantize shards, verify its shard). The whole plan
+// goes only with the job itself, which the worker checks against the plan it builds from the
+// source (PreparedJob::OpenForWorker): a quantize or verify lease of a 1,000-task plan carries
+// two or three rows instead of a thousand.
+std::vector<store::TaskRow> TasksToRun(std::vector<store::TaskRow> tasks,
+                                       const std::vector<std::pair<int64_t, int64_t>>& deps,
+                                       int64_t leased) {
+  std::multimap<int64_t, int64_t> on;  // task -> a task it depends on
+  for (const auto& [task, dep] : deps) on.emplace(task, dep);
+  std::set<int64_t> needed = {leased};
+  std::vector<int64_t> todo = {leased};
+  while (!todo.empty()) {
+    const int64_t id = todo.back();
+    todo.pop_back();
+    for (auto [it, end] = on.equal_range(id); it != end; ++it) {
+      if (needed.insert(it->second).second) todo.push_back(it->second);
+    }
+  }
+  std::erase_if(tasks, [&](const store::TaskRow& t) { return needed.count(t.id) == 0; });
+  return tasks;
 }
 
 }  // namespace
@@ -221,7 +248,7 @@ absl::StatusOr<std::optional<RemoteLease>> Scheduler::Impl::LeaseFor(
     }
     store::TaskLease lease;
     ASSIGN_OR_RETURN(std::optional<store::TaskRow> task,
-                     store_->LeaseNextTask(job_id, absl::StrCat("worker:", worker.name), now,
+                     store_->LeaseNextTask(job_id, WorkerLeaseOwner(worker.name), now,
                                            options_.lease_ms, &lease, capacity));
     if (!task.has_value()) continue;
     RETURN_IF_ERROR(ClockStage(*job, *task));
@@ -256,7 +283,10 @@ absl::StatusOr<std::optional<RemoteLease>> Scheduler::Impl::LeaseFor(
     ASSIGN_OR_RETURN(out.tasks, store_->ListTasks(job_id));
     ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
     out.job_created_ms = row.created_ms;
-    if (open_jobs.count(job_id) == 0) {
+    if (open_jobs.count(job_id) != 0) {
+      ASSIGN_OR_RETURN(auto deps, store_->ListDependencies(job_id));
+      out.tasks = TasksToRun(std::move(out.tasks), deps, out.task.id);
+    } else {
       ASSIGN_OR_RETURN(pipeline::StoredJob stored, pipeline::ReadStoredJob(*store_, job_id));
       out.job_included = true;
       out.job_store = stored.identity.store;
@@ -347,6 +377,76 @@ void Scheduler::Impl::FailIfNoWorker(ActiveJob& job) {
           "whose stages keep no state between tasks; run this job on a quantd with devices"),
       "NO_WORKER");
   Log(job.id, "task_failed", std::string(job.failure->message()));
+}
+
+// The rule for a job that no registered remote worker can run (issue 22 item 1). It applies only
+// where remote workers are the sole way to run tasks: a coordinator without local workers, a job
+// whose tasks run remotely, and at least one registered worker. Remote leases go through
+// LeaseNextTask's capacity filter (LeaseFor), so a task that fits no registered device would stay
+// PENDING for ever; instead, when a runnable task (PENDING, every dependency DONE, as LeaseNextTask
+// picks them; a task in retry back-off counts too) needs what no device of any registered worker
+// has (a GPU, or more memory than the device's total: compute::Fits with nothing reserved), the
+// job fails with reason NO_WORKER, naming the task and the largest registered device. Tasks whose
+// dependencies are not DONE yet are not judged: workers for a later stage may still come.
+// With no worker registered the job waits (workers may come later; the "no worker connected"
+// alert, deploy/prometheus/alerts.yml, is for that), and the rule is judged only once the newest
+// registration is a lease old, so that workers started together (a Slurm array, an Indexed Job)
+// have registered before a small one that came first is judged alone. Runs on the lease timer.
+absl::Status Scheduler::Impl::FailJobsNoRemoteWorkerFits() {
+  if (!workers_.empty() || remote_workers_.empty()) return absl::OkStatus();
+  const int64_t now = clock_.NowMs();
+  const RemoteWorker* largest_worker = nullptr;  // the largest device of any kind, and of GPUs
+  const RemoteDevice* largest = nullptr;
+  const RemoteWorker* largest_gpu_worker = nullptr;
+  const RemoteDevice* largest_gpu = nullptr;
+  for (const auto& [id, worker] : remote_workers_) {
+    if (now - worker.registered_ms < options_.lease_ms) return absl::OkStatus();
+    for (const RemoteDevice& d : worker.devices) {
+      if (largest == nullptr || d.memory_bytes > largest->memory_bytes) {
+        largest = &d;
+        largest_worker = &worker;
+      }
+      if (d.gpu && (largest_gpu == nullptr || d.memory_bytes > largest_gpu->memory_bytes)) {
+        largest_gpu = &d;
+        largest_gpu_worker = &worker;
+      }
+    }
+  }
+  for (auto& [job_id, job] : active_) {
+    if (job->stop != Stop::kNone || job->failure.has_value() || job->tasks == nullptr ||
+        !job->tasks->RunsRemotely()) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::vector<store::TaskRow> tasks, store_->ListTasks(job_id));
+    ASSIGN_OR_RETURN(auto deps, store_->ListDependencies(job_id));
+    std::map<int64_t, store::TaskState> state;
+    for (const store::TaskRow& t : tasks) state[t.id] = t.state;
+    std::set<int64_t> waiting;  // tasks with a dependency not DONE
+    for (const auto& [task, on] : deps) {
+      if (state[on] != store::TaskState::kDone) waiting.insert(task);
+    }
+    for (const store::TaskRow& t : tasks) {
+      if (t.state != store::TaskState::kPending || waiting.count(t.id) != 0) continue;
+      const compute::DeviceRequirement& req = t.requirement;
+      const RemoteDevice* best = req.gpu ? largest_gpu : largest;
+      if (best != nullptr && req.memory_bytes <= best->memory_bytes) continue;
+      std::string message = absl::StrCat(TaskLabel(t), ": needs ", DescribeRequirement(req), "; ");
+      if (best == nullptr) {
+        absl::StrAppend(&message, "none of the ", remote_workers_.size(),
+                        " registered worker(s) has a GPU");
+      } else {
+        absl::StrAppend(&message, "the largest ", req.gpu ? "GPU" : "device", " of the ",
+                        remote_workers_.size(), " registered worker(s) has ", best->memory_bytes,
+                        " bytes (worker ", (req.gpu ? largest_gpu_worker : largest_worker)->name,
+                        ", ", best->name, ")");
+      }
+      absl::StrAppend(&message, ", and this quantd runs no local worker (--devices none)");
+      job->failure = pipeline::WithJobReason(absl::FailedPreconditionError(message), "NO_WORKER");
+      Log(job_id, "task_failed", message);
+      break;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace quantd::scheduler

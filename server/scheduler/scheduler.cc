@@ -163,7 +163,9 @@ void Scheduler::Impl::At(int64_t at_ms, std::function<void()> fn) {
 
 void Scheduler::Impl::OnLeaseTimer() {
   ForgetSilentWorkers();
-  if (absl::Status s = RenewAndExpireLeases(); !s.ok()) {
+  if (absl::Status s = FailJobsNoRemoteWorkerFits(); !s.ok()) {
+    OnStoreError(s, "matching tasks to remote workers");
+  } else if (absl::Status s = RenewAndExpireLeases(); !s.ok()) {
     OnStoreError(s, "renewing leases");
   } else {
     Kick();

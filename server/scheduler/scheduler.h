@@ -121,7 +121,9 @@ struct SchedulerOptions {
 // memory only: after a restart a worker's calls get NotFound (reason WORKER_UNKNOWN) and it
 // registers again. Remote workers take tasks of jobs whose stages keep no state between tasks
 // (JobTasks::RunsRemotely); a coordinator without local workers fails the other jobs (reason
-// NO_WORKER).
+// NO_WORKER), and also a job with a runnable task that no registered worker's device fits, once
+// the newest registration is a lease old (remote_workers.cc states the rule); with no worker
+// registered a job waits for one.
 
 // A device of a remote worker, as it registered it.
 struct RemoteDevice {
@@ -141,7 +143,9 @@ struct RemoteLease {
   std::string spec_json;  // the job's stored spec
   std::string work_dir;
   std::vector<store::AmaxRow> input_amax;  // kind "input"
-  // The job's stored plan as it is now (DONE tasks with their outputs).
+  // The job's stored plan as it is now (DONE tasks with their outputs) when job_included;
+  // otherwise only the leased task and the tasks it depends on, directly or not (what its stage
+  // may read of earlier outputs).
   std::vector<store::TaskRow> tasks;
 };
 

@@ -94,6 +94,8 @@ inline constexpr int kMaxInterruptedPlannings = 2;
 // "quantize model-00002-of-00004.safetensors"; just "export" for a stage's only task (log lines
 // and events).
 std::string TaskLabel(const store::TaskRow& task);
+// "a GPU with 1073741824 bytes of memory", "a device" (dispatch.cc).
+std::string DescribeRequirement(const compute::DeviceRequirement& req);
 
 struct Work {
   int64_t job_id = 0;
@@ -327,6 +329,9 @@ class Scheduler::Impl {
   void ForgetSilentWorkers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // A job that no worker of this process can run fails (reason NO_WORKER).
   void FailIfNoWorker(ActiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
+  // On a coordinator without local workers, fails (reason NO_WORKER) each job with a runnable
+  // task that no registered remote worker's device fits (the rule: remote_workers.cc).
+  absl::Status FailJobsNoRemoteWorkerFits() ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);
   // Notes when this process began the task's stage (the progress rate's base).
   absl::Status ClockStage(ActiveJob& job, const store::TaskRow& task)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(on_strand_);

@@ -2,6 +2,7 @@
 // tasks, rates), published to the JobBoard after every change and at most every 100 ms for
 // progress; and the metrics gauges. Everything here runs on the strand; the board is only written.
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,12 +20,32 @@ namespace {
 constexpr size_t kBusyWindow = 60;  // busy-ratio window, in metric refreshes
 constexpr double kMetricsIntervalSeconds = 1.0;
 
+// StageProgress.workers: who ran the stage's done tasks, when a remote worker ran one of them.
+void AddStageWorkers(int64_t stage_id, const std::vector<store::StageRunner>& runners,
+                     v1::StageProgress* out) {
+  std::map<std::string, int64_t> tasks;  // by worker name, "" for this quantd
+  bool remote = false;
+  for (const store::StageRunner& r : runners) {
+    if (r.stage_id != stage_id) continue;
+    const std::string worker = WorkerOfLeaseOwner(r.ran_by);
+    remote |= !worker.empty();
+    tasks[worker] += r.tasks;  // this quantd's runs under several pids are one entry
+  }
+  if (!remote) return;
+  for (const auto& [worker, count] : tasks) {
+    v1::StageWorker* w = out->add_workers();
+    w->set_worker(worker);
+    w->set_tasks(count);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
   ASSIGN_OR_RETURN(store::JobRow row, store_->GetJob(job_id));
   ASSIGN_OR_RETURN(std::vector<store::StageProgress> stages, store_->Progress(job_id));
   ASSIGN_OR_RETURN(int64_t retries, store_->CountEvents(job_id, "task_retry"));
+  ASSIGN_OR_RETURN(std::vector<store::StageRunner> runners, store_->ListStageRunners(job_id));
   v1::Job job;
   job.set_id(row.id);
   job.set_request_id(row.request_id);
@@ -58,6 +79,7 @@ absl::StatusOr<v1::Job> Scheduler::Impl::Snapshot(int64_t job_id) {
     out->set_tasks_total(p.tasks_total);
     out->set_bytes_total(p.bytes_total);
     out->set_task_attempts(p.task_attempts);
+    AddStageWorkers(p.stage_id, runners, out);
     attempts += p.task_attempts;
     if (p.started_ms.has_value()) *out->mutable_start_time() = TimestampFromMs(*p.started_ms);
     if (p.finished_ms.has_value()) *out->mutable_end_time() = TimestampFromMs(*p.finished_ms);

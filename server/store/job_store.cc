@@ -77,7 +77,7 @@ constexpr char kTaskColumns[] =
     "t.id, t.job_id, t.stage_id, s.kind, t.ordinal, t.name, t.payload_json, t.bytes_total, "
     "t.state, t.attempt, IFNULL(t.lease_owner, ''), t.lease_expires_ms, IFNULL(t.output_path, ''), "
     "t.output_bytes, IFNULL(t.output_sha256, ''), t.error, t.label, t.requires_gpu, "
-    "t.memory_bytes";
+    "t.memory_bytes, IFNULL(t.ran_by, '')";
 
 TaskRow ReadTask(const Statement& st) {
   TaskRow row;
@@ -100,6 +100,7 @@ TaskRow ReadTask(const Statement& st) {
   row.label = st.ColumnText(16);
   row.requirement.gpu = st.ColumnInt(17) != 0;
   row.requirement.memory_bytes = st.ColumnInt(18);
+  row.ran_by = st.ColumnText(19);
   return row;
 }
 
@@ -568,7 +569,7 @@ absl::Status JobStore::CompleteTask(const TaskLease& lease, const std::string& o
   return db_->Transaction([&]() -> absl::Status {
     absl::StatusOr<Statement> up = db_->Prepare(
         "UPDATE tasks SET state = 'DONE', output_path = ?, output_bytes = ?, output_sha256 = ?, "
-        "finished_ms = ?, lease_owner = NULL, lease_expires_ms = NULL "
+        "finished_ms = ?, ran_by = lease_owner, lease_owner = NULL, lease_expires_ms = NULL "
         "WHERE id = ? AND state = 'LEASED' AND attempt = ? AND lease_owner = ?");
     if (!up.ok()) return up.status();
     up->Bind(1, output_path).Bind(2, output_bytes).Bind(3, output_sha256).Bind(4, now_ms);
@@ -605,9 +606,10 @@ absl::Status JobStore::FailTask(const TaskLease& lease, const std::string& error
                                 int64_t retry_at_ms, int64_t now_ms) {
   return db_->Transaction([&]() -> absl::Status {
     absl::StatusOr<Statement> up = db_->Prepare(
-        "UPDATE tasks SET state = ?, error = ?, not_before_ms = ?, finished_ms = ?, "
+        "UPDATE tasks SET state = ?1, error = ?2, not_before_ms = ?3, finished_ms = ?4, "
+        "ran_by = CASE WHEN ?1 = 'FAILED' THEN lease_owner ELSE ran_by END, "
         "lease_owner = NULL, lease_expires_ms = NULL "
-        "WHERE id = ? AND state = 'LEASED' AND attempt = ? AND lease_owner = ?");
+        "WHERE id = ?5 AND state = 'LEASED' AND attempt = ?6 AND lease_owner = ?7");
     if (!up.ok()) return up.status();
     up->Bind(1, permanent ? "FAILED" : "PENDING").Bind(2, CapStoredMessage(error));
     up->Bind(3, retry_at_ms);
@@ -738,6 +740,23 @@ absl::StatusOr<std::vector<StageProgress>> JobStore::Progress(int64_t job_id) {
     p.finished_ms = st->ColumnOptionalInt(8);
     p.task_attempts = st->ColumnInt(9);
     out.push_back(std::move(p));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<StageRunner>> JobStore::ListStageRunners(int64_t job_id) {
+  absl::StatusOr<Statement> st = db_->Prepare(
+      "SELECT t.stage_id, t.ran_by, COUNT(*) FROM tasks t JOIN stages s ON s.id = t.stage_id "
+      "WHERE t.job_id = ? AND t.state = 'DONE' AND t.ran_by IS NOT NULL "
+      "GROUP BY t.stage_id, t.ran_by ORDER BY s.ordinal, t.ran_by");
+  if (!st.ok()) return st.status();
+  st->Bind(1, job_id);
+  std::vector<StageRunner> out;
+  while (true) {
+    absl::StatusOr<bool> row = st->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    out.push_back(StageRunner{st->ColumnInt(0), st->ColumnText(1), st->ColumnInt(2)});
   }
   return out;
 }

@@ -112,6 +112,10 @@ struct TaskRow {
   std::optional<int64_t> output_bytes;
   std::string output_sha256;
   std::string error;
+  // The lease owner of the attempt that completed the task, or that failed it for good
+  // (lease_owner's form: "worker:<name>", "quantd:<pid>"); kept when the task is requeued, until
+  // an attempt of it ends again. "" when none has (or it ended before schema version 4).
+  std::string ran_by;
 };
 
 // Proof that a worker holds a task: the task, the attempt it started, and who holds it.
@@ -141,6 +145,15 @@ struct StageProgress {
   std::optional<int64_t> started_ms;
   std::optional<int64_t> finished_ms;
   int64_t task_attempts = 0;  // attempts started over the stage's tasks
+};
+
+// How many DONE tasks of one stage one lease owner ran (TaskRow::ran_by).
+struct StageRunner {
+  int64_t stage_id = 0;
+  std::string ran_by;
+  int64_t tasks = 0;
+
+  bool operator==(const StageRunner&) const = default;
 };
 
 struct EventRow {
@@ -297,7 +310,7 @@ class JobStore {
                                                        TaskLease* lease,
                                                        const DeviceCapacity& capacity = {});
   absl::Status RenewLease(TaskLease& lease, int64_t now_ms, int64_t lease_ms);
-  // Marks the leased task DONE with its output and runs `record` (when given) in the same
+  // Marks the leased task DONE with its output, recording the lease's owner as its ran_by, and runs `record` (when given) in the same
   // transaction; finishes the stage when it was the last task. If `record` fails nothing is
   // written and its error is returned. A repeated completion of the same attempt is OK and does
   // not run `record` again; a lost lease is FailedPrecondition.
@@ -310,8 +323,9 @@ class JobStore {
   // an event. Returns how many tasks were requeued.
   absl::StatusOr<int> RequeueDoneTasks(int64_t job_id, const std::vector<int64_t>& task_ids,
                                        const std::string& reason, int64_t now_ms);
-  // Records a failed attempt. permanent: the task and its stage become FAILED. Otherwise the task
-  // returns to PENDING and is not leased again before retry_at_ms.
+  // Records a failed attempt. permanent: the task and its stage become FAILED (the lease's owner
+  // becomes the task's ran_by). Otherwise the task returns to PENDING and is not leased again before
+  // retry_at_ms (its ran_by stays what it was).
   absl::Status FailTask(const TaskLease& lease, const std::string& error, bool permanent,
                         int64_t retry_at_ms, int64_t now_ms);
   // Returns LEASED tasks whose lease expired before now to PENDING. Returns how many.
@@ -322,6 +336,9 @@ class JobStore {
   absl::StatusOr<int> ResetFailedTasks(int64_t job_id, int64_t now_ms);
 
   absl::StatusOr<std::vector<StageProgress>> Progress(int64_t job_id);
+  // Who ran the job's DONE tasks, per stage: by stage (display order), then owner. Tasks without
+  // a recorded runner are left out.
+  absl::StatusOr<std::vector<StageRunner>> ListStageRunners(int64_t job_id);
   // What DONE tasks of any job recorded writing at `output_path`, by task id: how quantd knows
   // that it wrote a file (a job's calibration.amax_out, scheduler/admission.cc).
   absl::StatusOr<std::vector<RecordedOutput>> FindRecordedOutputs(const std::string& output_path);

@@ -35,7 +35,8 @@ def test_rules_and_config_pass_promtool_checks():
 
 def test_every_alert_is_required_and_unit_tested():
     required = {"QuantdDown", "QuantdJobFailed", "QuantdJobStalled", "QuantdTaskRetriesRising",
-                "QuantdDiskNearlyFull", "QuantdSchedulerNotTicking"}
+                "QuantdDiskNearlyFull", "QuantdSchedulerNotTicking",
+                "QuantdJobsQueuedNoWorkerConnected"}
     names = alert_names()
     assert len(names) == len(set(names)), names
     assert required <= set(names), sorted(required - set(names))

@@ -63,7 +63,8 @@ def test_dashboard_structure():
     for wanted in ("Jobs by state", "Queue depth", "Stage progress", "Throughput", "ETA",
                    "Stage duration", "Task retries by reason", "Job failures by reason",
                    "Device busy ratio", "Device memory used", "RPC rate", "RPC error ratio",
-                   "Calibration", "Evaluation tokens/s", "Disk free"):
+                   "Calibration", "Evaluation tokens/s", "Disk free", "Workers connected",
+                   "Tasks leased by worker", "Lease expiries", "Refused stale calls"):
         assert wanted in titles, wanted
     for title, expr, _ in dashboard_expressions():
         # Every query follows the instance picker (`up` and time() included).

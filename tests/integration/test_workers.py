@@ -2,13 +2,14 @@
 and `quantd worker` processes on loopback TCP with a worker token.
 
 - two or three workers run the tiny fixture's W4A16 job and an NVFP4 job with an amax file to
-  SUCCEEDED, output bytes equal to `quantd run` of the same spec; `quantctl workers` lists them;
+  SUCCEEDED, output bytes equal to `quantd run` of the same spec; `quantctl workers` lists them,
+  `quantctl report` names the worker that ran each task and `quantctl get` each stage's workers;
 - a worker killed (SIGKILL) in the middle of a quantize task: the job finishes on the other one,
-  byte-identical, no .tmp left;
+  byte-identical, no .tmp left, and the report names the other as the runner of the retry;
 - a worker frozen (SIGSTOP) after writing its output, past its lease, while another one finishes
   the task: its late completion is refused (logged, counted), the output is the other's;
 - a job whose stages keep state between tasks (calibration) fails with reason NO_WORKER on a
-  coordinator without local workers;
+  coordinator without local workers; a job submitted before any worker registered waits for one;
 - only the worker role may call WorkerService, and it may call nothing else; a `quantd worker`
   with a reader, admin, wrong or no token stops with exit code 1.
 """
@@ -213,10 +214,54 @@ def test_workers_run_a_job_byte_identical_to_quantd_run(cluster, stubs, source, 
         assert proc.poll() is None, worker_log(proc)
         # Each worker opened the job once, however many of its tasks it ran.
         assert worker_log(proc).count("opened job") <= 1, worker_log(proc)
+    runs = ran_by(quantctl, cluster, job.id)
+    assert len(runs) == sum(s.tasks_total for s in done.stages)
+    assert {worker for _, _, _, worker in runs} <= set(names)
+    assert per_stage_workers(quantctl, cluster, job.id) == {
+        stage: counted([worker for s, _, _, worker in runs if s == stage])
+        for stage in {s for s, _, _, _ in runs}}
+
+
+def ran_by(quantctl, cluster, job_id):
+    """[(stage, task, attempt, worker)] of `quantctl report`'s table of who ran the tasks."""
+    proc = subprocess.run([quantctl, "--server", cluster["daemon"].address, "report",
+                           str(job_id)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = lines.index("tasks: who ran them (local: this quantd)")
+    assert lines[start + 1].split() == ["STAGE", "TASK", "ATTEMPT", "RESULT", "RAN", "BY"]
+    runs = []
+    for line in lines[start + 2:]:
+        if not line:
+            break
+        words = line.split()  # a task's label may hold spaces; stages and workers do not
+        stage, task, (attempt, result, worker) = words[0], " ".join(words[1:-3]), words[-3:]
+        assert result == "done", line
+        runs.append((stage, task, int(attempt), worker))
+    return runs
+
+
+def counted(workers):
+    """"a (3), b (2)": each worker with how many of the tasks it ran, by name."""
+    return ", ".join(f"{w} ({workers.count(w)})" for w in sorted(set(workers)))
+
+
+def per_stage_workers(quantctl, cluster, job_id):
+    """{stage: "a (3), b (2)"} of `quantctl get`: the workers line under each stage line."""
+    proc = subprocess.run([quantctl, "--server", cluster["daemon"].address, "get", str(job_id)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    out = {}
+    for above, line in zip(lines, lines[1:]):
+        if line.startswith("           workers: "):
+            out[above.split()[0]] = line[len("           workers: "):]
+    return out
 
 
 def test_a_killed_worker_s_task_finishes_on_another_byte_identical(cluster, stubs, source,
-                                                                    reference, tmp_path):
+                                                                    reference, tmp_path,
+                                                                    quantctl):
     pb, _ = stubs
     doomed = cluster["worker"]("doomed", env={"QUANTD_TEST_KILL_AT": "quantize:1:mid"})
     wait_registered(stubs, cluster, ["doomed"])
@@ -230,6 +275,12 @@ def test_a_killed_worker_s_task_finishes_on_another_byte_identical(cluster, stub
     # The killed attempt lost its lease and was tried again: one attempt more than tasks.
     tasks = sum(s.tasks_total for s in done.stages)
     assert done.task_attempts == tasks + 1, done
+    # `quantctl report` names the survivor as the runner of the task's second attempt.
+    runs = ran_by(quantctl, cluster, job.id)
+    assert len(runs) == tasks
+    assert [(stage, worker) for stage, _, attempt, worker in runs if attempt == 2] == [
+        ("quantize", "survivor")], runs
+    assert {worker for _, _, _, worker in runs} <= {"doomed", "survivor"}
     assert metric(cluster["daemon"], "quantd_lease_expiries_total") == 1
 
 
@@ -301,6 +352,25 @@ def test_a_calibrating_job_fails_no_worker_without_local_devices(cluster, stubs,
         "NO_WORKER",
         "this quantd runs no local worker (--devices none), and remote workers run only jobs "
         "whose stages keep no state between tasks; run this job on a quantd with devices"), done
+
+
+def test_a_job_waits_for_its_first_worker_however_long(cluster, stubs, source, reference,
+                                                       tmp_path):
+    # Issue 22 item 1: with no worker registered a job waits (the "jobs queued, no worker
+    # connected" alert is for that); it fails NO_WORKER only when registered workers cannot run
+    # a runnable task (tests/unit/scheduler_fake_clock_test.cc: no stage that runs remotely
+    # needs more than a worker's device yet).
+    pb, _ = stubs
+    stub, job = submit(stubs, cluster, tmp_path / "out", source=str(source["dir"]))
+    time.sleep(4 * float(LEASE_SECONDS))  # past the leases after which a rule could judge it
+    waiting = stub.GetJob(pb.GetJobRequest(id=job.id), timeout=RPC_TIMEOUT_S)
+    assert pb.JobState.Name(waiting.state) == "RUNNING", waiting
+    assert waiting.task_attempts == 0, waiting
+    assert metric(cluster["daemon"], "quantd_workers_connected") == 0
+    cluster["worker"]("late")
+    done = wait_job(stubs, stub, job.id)
+    assert pb.JobState.Name(done.state) == "SUCCEEDED", (done, cluster["daemon"].log())
+    assert tree(tmp_path / "out") == reference()
 
 
 def test_only_the_worker_role_calls_worker_service(cluster, stubs):

@@ -270,6 +270,7 @@ TEST_F(ApiTest, JobRunsToSucceededAndWatchSeesItsStatesInOrder) {
   for (const v1::StageProgress& stage : last.stages()) {
     EXPECT_EQ(stage.state(), v1::StageProgress::SUCCEEDED) << stage.kind();
     EXPECT_EQ(stage.tasks_done(), stage.tasks_total()) << stage.kind();
+    EXPECT_EQ(stage.workers_size(), 0) << stage.kind();  // no remote worker ran a task
   }
   EXPECT_EQ(last.spec().weight_format(), "w4a16_nvfp4");
   EXPECT_EQ(last.spec().recipe(), "experts");
@@ -300,6 +301,16 @@ TEST_F(ApiTest, JobRunsToSucceededAndWatchSeesItsStatesInOrder) {
   for (const v1::RuleCheck& rule : all.rules()) EXPECT_TRUE(rule.passed()) << rule.name();
   EXPECT_EQ(all.layers_size(), 0);  // W4A16: no input amax
   EXPECT_EQ(all.modules_without_statistics(), 0);
+  // Every task ran once, on this daemon (worker ""), in plan order.
+  int64_t tasks = 0;
+  for (const v1::StageProgress& stage : last.stages()) tasks += stage.tasks_total();
+  ASSERT_EQ(all.tasks_size(), tasks);
+  EXPECT_EQ(all.tasks(0).stage(), last.stages(0).kind());
+  for (const v1::TaskRun& run : all.tasks()) {
+    EXPECT_EQ(run.worker(), "") << run.name();
+    EXPECT_EQ(run.attempt(), 1) << run.name();
+    EXPECT_TRUE(run.done()) << run.name();
+  }
   v1::JobReport worst;
   ASSERT_TRUE(Report(id, 3, &worst).status.ok());
   ASSERT_EQ(worst.tensors_size(), 3);

@@ -1,7 +1,8 @@
 // JobStore and migrations on a real SQLite file: the job model's transitions, idempotent
 // submission, task leases (expiry, lost leases, idempotent completion), dependency order, device
 // requirements, records in the completion's transaction, requeue of done tasks, progress, amax
-// merging, evaluation figures, refusal of a database newer than the code, and the upgrade of a version 1 database.
+// merging, evaluation figures, who ran each task, refusal of a database newer than the code, and
+// the upgrade of a version 1 and a version 3 database.
 #include "server/store/job_store.h"
 
 #include <gtest/gtest.h>
@@ -622,6 +623,84 @@ TEST_F(JobStoreTest, RequeueDoneTasksTakesTheirDependentsAlong) {
   EXPECT_EQ((*next)->id, b.task_id);
   EXPECT_FALSE(store_->LeaseNextTask(id, "w", 6, 1000, &e)->has_value());  // export waits
   EXPECT_EQ(*store_->RequeueDoneTasks(id, {}, "nothing", 7), 0);
+}
+
+// ran_by: the owner of the attempt that completed a task, or failed it for good; a retry leaves
+// it, a requeue keeps it until the task ends again.
+TEST_F(JobStoreTest, RanByRecordsWhoEndedTheTaskAndSurvivesARequeue) {
+  const int64_t id = PlannedJob();
+  TaskLease a, b, e;
+  ASSERT_TRUE(store_->LeaseNextTask(id, "worker:a", 1, 1000, &a)->has_value());
+  ASSERT_TRUE(store_->LeaseNextTask(id, "quantd:42", 1, 1000, &b)->has_value());
+  EXPECT_EQ((*store_->ListTasks(id))[0].ran_by, "");  // leased, not run yet
+  ASSERT_TRUE(store_->CompleteTask(a, "/o/1", 1, "s1", 2).ok());
+  ASSERT_TRUE(store_->CompleteTask(a, "/o/1", 1, "s1", 2).ok());  // repeated: no change
+  ASSERT_TRUE(store_->FailTask(b, "EAGAIN", /*permanent=*/false, 0, 2).ok());
+  auto tasks = store_->ListTasks(id);
+  EXPECT_EQ((*tasks)[0].ran_by, "worker:a");
+  EXPECT_EQ((*tasks)[0].lease_owner, "");
+  EXPECT_EQ((*tasks)[1].ran_by, "");  // a transient failure records nobody
+  ASSERT_TRUE(store_->LeaseNextTask(id, "worker:b", 3, 1000, &b)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(b, "/o/2", 1, "s2", 4).ok());
+  ASSERT_TRUE(store_->LeaseNextTask(id, "worker:b", 5, 1000, &e)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(e, "/o", 2, "m", 6).ok());
+  EXPECT_EQ(*store_->ListStageRunners(id),
+            (std::vector<StageRunner>{{(*tasks)[0].stage_id, "worker:a", 1},
+                                      {(*tasks)[0].stage_id, "worker:b", 1},
+                                      {(*tasks)[2].stage_id, "worker:b", 1}}));
+
+  // Requeued, shard 2 and export keep who ran them while PENDING, and are not counted as done.
+  ASSERT_EQ(*store_->RequeueDoneTasks(id, {b.task_id}, "gone", 7), 2);
+  tasks = store_->ListTasks(id);
+  EXPECT_EQ((*tasks)[1].state, TaskState::kPending);
+  EXPECT_EQ((*tasks)[1].ran_by, "worker:b");
+  EXPECT_EQ((*tasks)[2].ran_by, "worker:b");
+  EXPECT_EQ(*store_->ListStageRunners(id),
+            (std::vector<StageRunner>{{(*tasks)[0].stage_id, "worker:a", 1}}));
+  // Its next run replaces it, a permanent failure included.
+  ASSERT_TRUE(store_->LeaseNextTask(id, "quantd:42", 8, 1000, &b)->has_value());
+  ASSERT_TRUE(store_->FailTask(b, "corrupt", /*permanent=*/true, 0, 9).ok());
+  tasks = store_->ListTasks(id);
+  EXPECT_EQ((*tasks)[1].state, TaskState::kFailed);
+  EXPECT_EQ((*tasks)[1].ran_by, "quantd:42");
+  ASSERT_EQ(*store_->ResetFailedTasks(id, 10), 1);
+  ASSERT_TRUE(store_->LeaseNextTask(id, "worker:c", 11, 1000, &b)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(b, "/o/2", 1, "s2", 12).ok());
+  EXPECT_EQ((*store_->ListTasks(id))[1].ran_by, "worker:c");
+}
+
+// A version 3 database (the migrations before 0004 applied, a task done): it gains ran_by, NULL
+// for the task done before, and records it from then on.
+TEST_F(JobStoreTest, UpgradesAVersion3DatabaseWithoutARunnerForOldTasks) {
+  store_.reset();
+  const std::string path = dir_ + "/v3.db";
+  {
+    auto db = SqliteDb::Open(path);
+    ASSERT_TRUE(db.ok()) << db.status();
+    const std::vector<Migration> v3(BuiltinMigrations().begin(), BuiltinMigrations().begin() + 3);
+    ASSERT_EQ(v3.back().name, "0003_evaluation.sql");
+    ASSERT_EQ(*ApplyMigrations(**db, v3), 3);
+    ASSERT_TRUE((*db)->Exec(
+        "INSERT INTO jobs (id, spec_json, state, created_ms, updated_ms) "
+        "VALUES (1, '{}', 'RUNNING', 0, 0);"
+        "INSERT INTO stages (id, job_id, ordinal, kind, state) VALUES (1, 1, 0, 'quantize', "
+        "'RUNNING');"
+        "INSERT INTO tasks (id, job_id, stage_id, ordinal, name, payload_json, bytes_total, "
+        "state, attempt) VALUES (1, 1, 1, 0, 'a', '{}', 1, 'DONE', 1), "
+        "(2, 1, 1, 1, 'b', '{}', 1, 'PENDING', 0);").ok());
+  }
+  auto opened = JobStore::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  store_ = std::move(*opened);
+  auto version = store_->db().Prepare("PRAGMA user_version");
+  ASSERT_TRUE(*version->Step());
+  EXPECT_EQ(version->ColumnInt(0), 4);
+  EXPECT_EQ((*store_->ListTasks(1))[0].ran_by, "");
+  EXPECT_TRUE(store_->ListStageRunners(1)->empty());
+  TaskLease l;
+  ASSERT_TRUE(store_->LeaseNextTask(1, "worker:a", 1, 1000, &l)->has_value());
+  ASSERT_TRUE(store_->CompleteTask(l, "/o/b", 1, "s", 2).ok());
+  EXPECT_EQ(*store_->ListStageRunners(1), (std::vector<StageRunner>{{1, "worker:a", 1}}));
 }
 
 // tests/data/upgrade_v1: a PAUSED job of the version-1 schema, quantize 2 of 4 done.

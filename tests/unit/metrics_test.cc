@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -449,6 +450,25 @@ TEST(MetricsTest, RemoteWorkerMetricsCountWhatTheSchedulerReports) {
   EXPECT_TRUE(HasLine(text, "quantd_lease_expiries_total 1")) << text;
   EXPECT_TRUE(HasLine(text, "quantd_worker_stale_calls_total{call=\"complete\"} 2")) << text;
   EXPECT_TRUE(HasLine(text, "quantd_worker_stale_calls_total{call=\"renew\"} 0")) << text;
+}
+
+// Worker names are free-form: the first 64 get series of their own, the later ones share
+// "other", so a token that registers name after name cannot grow the scrape without bound.
+TEST(MetricsTest, TasksLeasedHasAtMost64WorkerSeriesAndOther) {
+  std::unique_ptr<Metrics> m = Metrics::Create("9.9.9", false);
+  for (int i = 0; i < 100; ++i) m->WorkerTaskLeased(absl::StrCat("w", i));
+  m->WorkerTaskLeased("w0");
+  m->WorkerTaskLeased("w99");
+  const std::string text = m->Exposition();
+  int series = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    series += absl::StartsWith(line, "quantd_worker_tasks_leased_total{");
+  }
+  EXPECT_EQ(series, 65) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_tasks_leased_total{worker=\"w0\"} 2")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_tasks_leased_total{worker=\"w63\"} 1")) << text;
+  EXPECT_TRUE(HasLine(text, "quantd_worker_tasks_leased_total{worker=\"other\"} 37")) << text;
+  EXPECT_EQ(text.find("worker=\"w64\""), std::string::npos) << text;
 }
 
 }  // namespace quantd::metrics

@@ -99,6 +99,21 @@ TEST(ProgressViewTest, FormatsHeaderAndStages) {
   EXPECT_EQ(JobLines(job).back(), "last error: quantize layers.0: EAGAIN");
 }
 
+TEST(ProgressViewTest, NamesTheWorkersOfAStageThatRemoteWorkersRan) {
+  v1::Job job = RunningJob();
+  v1::StageWorker* w = job.mutable_stages(0)->add_workers();
+  w->set_worker("gpu-a");
+  w->set_tasks(1);
+  w = job.mutable_stages(1)->add_workers();
+  w->set_tasks(2);  // this quantd
+  w = job.mutable_stages(1)->add_workers();
+  w->set_worker("gpu-b");
+  w->set_tasks(10);
+  EXPECT_EQ(JobLines(job), (std::vector<std::string>{
+                               kHeader, kInspect, "           workers: gpu-a (1)", kQuantize,
+                               "           workers: local (2), gpu-b (10)", kExport, kVerify}));
+}
+
 // The calibrate stage counts token rows (unit "tokens") and says which layer it calibrates.
 TEST(ProgressViewTest, CalibrateShowsLayerAndTokens) {
   v1::StageProgress s;
@@ -277,6 +292,46 @@ TEST(ReportViewTest, FormatsWorstTensorsAndRuleChecks) {
             "  FAIL  verify model-00002-of-00002.safetensors\n"
             "        tensor-layout a.weight: bad shape\n"
             "        index: b.weight missing\n");
+}
+
+// Who ran each task: shown when a remote worker ran one, "local" for the daemon itself; a job the
+// daemon ran alone shows nothing.
+TEST(ReportViewTest, ShowsWhoRanTheTasksWhenARemoteWorkerRanOne) {
+  v1::JobReport r;
+  r.set_job_id(3);
+  r.set_state(v1::FAILED);
+  auto add = [&](const char* stage, const char* name, const char* label, int attempt, bool done,
+                 const char* worker) {
+    v1::TaskRun* t = r.add_tasks();
+    t->set_stage(stage);
+    t->set_name(name);
+    t->set_label(label);
+    t->set_attempt(attempt);
+    t->set_done(done);
+    t->set_worker(worker);
+  };
+  add("inspect", "inspect", "", 1, true, "");
+  const std::string local_only = FormatReport(r, false);
+  EXPECT_EQ(local_only,
+            "job 3 FAILED  no tensor statistics yet\n"
+            "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
+  add("quantize", "model-00001-of-00002.safetensors", "", 2, true, "gpu-a");
+  add("quantize", "layers", "shard 2 of 2", 3, false, "gpu-b");
+  EXPECT_EQ(FormatReport(r, false),
+            "job 3 FAILED  no tensor statistics yet\n"
+            "\n"
+            "calibration: no input amax recorded\n"
+            "\n"
+            "tasks: who ran them (local: this quantd)\n"
+            "STAGE     TASK                              ATTEMPT  RESULT  RAN BY\n"
+            "inspect   inspect                                 1  done    local\n"
+            "quantize  model-00001-of-00002.safetensors        2  done    gpu-a\n"
+            "quantize  layers (shard 2 of 2)                   3  failed  gpu-b\n"
+            "\n"
+            "rule checks: none yet (verify has not run)\n");
 }
 
 TEST(ReportViewTest, CountsTheModulesWithoutStatistics) {

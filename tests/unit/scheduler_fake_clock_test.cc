@@ -949,5 +949,155 @@ TEST_F(SchedulerFakeClockTest, ARemoteAttemptThatLostItsLeaseIsFencedOff) {
   EXPECT_EQ(*store->CountEvents(id, "task_done"), 1);
 }
 
+// Issue 22 item 1: on a coordinator without local workers, a runnable task that no registered
+// worker's device fits fails its job (NO_WORKER) once the newest registration is a lease old,
+// naming the task and the largest device; with no worker registered the job keeps waiting, and a
+// task whose dependency is not DONE is not judged yet.
+TEST_F(SchedulerFakeClockTest, ATaskNoRegisteredWorkerFitsFailsTheJobButNoWorkerMeansWait) {
+  stages_.Plan({"a", "big"});
+  stages_.plan[0].tasks[1].requirement = {false, 20 * kGiB};
+  stages_.plan[0].tasks[1].depends_on = {{"quantize", "a"}};
+  auto s = Start({});
+  const int64_t id = Submit(*s);
+  WaitFor(*s, id, [](const v1::Job& j) { return j.stages_size() > 0; });
+  auto tick = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      clock_.Advance(kLeaseMs / 3);
+      Sync(*s);
+    }
+  };
+  auto reg = [&](const std::string& name, std::vector<RemoteDevice> devices) {
+    auto r = Await<absl::StatusOr<RemoteRegistration>>([&](auto done) {
+      s->RegisterWorkerAsync(name, "peer-" + name, devices, done);
+    });
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->worker_id : std::string();
+  };
+  auto lease = [&](const std::string& worker) {
+    auto l = Await<absl::StatusOr<std::optional<RemoteLease>>>([&](auto done) {
+      s->LeaseRemoteAsync(worker, 0, 0, {}, done);
+    });
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? *l : std::nullopt;
+  };
+  // No worker: the job waits, however long.
+  tick(30);
+  EXPECT_EQ(WaitFor(*s, id, [](const v1::Job&) { return true; }).state(), v1::RUNNING);
+  // A small worker: "big" waits for "a", so nothing is judged while "a" runs.
+  const std::string small = reg("small", {{"cpu", false, 16 * kGiB}, {"cpu", false, 8 * kGiB}});
+  const std::optional<RemoteLease> a = lease(small);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->task.name, "a");
+  for (int i = 0; i < 6; ++i) {  // two leases, "a" renewed meanwhile
+    tick(1);
+    EXPECT_TRUE(Await<absl::StatusOr<bool>>([&](auto done) {
+                  s->RenewRemoteAsync(small, a->task.id, a->task.attempt, 0, done);
+                }).ok());
+  }
+  EXPECT_EQ(WaitFor(*s, id, [](const v1::Job&) { return true; }).state(), v1::RUNNING);
+  pipeline::TaskOutput out;
+  out.path = dir_ + "/out/a.safetensors";
+  EXPECT_TRUE(Await<absl::Status>([&](auto done) {
+                s->CompleteRemoteAsync(small, a->task.id, a->task.attempt, std::move(out), done);
+              }).ok());
+  // "big" is runnable now, and no registered device holds 20 GiB: the next lease timer fails
+  // the job.
+  tick(1);
+  const v1::Job done = WaitStopped(*s, id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_EQ(done.reason(), "NO_WORKER");
+  EXPECT_EQ(done.last_error(),
+            "quantize big: needs a device with 21474836480 bytes of memory; the largest device "
+            "of the 1 registered worker(s) has 17179869184 bytes (worker small, cpu), and this "
+            "quantd runs no local worker (--devices none)");
+}
+
+TEST_F(SchedulerFakeClockTest, AGpuTaskFailsOnlyOnceTheWorkersRegisteredTogetherHaveNoGpu) {
+  stages_.Plan({"gpu"});
+  stages_.plan[0].tasks[0].requirement = {true, 0};
+  auto s = Start({});
+  const int64_t id = Submit(*s);
+  WaitFor(*s, id, [](const v1::Job& j) { return j.stages_size() > 0; });
+  auto reg = [&](const std::string& name, std::vector<RemoteDevice> devices) {
+    auto r = Await<absl::StatusOr<RemoteRegistration>>([&](auto done) {
+      s->RegisterWorkerAsync(name, "peer-" + name, devices, done);
+    });
+    EXPECT_TRUE(r.ok()) << r.status();
+  };
+  reg("cpu-only", {{"cpu", false, 16 * kGiB}});
+  // Within a lease of the newest registration nothing is judged: a GPU worker may still come.
+  clock_.Advance(kLeaseMs / 3);
+  Sync(*s);
+  clock_.Advance(kLeaseMs / 3);
+  Sync(*s);
+  EXPECT_EQ(WaitFor(*s, id, [](const v1::Job&) { return true; }).state(), v1::RUNNING);
+  reg("also-cpu", {{"cpu", false, 64 * kGiB}});
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(kLeaseMs / 3);
+    Sync(*s);
+  }
+  const v1::Job done = WaitStopped(*s, id);
+  EXPECT_EQ(done.state(), v1::FAILED);
+  EXPECT_EQ(done.reason(), "NO_WORKER");
+  EXPECT_EQ(done.last_error(),
+            "quantize gpu: needs a GPU; none of the 2 registered worker(s) has a GPU, and this "
+            "quantd runs no local worker (--devices none)");
+  EXPECT_TRUE(stages_.starts().empty());
+}
+
+// Issue 22 item 5: a lease carries the whole plan only with the job itself (the worker checks it
+// against its own); a worker that holds the job gets the leased task and what it depends on.
+TEST_F(SchedulerFakeClockTest, ALeaseCarriesTheWholePlanOnlyWithTheJob) {
+  stages_.Plan({"a", "b", "c"});
+  stages_.plan[0].tasks[2].depends_on = {{"quantize", "a"}};
+  auto s = Start({});
+  const int64_t id = Submit(*s);
+  WaitFor(*s, id, [](const v1::Job& j) { return j.stages_size() > 0; });
+  const auto w = Await<absl::StatusOr<RemoteRegistration>>([&](auto done) {
+    s->RegisterWorkerAsync("w", "peer", {{"cpu", false, 16 * kGiB}}, done);
+  });
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto lease = [&](std::set<int64_t> open_jobs) {
+    auto l = Await<absl::StatusOr<std::optional<RemoteLease>>>([&](auto done) {
+      s->LeaseRemoteAsync(w->worker_id, 0, 0, open_jobs, done);
+    });
+    EXPECT_TRUE(l.ok() && l->has_value()) << l.status();
+    return l.ok() && l->has_value() ? **l : RemoteLease();
+  };
+  auto complete = [&](const RemoteLease& l) {
+    pipeline::TaskOutput out;
+    out.path = dir_ + "/out/" + l.task.name + ".safetensors";
+    out.bytes = 7;
+    out.sha256 = std::string(64, 'b');
+    EXPECT_TRUE(Await<absl::Status>([&](auto done) {
+                  s->CompleteRemoteAsync(w->worker_id, l.task.id, l.task.attempt,
+                                         std::move(out), done);
+                }).ok());
+  };
+  auto names = [](const RemoteLease& l) {
+    std::vector<std::string> out;
+    for (const store::TaskRow& t : l.tasks) out.push_back(t.name);
+    return out;
+  };
+  const RemoteLease a = lease({});
+  EXPECT_TRUE(a.job_included);
+  EXPECT_EQ(a.task.name, "a");
+  EXPECT_EQ(names(a), (std::vector<std::string>{"a", "b", "c"}));
+  complete(a);
+  const RemoteLease b = lease({id});
+  EXPECT_FALSE(b.job_included);
+  EXPECT_EQ(b.task.name, "b");
+  EXPECT_EQ(names(b), (std::vector<std::string>{"b"}));
+  const RemoteLease c = lease({id});
+  EXPECT_EQ(c.task.name, "c");
+  ASSERT_EQ(names(c), (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(c.tasks[0].state, store::TaskState::kDone);
+  EXPECT_EQ(c.tasks[0].output_path, dir_ + "/out/a.safetensors");
+  EXPECT_EQ(c.tasks[0].output_sha256, std::string(64, 'b'));
+  complete(b);
+  complete(c);
+  EXPECT_EQ(WaitStopped(*s, id).state(), v1::SUCCEEDED);
+}
+
 }  // namespace
 }  // namespace quantd::scheduler

@@ -8,8 +8,9 @@
 // view the ops placed, Place), unless it says "host". Small parameters (norm weights, mHC, sinks,
 // ape, biases, tid2eid) stay host vectors in the weights; ops on a device copy each one there on
 // its first use and keep the copy for the ops' lifetime (Parameter). Where the graph needs
-// data-dependent control flow (which experts got tokens), the op returns a small host-side result. Every op runs with a ForwardContext's
-// numerics, observer, threads and Gemm; the observer always sees host copies.
+// data-dependent control flow (which experts got tokens), the op returns a small host-side
+// result. Every op runs with a ForwardContext's numerics, observer, threads and Gemm; the observer
+// always sees host copies.
 #ifndef QUANTD_SERVER_MODEL_V4_FORWARD_OPS_H_
 #define QUANTD_SERVER_MODEL_V4_FORWARD_OPS_H_
 

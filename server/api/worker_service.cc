@@ -25,6 +25,9 @@ namespace {
 using scheduler::WithReason;
 
 constexpr size_t kMaxNameBytes = 128;                  // a worker's name, its id
+// The name quantctl shows for the tasks the daemon ran itself (client/report_view.cc), which no
+// worker may take.
+constexpr char kDaemonRunnerName[] = "local";
 constexpr int kMaxDevices = 64;                        // devices of one worker
 constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB: more is not a device
 constexpr int kMaxOpenJobs = 1024;                     // LeaseTaskRequest.open_jobs entries
@@ -183,6 +186,10 @@ grpc::ServerUnaryReactor* WorkerService::Register(grpc::CallbackServerContext* c
   return StartUnaryCall(context, "Register", metrics_, [&](const Finisher& finish) -> absl::Status {
     RETURN_IF_ERROR(Allow(*context, "Register"));
     RETURN_IF_ERROR(CheckName("name", request->name()));
+    if (request->name() == kDaemonRunnerName) {
+      return Invalid(absl::StrCat("name: \"", kDaemonRunnerName,
+                                  "\" is how quantctl names the daemon's own work; choose another"));
+    }
     if (request->devices_size() < 1 || request->devices_size() > kMaxDevices) {
       return Invalid(absl::StrCat("devices: must hold 1 to ", kMaxDevices, " devices, got ",
                                   request->devices_size()));

@@ -1,10 +1,10 @@
 #include "server/scheduler/run_job.h"
 
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backends.h"
 #include "server/checkpoint/sha256.h"
 #include "server/compute/device_name.h"
@@ -112,10 +112,10 @@ absl::Status RunJob(const RunOptions& options) {
   absl::StatusOr<store::JobRow> job = (*store)->GetJob(*job_id);
   if (!job.ok()) return job.status();
 
-  std::mutex printer_mu;  // the scheduler thread logs while this thread shows progress
+  absl::Mutex printer_mu;  // the scheduler thread logs while this thread shows progress
   job::ProgressPrinter printer(options.progress, options.progress_tty);
   auto message = [&](const std::string& line) {
-    std::lock_guard<std::mutex> l(printer_mu);
+    absl::MutexLock l(&printer_mu);
     printer.Message(line);
   };
   if (job->state == JobState::kSucceeded) {
@@ -164,7 +164,7 @@ absl::Status RunJob(const RunOptions& options) {
   absl::StatusOr<v1::Job> last =
       (*scheduler)->WaitUntilStopped(*job_id, [&](const v1::Job& snapshot) {
         {
-          std::lock_guard<std::mutex> l(printer_mu);
+          absl::MutexLock l(&printer_mu);
           printer.Show(StageSnapshot(snapshot));
         }
         // A job can be paused once it runs (it is PENDING for a moment after the start).
@@ -178,7 +178,7 @@ absl::Status RunJob(const RunOptions& options) {
       });
   (*scheduler)->Shutdown(std::chrono::milliseconds(0));
   {
-    std::lock_guard<std::mutex> l(printer_mu);
+    absl::MutexLock l(&printer_mu);
     if (last.ok()) printer.Show(StageSnapshot(*last));
     printer.Finish();
   }

@@ -417,6 +417,11 @@ def test_only_the_worker_role_calls_worker_service(cluster, stubs):
     bad = pb.RegisterWorkerRequest(name="x" * 129, devices=request.devices)
     assert refused(lambda **kw: workers.Register(bad, **kw), bearer(tokens["worker"])) == (
         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", "name: must be 1 to 128 bytes, got 129")
+    # "local" is quantctl's name for the daemon's own tasks: no worker can pass for it.
+    local = pb.RegisterWorkerRequest(name="local", devices=request.devices)
+    assert refused(lambda **kw: workers.Register(local, **kw), bearer(tokens["worker"])) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
+        "name: \"local\" is how quantctl names the daemon's own work; choose another")
     lease = pb.LeaseTaskRequest(worker_id=answer.worker_id, device=0, wait_ms=30001)
     assert refused(lambda **kw: workers.Lease(lease, **kw), bearer(tokens["worker"])) == (
         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <exception>
+#include <new>
+
+#include "server/base/excerpt.h"
 
 namespace quantd::base {
 namespace {
@@ -68,6 +71,24 @@ void Free(void* p) {
 }
 
 }  // namespace
+
+BudgetStop ExamineBudgetStop(const std::exception_ptr& error, const ThreadBudgetResult& ended) {
+  BudgetStop stop;
+  stop.tripped = ended.tripped;
+  if (!error) return stop;
+  try {
+    std::rethrow_exception(error);
+  } catch (const ThreadBudgetExceeded& e) {
+    stop.tripped = e.limit();
+  } catch (const std::bad_alloc&) {
+    if (stop.tripped == BudgetLimit::kNone) stop.tripped = BudgetLimit::kMemory;
+  } catch (const std::exception& e) {
+    stop.what = Excerpt(e.what());
+  } catch (...) {
+    stop.what = "an unknown exception";
+  }
+  return stop;
+}
 
 const char* ThreadBudgetExceeded::what() const noexcept {
   switch (limit_) {

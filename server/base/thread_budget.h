@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <new>
 #include <string>
 #include <string_view>
@@ -86,6 +87,17 @@ class ScopedInput {
   std::string_view input_;  // the caller's
   int uncaught_;            // std::uncaught_exceptions() when it began
 };
+
+// How work run under a budget stopped, examined once the budget's scope ended (the examination
+// allocates): `tripped` is the limit that stopped it (`ended.tripped`, or the limit of a
+// ThreadBudgetExceeded that `error` holds; a plain std::bad_alloc counts as kMemory), kNone when
+// none did; `what` is an excerpt of the message of any other exception `error` holds ("" for a
+// null `error`).
+struct BudgetStop {
+  BudgetLimit tripped = BudgetLimit::kNone;
+  std::string what;
+};
+BudgetStop ExamineBudgetStop(const std::exception_ptr& error, const ThreadBudgetResult& ended);
 
 // What stops the work of this thread: the budget in force on it tripped, its deadline passed or it
 // was cancelled (which trips it); kNone when it holds or without one.

@@ -103,24 +103,11 @@ absl::StatusOr<std::unique_ptr<LoadedJob>> LoadWithinBudget(JobPlanner& planner,
   // An error the budget caused, caught and returned by the planner, is the budget's too.
   if (!error && (loaded.ok() || ended.tripped == base::BudgetLimit::kNone)) return loaded;
   // The budget ended: what follows may allocate freely.
-  base::BudgetLimit tripped = ended.tripped;
+  const base::BudgetStop stop = base::ExamineBudgetStop(error, ended);
   std::string input = ended.failed_input;
   if (input.empty()) input = absl::StrCat("the source ", spec.source, " or the job's inputs");
-  std::string what = error ? "" : base::Excerpt(loaded.status().message());
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const base::ThreadBudgetExceeded& e) {
-      tripped = e.limit();
-    } catch (const std::bad_alloc&) {
-      if (tripped == base::BudgetLimit::kNone) tripped = base::BudgetLimit::kMemory;
-    } catch (const std::exception& e) {
-      what = base::Excerpt(e.what());
-    } catch (...) {
-      what = "an unknown exception";
-    }
-  }
-  switch (tripped) {
+  const std::string what = error ? stop.what : base::Excerpt(loaded.status().message());
+  switch (stop.tripped) {
     case base::BudgetLimit::kMemory:
       return pipeline::WithJobReason(
           absl::ResourceExhaustedError(absl::StrCat(

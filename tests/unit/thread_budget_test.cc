@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <exception>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -104,6 +106,25 @@ TEST(ThreadBudgetTest, NothingIsThrownWhileAnExceptionUnwindsAndInputsAreNamed) 
   }
   { const ScopedInput done("/m/other.json"); }  // ended without an exception: not named
   EXPECT_EQ(parser.End().failed_input, "/m/config.json");
+}
+
+// How a stopped work is told apart, once the budget ended (planning and the tokens task share it).
+TEST(ThreadBudgetTest, ExamineBudgetStopNamesTheLimitOrTheException) {
+  ThreadBudgetResult held;
+  EXPECT_EQ(ExamineBudgetStop(nullptr, held).tripped, BudgetLimit::kNone);
+  EXPECT_EQ(ExamineBudgetStop(nullptr, held).what, "");
+  ThreadBudgetResult late;
+  late.tripped = BudgetLimit::kDeadline;
+  EXPECT_EQ(ExamineBudgetStop(nullptr, late).tripped, BudgetLimit::kDeadline);
+  const auto thrown = [](auto e) { return std::make_exception_ptr(e); };
+  EXPECT_EQ(ExamineBudgetStop(thrown(ThreadBudgetExceeded(BudgetLimit::kCancelled)), held).tripped,
+            BudgetLimit::kCancelled);
+  EXPECT_EQ(ExamineBudgetStop(thrown(std::bad_alloc()), held).tripped, BudgetLimit::kMemory);
+  EXPECT_EQ(ExamineBudgetStop(thrown(std::bad_alloc()), late).tripped, BudgetLimit::kDeadline);
+  const BudgetStop parse = ExamineBudgetStop(thrown(std::runtime_error("bad \"json\"")), held);
+  EXPECT_EQ(parse.tripped, BudgetLimit::kNone);
+  EXPECT_EQ(parse.what, "\"bad \\\"json\\\"\"");
+  EXPECT_EQ(ExamineBudgetStop(thrown(42), held).what, "an unknown exception");
 }
 
 TEST(ThreadBudgetTest, OnlyTheThreadInTheScopeIsCounted) {

@@ -1,7 +1,6 @@
 #include "server/pipeline/stages/job_tokens.h"
 
 #include <exception>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,23 +59,10 @@ absl::StatusOr<calibration::JobTokens> TokenizeJob(const job::JobSpec& spec, int
   const base::ThreadBudgetResult ended = scope.End();
   if (!error && (tokens.ok() || ended.tripped == base::BudgetLimit::kNone)) return tokens;
   // The budget ended: what follows may allocate freely.
-  base::BudgetLimit tripped = ended.tripped;
-  std::string what = error ? "" : base::Excerpt(tokens.status().message());
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const base::ThreadBudgetExceeded& e) {
-      tripped = e.limit();
-    } catch (const std::bad_alloc&) {
-      if (tripped == base::BudgetLimit::kNone) tripped = base::BudgetLimit::kMemory;
-    } catch (const std::exception& e) {
-      what = base::Excerpt(e.what());
-    } catch (...) {
-      what = "an unknown exception";
-    }
-  }
+  const base::BudgetStop stop = base::ExamineBudgetStop(error, ended);
+  const std::string what = error ? stop.what : base::Excerpt(tokens.status().message());
   const std::string& input = ended.failed_input.empty() ? inputs : ended.failed_input;
-  switch (tripped) {
+  switch (stop.tripped) {
     case base::BudgetLimit::kMemory:
       return absl::ResourceExhaustedError(
           absl::StrCat("tokenizing ran out of memory reading ", input, " (a tokens task may hold ",

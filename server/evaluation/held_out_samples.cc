@@ -41,7 +41,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> LoadHeldOutSamples(
                      calibrated.status().message()));
   }
   const bool exact = num_samples > 0;
-  const int64_t wanted = exact ? num_samples : job::kDefaultEvaluateSamples;
+  const int64_t wanted = HeldOutSamplesAsked(num_samples);
   // The same selection, each file asked for its calibration samples plus its held-out share.
   const int64_t files = static_cast<int64_t>(calibrated->size());
   job::CalibrationSpec extended = calibration;

@@ -17,6 +17,12 @@
 
 namespace quantd::evaluation {
 
+// How many held-out samples evaluate.num_samples = `num_samples` asks for: itself, or
+// kDefaultEvaluateSamples for 0 (the most LoadHeldOutSamples gives).
+inline int64_t HeldOutSamplesAsked(int64_t num_samples) {
+  return num_samples > 0 ? num_samples : job::kDefaultEvaluateSamples;
+}
+
 // The token ids of the held-out samples of evaluate.num_samples = `num_samples`:
 //   > 0: exactly that many; InvalidArgument when a file has fewer usable lines left after its
 //        calibration samples than its share, naming the file, its lines, how many calibration

@@ -495,13 +495,8 @@ absl::StatusOr<std::vector<store::TaskPlan>> CalibrateStage::Plan(const PlanInpu
   // Sized by the bound, not the data: tokenizing is the tokens task's work (job_tokens.h).
   ASSIGN_OR_RETURN(const calibration::TokenBound bound,
                    calibration::CalibrationTokenBound(input.spec->calibration));
-  // A slice's largest batch: a sequence over the batch budget gets a batch of its own
-  // (calibration::PlanBatches), and no batch has more than every sample.
-  const int64_t seq_len = input.spec->calibration.seq_len;
-  const int64_t batch_bytes = std::min(
-      calibration::EstimateBatchBytes(config, bound.samples, seq_len),
-      std::max(calibration::kDefaultBatchBytes,
-               calibration::EstimateBatchBytes(config, 1, seq_len)));
+  const int64_t batch_bytes =
+      LargestBatchBytes(config, bound.samples, input.spec->calibration.seq_len);
 
   std::vector<store::TaskPlan> tasks;
   const std::string kind(kKind);

@@ -17,6 +17,7 @@
 #include "server/evaluation/evaluate_head.h"
 #include "server/evaluation/evaluate_layer.h"
 #include "server/evaluation/evaluate_task.h"
+#include "server/evaluation/held_out_samples.h"
 #include "server/evaluation/job_evaluation.h"
 #include "server/evaluation/quality_gate.h"
 #include "server/evaluation/run_evaluation.h"
@@ -43,8 +44,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 // At most how many held-out samples the job evaluates, and their tokens: the samples asked
 // (evaluation/held_out_samples.h), each at most calibration.seq_len tokens.
 calibration::TokenBound HeldOutBound(const JobSpec& spec) {
-  return calibration::BoundOf(spec.evaluate.num_samples > 0 ? spec.evaluate.num_samples
-                                                            : job::kDefaultEvaluateSamples,
+  return calibration::BoundOf(evaluation::HeldOutSamplesAsked(spec.evaluate.num_samples),
                               spec.calibration.seq_len);
 }
 
@@ -323,13 +323,9 @@ absl::StatusOr<std::vector<store::TaskPlan>> EvaluateStage::Plan(const PlanInput
   for (const OutputShard& shard : input.output_shards) {
     after.push_back({std::string(VerifyStage::kKind), shard.task.shard});
   }
-  // The largest batch EmbedHeldOut may form (calibration::PlanBatches: a sequence over the
-  // budget gets a batch of its own; no batch has more than every sample), for the tasks' memory.
+  // The largest batch EmbedHeldOut may form, for the tasks' memory.
   const int64_t seq_len = spec.calibration.seq_len;
-  const int64_t batch_bytes = std::min(
-      calibration::EstimateBatchBytes(config, bound.samples, seq_len),
-      std::max(calibration::kDefaultBatchBytes,
-               calibration::EstimateBatchBytes(config, 1, seq_len)));
+  const int64_t batch_bytes = LargestBatchBytes(config, bound.samples, seq_len);
   t.kind = EvaluateTask::Kind::kLayer;
   for (int64_t l = 0; l < layout.layers; ++l) {
     t.layer = l;

@@ -1,8 +1,10 @@
 #include "server/pipeline/stages/layer_task_memory.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "server/calibration/calibrate_layer.h"
 #include "server/model/v4_memory.h"
 
 namespace quantd::pipeline {
@@ -17,6 +19,12 @@ model::LayerMemory Layer(const checkpoint::TensorInventory& source, int64_t laye
 
 int64_t StreamBytes(const model::V4Config& config, int64_t tokens) {
   return tokens * (config.hc_mult * config.hidden_size * 4 + 4);
+}
+
+int64_t LargestBatchBytes(const model::V4Config& config, int64_t samples, int64_t seq_len) {
+  return std::min(calibration::EstimateBatchBytes(config, samples, seq_len),
+                  std::max(calibration::kDefaultBatchBytes,
+                           calibration::EstimateBatchBytes(config, 1, seq_len)));
 }
 
 int64_t CalibrateLayerTaskBytes(const model::V4Config& config,

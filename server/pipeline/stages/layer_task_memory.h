@@ -18,6 +18,11 @@ namespace quantd::pipeline {
 // float32 values and the token id).
 int64_t StreamBytes(const model::V4Config& config, int64_t tokens);
 
+// The working memory of the largest batch `samples` samples of at most `seq_len` tokens can form
+// (calibration::PlanBatches): a sequence over the batch budget gets a batch of its own, and no
+// batch holds more than every sample. Sizes a task before its tokens exist.
+int64_t LargestBatchBytes(const model::V4Config& config, int64_t samples, int64_t seq_len);
+
 // A calibrate task of `layer` over a slice of `slice_tokens` tokens whose largest batch needs
 // `batch_bytes` of working memory: the source layer, the batch, the slice's input and output.
 int64_t CalibrateLayerTaskBytes(const model::V4Config& config,
